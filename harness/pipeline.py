@@ -1,0 +1,268 @@
+"""The flow of one robustness cell: train (methods/) -> attack (attacks/) -> generate -> detect -> metrics.
+
+Every step is a stage in the run store, keyed by a hash of all its inputs including the upstream stage's hash, so a
+watermarked model is trained once and reused by every attack, and a repeated command recomputes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from harness import data, metrics, models
+from harness.config import Preset
+from harness.generation import completion_perplexity, sample
+from harness.registry import attacks
+from harness.store import Stage, Store
+
+log = logging.getLogger(__name__)
+
+SCORING_VERSION = "1"  # bump when detection or metric code changes what a run's numbers mean
+
+
+@dataclass
+class Cell:
+    """One evaluated model under one method's detector: a row of the printed table."""
+
+    row: str
+    run: Stage
+    reused: bool
+    metrics: dict = field(default_factory=dict)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    with path.open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+
+
+class Pipeline:
+    def __init__(self, preset: Preset, store: Store, device: str | None = None):
+        self.preset = preset
+        self.store = store
+        self.device = device or models.default_device()
+
+    # --- inputs shared by every stage -------------------------------------------------------------------------
+    @cached_property
+    def base(self) -> dict:
+        path = models.resolve(self.preset.base_model)
+        return {"ref": self.preset.base_model, "path": path, "fingerprint": models.fingerprint(path)}
+
+    @cached_property
+    def oracle(self) -> dict:
+        path = models.resolve(self.preset.oracle_model)
+        return {"ref": self.preset.oracle_model, "path": path, "fingerprint": models.fingerprint(path)}
+
+    def _build_or_reuse(self, stage: Stage, what: str, fn) -> bool:
+        """Build ``stage`` unless it is done; return whether it was reused (and say so)."""
+        if stage.done:
+            log.info("reusing %s %s (%s)", what, stage.key, stage.path)
+            return True
+        log.info("computing %s %s", what, stage.key)
+        stage.build(fn)
+        return False
+
+    # --- stages ---------------------------------------------------------------------------------------------
+    def train(self, method) -> Stage:
+        spec = {
+            "stage": "train",
+            "method": method.name,
+            "method_version": method.version,
+            "params": method.params.model_dump(),
+            "base_model": {k: self.base[k] for k in ("ref", "fingerprint")},
+            "train_data": source_spec(self.preset.train_data),
+            "train": self.preset.train.model_dump(),
+        }
+        stage = self.store.stage("train", spec)
+
+        def build(out: Path) -> dict:
+            from methods.base import TrainContext
+
+            texts = data.load_texts(self.preset.train_data, self.preset.train.max_train_docs)
+            return method.train(TrainContext(self.base["path"], texts, self.preset.train), out)
+
+        self._build_or_reuse(stage, f"training of {method.name}", build)
+        return stage
+
+    def attack(self, attack, trained: Stage) -> tuple[Path, str]:
+        """The attacked model's folder and the id that downstream hashes use."""
+        if attack.identity:
+            return trained.path / "model", trained.key
+        spec = {
+            "stage": "attack",
+            "attack": attack.name,
+            "attack_version": attack.version,
+            "params": attack.params.model_dump(),
+            "input": trained.key,
+            "base_model": self.base["fingerprint"],
+        }
+        stage = self.store.stage("attack", spec)
+
+        def build(out: Path) -> dict:
+            from attacks.base import AttackContext
+
+            (out / "model").mkdir()
+            return attack.apply(trained.path / "model", out / "model", AttackContext(self.base["path"], self.device))
+
+        self._build_or_reuse(stage, f"attack {attack.name}", build)
+        return stage.path / "model", stage.key
+
+    def prompts(self) -> list[dict]:
+        e = self.preset.eval
+        tokenizer = models.load_tokenizer(self.base["path"])
+        texts = data.load_texts(self.preset.eval_data, limit=max(4 * e.num_prompts, 1000))
+        return data.eval_prompts(tokenizer, texts, e.num_prompts, e.prompt_tokens, e.new_tokens)
+
+    def generate(self, model_path: str | Path, model_id: str, name: str) -> Stage:
+        e = self.preset.eval
+        spec = {
+            "stage": "generate",
+            "model": model_id,
+            "eval_data": source_spec(self.preset.eval_data),
+            "eval": e.model_dump(exclude={"ppl_batch_size"}),
+            "tokenizer": self.base["fingerprint"],
+        }
+        stage = self.store.stage("generate", spec)
+
+        def build(out: Path) -> dict:
+            prompts = self.prompts()
+            tokenizer = models.load_tokenizer(str(model_path))
+            model = models.load_causal_lm(str(model_path), self.device)
+            prompt_ids = [p["prompt_ids"] for p in prompts]
+            completions = sample(model, prompt_ids, e, tokenizer.eos_token_id, f"generate ({name})")
+            rows = [
+                {
+                    "i": i,
+                    "prompt_ids": p["prompt_ids"],
+                    "completion_ids": c,
+                    "human_ids": p["human_ids"],
+                    "prompt": tokenizer.decode(p["prompt_ids"]),
+                    "completion": tokenizer.decode(c),
+                    "human": tokenizer.decode(p["human_ids"]),
+                }
+                for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+            ]
+            _jsonl(out / "generations.jsonl", rows)
+            return {"device": self.device, "texts": len(rows)}
+
+        self._build_or_reuse(stage, f"generation from {name}", build)
+        return stage
+
+    def score(self, method, trained: Stage, generated: Stage, row: str, context: dict) -> Cell:
+        """The run: the method's detector on generated (positives) and human (negatives) texts, plus perplexity."""
+        spec = {
+            "stage": "run",
+            "row": row,
+            "preset": self.preset.name,
+            "scoring_version": SCORING_VERSION,
+            "detector": {"method": method.name, "key_from": trained.key},
+            "generate": generated.key,
+            "oracle": {k: self.oracle[k] for k in ("ref", "fingerprint")},
+            "config": context,  # the full resolved settings, for readers and for tables
+        }
+        run = self.store.stage("run", spec)
+
+        def build(out: Path) -> dict:
+            gens = read_jsonl(generated.path / "generations.jsonl")
+            detector = method.detector(json.loads((trained.path / "key.json").read_text()))
+            pos = detector.score([g["completion_ids"] for g in gens])
+            neg = detector.score([g["human_ids"] for g in gens])
+            oracle = models.load_causal_lm(self.oracle["path"], self.device)
+            ppl = completion_perplexity(
+                oracle,
+                [g["prompt_ids"] for g in gens],
+                [g["completion_ids"] for g in gens],
+                self.preset.eval.ppl_batch_size,
+                f"perplexity ({row})",
+            )
+            scores = [{"i": g["i"], "label": 1, **s, "ppl": q} for g, s, q in zip(gens, pos, ppl, strict=True)]
+            scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
+            _jsonl(out / "scores.jsonl", scores)
+            has_p = all("p_value" in s for s in pos + neg)
+            result = metrics.detection_metrics(
+                [s["score"] for s in pos],
+                [s["score"] for s in neg],
+                [s["p_value"] for s in pos] if has_p else None,
+                [s["p_value"] for s in neg] if has_p else None,
+            )
+            result["median_ppl"] = metrics.median(ppl)
+            (out / "metrics.json").write_text(json.dumps(result, indent=2))
+            link(generated.path / "generations.jsonl", out / "generations.jsonl")
+            (out / "artefacts.json").write_text(json.dumps(context.get("artefacts", {}), indent=2))
+            return {"device": self.device}
+
+        reused = self._build_or_reuse(run, f"scoring of '{row}'", build)
+        return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
+
+    # --- the command ------------------------------------------------------------------------------------------
+    def run(self, method, attack) -> list[Cell]:
+        """Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model (one table)."""
+        none = attacks.build("none", {})
+        trained = self.train(method)
+        common = {
+            "preset": self.preset.model_dump(),
+            "method": {
+                "name": method.name,
+                "label": method.label,
+                "params": method.params.model_dump(),
+                "config_label": method.config_label(),
+            },
+        }
+        base_gen = self.generate(self.base["path"], f"base:{self.base['fingerprint']}", "base model")
+        cells = [
+            self.score(
+                method,
+                trained,
+                base_gen,
+                "Unwatermarked base",
+                {**common, "attack": attack_info(None), "artefacts": {"model": self.base["path"]}},
+            )
+        ]
+        for a in [none] if attack.identity else [none, attack]:
+            model_path, model_id = self.attack(a, trained)
+            gen = self.generate(model_path, model_id, attack_row(a))
+            artefacts = {"model": str(model_path), "key": str(trained.path / "key.json")}
+            cells.append(
+                self.score(
+                    method, trained, gen, attack_row(a), {**common, "attack": attack_info(a), "artefacts": artefacts}
+                )
+            )
+        return cells
+
+
+def source_spec(src) -> dict:
+    return {**src.model_dump(), "fingerprint": data.fingerprint(src)}
+
+
+def attack_info(attack) -> dict:
+    if attack is None:
+        return {"name": None, "category": "Reference", "label": "No watermark", "config_label": "base model"}
+    return {
+        "name": attack.name,
+        "category": attack.category,
+        "label": attack.label,
+        "params": attack.params.model_dump(),
+        "config_label": attack.config_label(),
+    }
+
+
+def attack_row(attack) -> str:
+    return "Unaltered" if attack.identity else f"{attack.label} {attack.config_label()}"
+
+
+def link(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst`` (no copy of large files), copying where links are not possible."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, dst)

@@ -1,0 +1,65 @@
+"""What every method and attack plugin shares: typed parameters parsed from ``key=value`` strings, and requirements
+checked before any model loads."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from harness.errors import HarnessError
+
+
+class Params(BaseModel):
+    """Base of every plugin's settings: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Plugin:
+    """Class attributes a method or attack declares."""
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    Params: ClassVar[type[Params]] = Params
+    requires: ClassVar[dict[str, str]] = {}  # importable module -> pip extra that provides it
+    needs_cuda: ClassVar[bool] = False
+
+    @classmethod
+    def check_requirements(cls, kind: str) -> None:
+        """Raise a one-line error naming what is missing (a package or CUDA) before any work starts."""
+        for module, extra in cls.requires.items():
+            if importlib.util.find_spec(module) is None:
+                raise HarnessError(
+                    f"{kind} '{cls.name}' needs the Python package '{module}': pip install 'watermark-harness[{extra}]'"
+                )
+        if cls.needs_cuda:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise HarnessError(f"{kind} '{cls.name}' needs a CUDA GPU and none is visible")
+
+    @classmethod
+    def parse_params(cls, kind: str, values: dict[str, Any]) -> Params:
+        """Validate settings for this plugin, turning pydantic's report into one line."""
+        try:
+            return cls.Params(**values)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in err.errors())
+            valid = ", ".join(cls.Params.model_fields) or "none"
+            raise HarnessError(f"bad settings for {kind} '{cls.name}': {problems} (settings: {valid})") from None
+
+
+def parse_assignments(items: list[str], what: str) -> dict[str, str]:
+    """Parse ``["t=0.5", "k=1"]`` into a dict; a malformed item is a one-line error."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise HarnessError(f"malformed {what} '{item}': expected key=value, e.g. t=0.5")
+        if key in out:
+            raise HarnessError(f"{what} '{key}' given twice")
+        out[key] = value
+    return out

@@ -1,0 +1,88 @@
+"""Name -> plugin registries for watermark methods and attacks.
+
+Built-ins are listed as ``"module:Class"`` strings so that ``harness list`` and argument validation never import
+torch; outside plugins come in through the entry-point groups ``harness.methods`` and ``harness.attacks``.
+A name that is planned but not built yet maps to ``None`` and fails with a clear error naming it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+from harness.errors import HarnessError
+
+# One line per plugin. Planned entries (None) say which piece of work will add them.
+METHODS: dict[str, str | None] = {
+    "gu-kgw": "methods.gu_kgw:GuKGW",
+    "gu-kth": None,
+    "gloaguen-kgw": None,
+    "pro": None,
+}
+
+ATTACKS: dict[str, str | None] = {
+    "none": "attacks.identity:NoAttack",
+    "slerp": "attacks.merge:Slerp",
+    "gptq": None,
+    "int8": None,
+    "hqq": None,
+    "wanda": None,
+    "sparsegpt": None,
+    "finetune": None,
+    "dipper": None,
+}
+
+
+@dataclass(frozen=True)
+class Registry:
+    """A registry of one kind of plugin ("method" or "attack")."""
+
+    kind: str
+    builtins: dict[str, str | None]
+    group: str
+
+    def entries(self) -> dict[str, str | None]:
+        """All names, built-in and from installed plugins, mapped to their import target (None: not built yet)."""
+        found = dict(self.builtins)
+        for ep in entry_points(group=self.group):
+            found.setdefault(ep.name, ep.value)
+        return found
+
+    def names(self) -> list[str]:
+        return sorted(self.entries())
+
+    def available(self) -> list[str]:
+        return sorted(name for name, target in self.entries().items() if target)
+
+    def check(self, name: str) -> str:
+        """Return the import target of ``name`` or raise a one-line error that lists the valid names."""
+        entries = self.entries()
+        if name not in entries:
+            close = difflib.get_close_matches(name, entries, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise HarnessError(f"unknown {self.kind} '{name}'.{hint} Valid {self.kind}s: {', '.join(self.available())}")
+        target = entries[name]
+        if target is None:
+            raise HarnessError(
+                f"{self.kind} '{name}' is not implemented yet. Implemented {self.kind}s: {', '.join(self.available())}"
+            )
+        return target
+
+    def load(self, name: str) -> Any:
+        """Import and return the class registered under ``name``."""
+        module_name, _, attr = self.check(name).partition(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def build(self, name: str, settings: dict[str, Any]) -> Any:
+        """An instance of ``name`` with validated settings, after checking its requirements (packages, CUDA)."""
+        cls = self.load(name)
+        params = cls.parse_params(self.kind, settings)
+        cls.check_requirements(self.kind)
+        return cls(params)
+
+
+methods = Registry("method", METHODS, "harness.methods")
+attacks = Registry("attack", ATTACKS, "harness.attacks")

@@ -1,0 +1,110 @@
+"""The tiny base model: a byte-level BPE tokenizer and a 3-layer Llama trained briefly on the bundled corpus.
+
+Built once per machine (seeded, deterministic on one machine) and cached under ``$HARNESS_CACHE`` (default
+``~/.cache/harness``), in a folder named by a hash of its recipe and corpus, so a changed recipe builds anew.
+It is a real if small language model: its continuations of held-out text are English-like, not noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from harness import data
+from harness.config import DataSource, TrainSettings
+
+log = logging.getLogger(__name__)
+
+RECIPE = {
+    "version": 1,
+    "vocab_size": 4096,
+    "model": {
+        "hidden_size": 192,
+        "intermediate_size": 512,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    },
+    "train": {"steps": 600, "batch_size": 8, "seq_len": 128, "lr": 1e-3, "seed": 0},
+}
+EOS = "<|endoftext|>"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")).expanduser()
+
+
+def recipe_hash() -> str:
+    corpus = data.fingerprint(DataSource(path=data.TINY_CORPUS))
+    blob = json.dumps({"recipe": RECIPE, "corpus": corpus}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def tiny_lm() -> Path:
+    """Folder of the tiny model and tokenizer, building it first if this machine has none."""
+    folder = cache_root() / f"tiny-lm-{recipe_hash()}"
+    if (folder / "DONE").exists():
+        return folder
+    log.info("building the tiny base model once for this machine in %s", folder)
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    report = build(partial)
+    (partial / "build.json").write_text(json.dumps(report, indent=2))
+    (partial / "DONE").write_text("")
+    try:
+        partial.rename(folder)
+    except OSError:  # another process finished first: keep theirs
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
+
+
+def build_tokenizer(texts: list[str]):
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        texts, vocab_size=RECIPE["vocab_size"], min_frequency=2, special_tokens=[EOS], show_progress=False
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, bos_token=EOS, pad_token=EOS)
+
+
+def build(out: Path) -> dict:
+    """Train the tokenizer and the model into ``out``; return what was measured."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from harness.training import train
+
+    texts = data.load_texts(DataSource(path=data.TINY_CORPUS, split="train"))
+    tokenizer = build_tokenizer(texts)
+    tokenizer.save_pretrained(out)
+    stream = data.token_stream(tokenizer, texts)
+
+    torch.manual_seed(RECIPE["train"]["seed"])
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+        **RECIPE["model"],
+    )
+    model = LlamaForCausalLM(config)
+    settings = TrainSettings(**RECIPE["train"])
+    batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
+    log_ = train(model, lambda m, b: m(input_ids=b, labels=b).loss, batches, settings, desc="tiny base model")
+    model.save_pretrained(out, safe_serialization=True)
+    return {
+        "recipe": RECIPE,
+        "corpus_tokens": len(stream),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "torch": torch.__version__,
+        **{k: v for k, v in log_.items() if k != "losses"},
+    }

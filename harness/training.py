@@ -1,0 +1,63 @@
+"""The one training loop every method uses: AdamW, linear warmup then cosine decay, gradient clipping,
+through ``accelerate`` so that the same loop runs on a CPU, one GPU or several."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from tqdm.auto import tqdm
+
+from harness.config import TrainSettings
+
+
+def train(
+    model,
+    loss_fn: Callable,
+    batches: Iterator,
+    settings: TrainSettings,
+    desc: str = "train",
+    params=None,
+) -> dict:
+    """Optimise ``model`` for ``settings.steps`` steps of ``loss_fn(model, batch)``; return a short training log.
+
+    ``params`` defaults to the model's trainable parameters; ``batches`` yields CPU tensors, moved here.
+    """
+    import torch
+    from accelerate import Accelerator
+    from transformers import get_cosine_schedule_with_warmup
+
+    torch.manual_seed(settings.seed)
+    accelerator = Accelerator(mixed_precision=settings.mixed_precision)
+    params = [p for p in (params or model.parameters()) if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, int(settings.warmup_frac * settings.steps), settings.steps)
+    model.train()
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    losses: list[float] = []
+    start = time.perf_counter()
+    bar = tqdm(range(settings.steps), desc=desc, disable=None)
+    for _ in bar:
+        batch = next(batches).to(accelerator.device)
+        with accelerator.autocast():
+            loss = loss_fn(model, batch)
+        accelerator.backward(loss)
+        if settings.max_grad_norm is not None:
+            accelerator.clip_grad_norm_(params, settings.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model = accelerator.unwrap_model(model)
+    model.eval()
+    seconds = time.perf_counter() - start
+    tokens = settings.steps * settings.batch_size * settings.seq_len
+    return {
+        "steps": settings.steps,
+        "seconds": round(seconds, 2),
+        "tokens_per_second": round(tokens / seconds, 1),
+        "loss_first": losses[0],
+        "loss_last_10": sum(losses[-10:]) / len(losses[-10:]),
+        "losses": losses,
+    }

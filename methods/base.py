@@ -1,0 +1,49 @@
+"""The method interface: a watermark method trains a student from a base model and owns its detector."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from harness.config import TrainSettings
+from harness.plugins import Params, Plugin
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """What a method gets to train with: the resolved base model, training texts and optimisation settings."""
+
+    base_model: str  # local folder or hub id
+    train_texts: list[str]
+    settings: TrainSettings
+
+
+class Detector(ABC):
+    """Scores texts given as token ids (completions only). Higher ``score`` means more likely watermarked."""
+
+    @abstractmethod
+    def score(self, sequences: list[list[int]]) -> list[dict]:
+        """One dict per sequence with at least ``score``; ``p_value`` where the scheme has one."""
+
+
+class WatermarkMethod(Plugin, ABC):
+    """Base of every method: ``train`` writes ``out/model`` (weights + tokenizer) and ``out/key.json``."""
+
+    label: ClassVar[str]  # name in tables, e.g. "Gu-KGW"
+
+    def __init__(self, params: Params):
+        self.params = params
+
+    @abstractmethod
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        """Train the watermarked student into ``out``; return a training report for the manifest."""
+
+    @abstractmethod
+    def detector(self, key: dict) -> Detector:
+        """The detector for a key written by ``train`` (only the key: detection needs no model)."""
+
+    def config_label(self) -> str:
+        """Short settings label for tables, e.g. ``k=1, delta=2``."""
+        return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())

@@ -1,0 +1,93 @@
+"""Gu-KGW (Gu et al., "On the Learnability of Watermarks for Language Models"): KGW distilled into the weights by
+logit distillation from the frozen base model plus ``delta`` on each context's green list."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from harness import data
+from harness.plugins import Params
+from methods.base import Detector, TrainContext, WatermarkMethod
+from methods.distill import logit_distill
+from methods.kgw import GreenLists, KGWKey, score_sequences, watermark_logits
+
+
+class GuKGWParams(Params):
+    k: Literal[0, 1, 2] = 1  # context width of the hash: lm-watermarking's simple_0 / simple_1 / simple_2
+    gamma: float = Field(0.25, gt=0, lt=1)
+    delta: float = Field(2.0, gt=0)
+    # Gu et al. remove EOS/BOS/PAD/UNK from the teacher's green lists for simple_1 only; None = do as they did.
+    teacher_drop_special: bool | None = None
+    detector_drop_special: bool = False  # Gu et al.'s detector keeps them
+    ignore_repeated_ngrams: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_default(cls, values: dict) -> dict:
+        if isinstance(values, dict) and values.get("teacher_drop_special") is None:
+            values = {**values, "teacher_drop_special": int(values.get("k", 1)) == 1}
+        return values
+
+
+class KGWDetector(Detector):
+    def __init__(self, key: KGWKey, ignore_repeated_ngrams: bool):
+        self.greens = GreenLists(key)
+        self.ignore_repeated_ngrams = ignore_repeated_ngrams
+
+    def score(self, sequences: list[list[int]]) -> list[dict]:
+        return [
+            {"score": s.z_score, "p_value": s.p_value, "green": s.num_green, "scored": s.num_scored}
+            for s in score_sequences(self.greens, sequences, self.ignore_repeated_ngrams)
+        ]
+
+
+class GuKGW(WatermarkMethod):
+    name = "gu-kgw"
+    label = "Gu-KGW"
+    version = "1"
+    Params = GuKGWParams
+
+    def key(self, tokenizer, drop_special: bool) -> KGWKey:
+        special = {tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+        p = self.params
+        return KGWKey(
+            gamma=p.gamma,
+            delta=p.delta,
+            seeding_scheme=f"simple_{p.k}",
+            vocab_size=len(tokenizer.get_vocab()),
+            excluded_ids=tuple(sorted(i for i in special if i is not None)) if drop_special else (),
+        )
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        from harness.models import load_causal_lm, load_tokenizer
+
+        tokenizer = load_tokenizer(ctx.base_model)
+        teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
+        greens = GreenLists(teacher_key)
+        teacher = load_causal_lm(ctx.base_model, dtype="float32")
+        student = load_causal_lm(ctx.base_model, dtype="float32").requires_grad_(True)
+        s = ctx.settings
+        batches = data.packed_batches(data.token_stream(tokenizer, ctx.train_texts), s.seq_len, s.batch_size, s.seed)
+        report = logit_distill(
+            student, teacher, lambda ids, logits: watermark_logits(greens, ids, logits), batches, s, "distill Gu-KGW"
+        )
+        student.save_pretrained(out / "model", safe_serialization=True)
+        tokenizer.save_pretrained(out / "model")
+        key = {
+            "method": self.name,
+            "teacher": teacher_key.to_dict(),
+            "detector": self.key(tokenizer, self.params.detector_drop_special).to_dict(),
+            "ignore_repeated_ngrams": self.params.ignore_repeated_ngrams,
+        }
+        (out / "key.json").write_text(json.dumps(key, indent=2))
+        return report
+
+    def detector(self, key: dict) -> Detector:
+        return KGWDetector(KGWKey.from_dict(key["detector"]), key["ignore_repeated_ngrams"])
+
+    def config_label(self) -> str:
+        return f"k={self.params.k}, delta={self.params.delta:g}"

@@ -1,0 +1,170 @@
+"""The KGW watermark (Kirchenbauer et al.): green lists, the distillation teacher, and the detector.
+
+Green lists are bit-compatible with lm-watermarking's seeding schemes ``simple_0`` (one fixed list),
+``simple_1`` and ``simple_2`` (Additive-LeftHash over the previous 1 or 2 ids): the generator is a CPU
+``torch.Generator`` seeded with ``hash_key * sum(context ids)`` (``hash_key`` alone for ``simple_0``), and the green
+list is the first ``int(gamma * vocab_size)`` entries of ``torch.randperm(vocab_size)``.
+
+Written here rather than imported because no maintained package exposes batched green lists: lm-watermarking and
+Gu et al. seed one generator per position, and Gu et al. precompute a ``(k*V) x V`` mask (16 GB for a 128k
+vocabulary). Here a batch's distinct seeds are computed once each and cached.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+HASH_KEY = 15485863
+# seeding scheme -> (context width, whether the seed depends on the context)
+SEEDING_SCHEMES = {"simple_0": (1, False), "simple_1": (1, True), "simple_2": (2, True)}
+
+
+@dataclass(frozen=True)
+class KGWKey:
+    """Everything a KGW detector needs; saved next to a watermarked model as its key."""
+
+    gamma: float
+    delta: float
+    seeding_scheme: str
+    vocab_size: int  # size of the permutation: len(tokenizer.get_vocab()), as in Gu et al.
+    hash_key: int = HASH_KEY
+    # Ids removed from every green list, and contexts ending in them get no green list (Gu et al.'s distillation).
+    excluded_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.seeding_scheme not in SEEDING_SCHEMES:
+            raise ValueError(f"unknown seeding scheme {self.seeding_scheme!r}; known: {sorted(SEEDING_SCHEMES)}")
+        if not 0.0 < self.gamma < 1.0:
+            raise ValueError(f"gamma must be in (0, 1), got {self.gamma}")
+
+    @property
+    def context_width(self) -> int:
+        return SEEDING_SCHEMES[self.seeding_scheme][0]
+
+    @property
+    def greenlist_size(self) -> int:
+        return int(self.gamma * self.vocab_size)
+
+    def to_dict(self) -> dict:
+        return {"scheme": "kgw", **asdict(self), "excluded_ids": list(self.excluded_ids)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> KGWKey:
+        data = {k: v for k, v in data.items() if k != "scheme"}
+        return cls(**{**data, "excluded_ids": tuple(data.get("excluded_ids", ()))})
+
+
+class GreenLists:
+    """Green-list masks of one key, computed on the fly for a batch of contexts and cached by seed."""
+
+    def __init__(self, key: KGWKey, cache_size: int = 65536):
+        self.key = key
+        self.cache_size = cache_size
+        self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._generator = torch.Generator(device="cpu")
+
+    def seeds(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Seed of every full context, shape ``(..., T - width + 1)``: column j hashes ids j .. j + width - 1."""
+        width, contextual = SEEDING_SCHEMES[self.key.seeding_scheme]
+        windows = input_ids.long().unfold(-1, width, 1)
+        if not contextual:
+            return torch.full(windows.shape[:-1], self.key.hash_key, dtype=torch.long, device=input_ids.device)
+        # hash_key * sum < 2**63 for any real vocabulary, so lm-watermarking's "% (2**64 - 1)" is a no-op here.
+        return self.key.hash_key * windows.sum(-1)
+
+    def green_ids(self, seed: int) -> torch.Tensor:
+        """The green ids for one seed, exactly as lm-watermarking draws them (before any exclusion)."""
+        self._generator.manual_seed(seed % (2**64 - 1))
+        perm = torch.randperm(self.key.vocab_size, generator=self._generator)
+        return perm[: self.key.greenlist_size]
+
+    def _mask_for_seed(self, seed: int) -> torch.Tensor:
+        mask = self._cache.get(seed)
+        if mask is None:
+            mask = torch.zeros(self.key.vocab_size, dtype=torch.bool)
+            mask[self.green_ids(seed)] = True
+            if self.key.excluded_ids:
+                mask[list(self.key.excluded_ids)] = False
+            self._cache[seed] = mask
+            if len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(seed)
+        return mask
+
+    def masks(self, input_ids: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """Boolean green masks ``(..., T - width + 1, W)`` for every full context in ``input_ids``.
+
+        ``width`` pads the vocabulary axis (a model may have more logits than the tokenizer has ids); padded
+        columns are never green.
+        """
+        seeds = self.seeds(input_ids)
+        unique, inverse = torch.unique(seeds.cpu(), return_inverse=True)
+        table = torch.zeros(len(unique), width or self.key.vocab_size, dtype=torch.bool)
+        for row, seed in enumerate(unique.tolist()):
+            table[row, : self.key.vocab_size] = self._mask_for_seed(seed)
+        masks = table.to(input_ids.device)[inverse.to(input_ids.device)]
+        if self.key.excluded_ids:
+            # Gu et al.: a context whose last id is excluded gets no green list at all.
+            last = input_ids.long().unfold(-1, self.key.context_width, 1)[..., -1]
+            excluded = torch.tensor(self.key.excluded_ids, device=input_ids.device)
+            masks &= ~torch.isin(last, excluded).unsqueeze(-1)
+        return masks
+
+
+def watermark_logits(greens: GreenLists, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KGW teacher logits: ``logits + delta`` on the green ids of each position's context (positions without a full
+    context keep their logits). ``logits`` is ``(B, T, V_model)`` for ``input_ids`` ``(B, T)``."""
+    start = greens.key.context_width - 1
+    masks = greens.masks(input_ids, width=logits.shape[-1])
+    out = logits.clone()
+    out[:, start:, :] += greens.key.delta * masks.to(logits.dtype)
+    return out
+
+
+@dataclass
+class KGWScore:
+    """Detection result for one text."""
+
+    num_scored: int
+    num_green: int
+    z_score: float
+    p_value: float
+
+
+def score_sequences(
+    greens: GreenLists, sequences: list[list[int]], ignore_repeated_ngrams: bool = False
+) -> list[KGWScore]:
+    """Score token-id sequences (completions only, never the prompt).
+
+    T = positions with a full context (length - width), G = green tokens among them; z-score as lm-watermarking,
+    p-value ``binom.sf(G, T, gamma)`` as Gu et al. With ``ignore_repeated_ngrams`` each distinct (width+1)-gram
+    counts once, as lm-watermarking's ``ignore_repeated_ngrams``.
+    """
+    from scipy.stats import binom
+
+    key = greens.key
+    width = key.context_width
+    gamma = key.gamma
+    out = []
+    for seq in sequences:
+        if len(seq) <= width:
+            raise ValueError(f"need more than {width} tokens to score a text, got {len(seq)}")
+        ids = torch.tensor(seq, dtype=torch.long)
+        masks = greens.masks(ids[:-1])  # context ending at j predicts id j+1
+        targets = ids[width:]
+        hits = masks.gather(-1, targets.clamp(max=key.vocab_size - 1).unsqueeze(-1)).squeeze(-1)
+        hits &= targets < key.vocab_size
+        if ignore_repeated_ngrams:
+            grams = {}
+            for j in range(len(targets)):
+                grams[tuple(seq[j : j + width + 1])] = bool(hits[j])
+            num_scored, num_green = len(grams), sum(grams.values())
+        else:
+            num_scored, num_green = len(targets), int(hits.sum())
+        z = (num_green - gamma * num_scored) / (num_scored * gamma * (1 - gamma)) ** 0.5
+        out.append(KGWScore(num_scored, num_green, float(z), float(binom.sf(num_green, num_scored, gamma))))
+    return out

@@ -1,0 +1,68 @@
+"""Shared fixtures: small random models built once per test session (no downloads)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def harness():
+    """Run the installed console script (next to this interpreter, else on PATH) and capture its output."""
+    beside = Path(sys.executable).parent / "harness"
+    command = str(beside) if beside.exists() else shutil.which("harness")
+    if not command:
+        pytest.fail("the 'harness' console script is not installed (pip install '.[dev]')")
+
+    def run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([command, *args], capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Return the number of items in the list, or raise an error if it is empty.",
+    "A watermark is a hidden signal in generated text that a detector can find.",
+] * 20
+
+
+def make_random_llama(folder, seed: int, tokenizer=None):
+    """A 2-layer random Llama (and its tokenizer) saved to ``folder``; returns the folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from harness.tiny import build_tokenizer
+
+    tokenizer = tokenizer or build_tokenizer(SENTENCES)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def random_llamas(tmp_path_factory):
+    """Two random Llamas with one tokenizer: (watermarked stand-in, base stand-in)."""
+    from harness.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer(SENTENCES)
+    root = tmp_path_factory.mktemp("llamas")
+    return make_random_llama(root / "a", 1, tokenizer), make_random_llama(root / "b", 2, tokenizer)

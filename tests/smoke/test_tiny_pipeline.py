@@ -1,0 +1,71 @@
+"""End to end on the tiny preset, through the installed CLI: the watermark is learned, SLERP weakens it, the base
+model shows none, a second run reuses everything, and the tables are rebuilt from the store alone."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.smoke
+RUN = ("run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.5", "--results")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, harness):
+    root = tmp_path_factory.mktemp("results") / "runs"
+    out = harness(*RUN, str(root), timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root, out
+
+
+def metrics_by_row(root):
+    found = {}
+    for run in root.glob("*/DONE"):
+        spec = json.loads((run.parent / "spec.json").read_text())
+        found[spec["row"]] = json.loads((run.parent / "metrics.json").read_text())
+    return found
+
+
+def test_watermark_learned_and_weakened_by_slerp(store):
+    root, out = store
+    m = metrics_by_row(root)
+    assert set(m) == {"Unwatermarked base", "Unaltered", "SLERP t=0.5"}
+    base, marked, merged = m["Unwatermarked base"]["auc"], m["Unaltered"]["auc"], m["SLERP t=0.5"]["auc"]
+    assert marked > 0.9, m
+    assert 0.35 < base < 0.65, m
+    assert base + 0.05 < merged < marked, m
+    assert "Unaltered" in out.stdout and "SLERP t=0.5" in out.stdout and "AUC" in out.stdout
+
+
+def test_run_folder_holds_everything(store):
+    root, _ = store
+    for run in (p.parent for p in root.glob("*/DONE")):
+        for name in ("spec.json", "manifest.json", "generations.jsonl", "scores.jsonl", "metrics.json"):
+            assert (run / name).is_file(), (run, name)
+        manifest = json.loads((run / "manifest.json").read_text())
+        assert manifest["versions"]["transformers"] and manifest["versions"]["torch"]
+        gens = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
+        assert len(gens) == 200 and all(len(g["completion_ids"]) == 64 for g in gens)
+        assert all(len(g["human_ids"]) == 64 for g in gens)
+    trained = list((root / "stages" / "train").glob("*/model/model.safetensors"))
+    keys = list((root / "stages" / "train").glob("*/key.json"))
+    assert len(trained) == 1 and len(keys) == 1
+    assert json.loads(keys[0].read_text())["detector"]["seeding_scheme"] == "simple_0"
+
+
+def test_second_run_reuses_every_stage(store, harness):
+    root, _ = store
+    out = harness(*RUN, str(root), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "computing" not in out.stderr
+    assert out.stderr.count("reusing") >= 6  # train, attack, 3 generations, 3 runs
+    assert out.stdout.count("(reused)") == 3
+
+
+def test_tables_from_the_store(store, harness, tmp_path):
+    root, _ = store
+    out = harness("tables", "--results", str(root), "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    csv = (tmp_path / "robustness-tiny.csv").read_text()
+    assert "SLERP" in csv and "Unaltered" in csv and "Gu-KGW" in csv
+    tex = (tmp_path / "robustness-tiny.tex").read_text()
+    assert r"\cellcolor{green!25}" in tex and r"\begin{tabular}" in tex

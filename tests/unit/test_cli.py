@@ -1,0 +1,56 @@
+"""The installed ``harness`` command: help everywhere, and every bad input is one line with exit code 2."""
+
+import pytest
+
+
+@pytest.mark.parametrize("command", [[], ["list"], ["run"], ["tables"]])
+def test_help(harness, command):
+    out = harness(*command, "--help")
+    assert out.returncode == 0
+    assert "usage: harness" in out.stdout
+
+
+def test_list_shows_methods_attacks_and_planned_entries(harness):
+    out = harness("list")
+    assert out.returncode == 0, out.stderr
+    assert "gu-kgw" in out.stdout and "slerp" in out.stdout and "t=0.5" in out.stdout
+    assert "pro" in out.stdout and "planned" in out.stdout
+
+
+BAD_INPUTS = {
+    "unknown method": (["run", "--method", "gu-kwg"], "unknown method 'gu-kwg'. Did you mean 'gu-kgw'? Valid methods:"),
+    "unknown attack": (["run", "--method", "gu-kgw", "--attack", "merge"], "Valid attacks: none, slerp"),
+    "planned method": (["run", "--method", "pro"], "method 'pro' is not implemented yet"),
+    "planned attack": (["run", "--method", "gu-kgw", "--attack", "gptq"], "attack 'gptq' is not implemented yet"),
+    "model path": (["run", "--method", "gu-kgw", "--base-model", "./no/such/model"], "does not exist"),
+    "malformed arg": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t"], "expected key=value"),
+    "bad value": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=1.5"], "t: Input should be"),
+    "not a number": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=half"], "t: Input should"),
+    "unknown setting": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "x=1"], "x: Extra inputs"),
+    "method setting": (["run", "--method", "gu-kgw", "--method-arg", "k=7"], "k: Input should be 0, 1 or 2"),
+    "preset": (["run", "--method", "gu-kgw", "--preset", "huge"], "unknown preset 'huge'"),
+    "override": (["run", "--method", "gu-kgw", "--set", "train.stepz=3"], "unknown setting 'train.stepz'"),
+    "override value": (["run", "--method", "gu-kgw", "--set", "train.steps=-3"], "bad setting train.steps"),
+    "missing flag": (["run"], "the following arguments are required: --method"),
+    "unknown command": (["fly"], "invalid choice"),
+    "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2(harness, case):
+    args, expected = BAD_INPUTS[case]
+    out = harness(*args)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    assert expected in out.stderr
+    assert out.stderr.startswith("harness: error: ")
+
+
+def test_unwritable_results_folder(harness, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = harness("run", "--method", "gu-kgw", "--results", str(blocker / "runs"))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "is not writable" in out.stderr

@@ -1,0 +1,60 @@
+"""Presets, overrides, the bundled corpus, batching and prompts."""
+
+import pytest
+
+from harness import data
+from harness.config import TINY, DataSource, apply_overrides, get_preset
+from harness.errors import HarnessError
+from harness.registry import methods
+
+
+def test_overrides_validate_and_nest():
+    p = apply_overrides(TINY, {"train.steps": "7", "eval_data.split": "train", "base_model": "./x"})
+    assert (p.train.steps, p.eval_data.split, p.base_model) == (7, "train", "./x")
+    assert TINY.train.steps != 7  # presets are frozen values
+    with pytest.raises(HarnessError, match="bad setting train.lr"):
+        apply_overrides(TINY, {"train.lr": "fast"})
+
+
+def test_presets_hold_valid_method_defaults():
+    for name in ("tiny", "paper"):
+        preset = get_preset(name)
+        for method, values in preset.methods.items():
+            methods.load(method).parse_params("method", values)
+
+
+def test_tiny_corpus_splits_are_disjoint_and_stable():
+    train = data.load_texts(DataSource(path=data.TINY_CORPUS, split="train"))
+    held = data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))
+    assert len(held) > 150 and len(train) > 8 * len(held)
+    assert not set(train) & set(held)
+    assert data.fingerprint(DataSource(path=data.TINY_CORPUS)) == data.fingerprint(DataSource(path=data.TINY_CORPUS))
+
+
+def test_local_jsonl_source(tmp_path):
+    (tmp_path / "d.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three"}\n')
+    assert data.load_texts(DataSource(path=str(tmp_path / "d.jsonl")), limit=2) == ["one", "two"]
+    with pytest.raises(HarnessError, match="no field 'body'"):
+        data.load_texts(DataSource(path=str(tmp_path / "d.jsonl"), text_field="body"))
+
+
+def test_packed_batches_cover_the_stream():
+    stream = list(range(100))
+    batches = data.packed_batches(stream, seq_len=10, batch_size=3, seed=0)
+    first_epoch = [next(batches) for _ in range(3)]
+    assert all(b.shape == (3, 10) for b in first_epoch)
+    rows = {tuple(r.tolist()) for b in first_epoch for r in b}
+    assert len(rows) == 9 and all(r[0] % 10 == 0 and list(r) == list(range(r[0], r[0] + 10)) for r in rows)
+    with pytest.raises(HarnessError, match="too small"):
+        next(data.packed_batches(stream, seq_len=50, batch_size=3, seed=0))
+
+
+def test_eval_prompts_have_exact_lengths(random_llamas):
+    from harness.models import load_tokenizer
+
+    tok = load_tokenizer(str(random_llamas[0]))
+    texts = ["short", "the quick brown fox jumps over the lazy dog " * 5, "a watermark is a hidden signal " * 6]
+    prompts = data.eval_prompts(tok, texts, num=2, prompt_tokens=4, new_tokens=6)
+    assert [(len(p["prompt_ids"]), len(p["human_ids"])) for p in prompts] == [(4, 6), (4, 6)]
+    with pytest.raises(HarnessError, match="only 2 evaluation documents"):
+        data.eval_prompts(tok, texts, num=3, prompt_tokens=4, new_tokens=6)

@@ -1,0 +1,138 @@
+"""KGW green lists, teacher logits and detector against independent computations and the reference code."""
+
+import pytest
+import torch
+from scipy.stats import binom
+
+from methods.kgw import HASH_KEY, GreenLists, KGWKey, score_sequences, watermark_logits
+
+# First 8 green ids and the sum of all green ids, from lm-watermarking's WatermarkBase._get_greenlist_ids (as vendored
+# in Gu et al.'s watermark-learnability) run on torch 2.13 CPU with gamma 0.25 and vocab = range(V).
+REFERENCE = [
+    ("simple_0", [5], 32000, [958, 17083, 30553, 27350, 1329, 24091, 15003, 13468], 126782755),
+    ("simple_0", [5], 4096, [1726, 2921, 2477, 2669, 937, 1650, 1013, 1371], 2109580),
+    ("simple_1", [29871], 32000, [8451, 26760, 5668, 31271, 13039, 6760, 9813, 17647], 127774760),
+    ("simple_1", [29871], 4096, [2819, 3675, 3256, 130, 43, 1186, 39, 1871], 2073099),
+    ("simple_2", [450, 29871], 32000, [11134, 30247, 25914, 1363, 30313, 22857, 882, 10760], 128777264),
+    ("simple_2", [450, 29871], 4096, [3454, 3881, 3582, 159, 1241, 4057, 2176, 250], 2100797),
+    ("simple_1", [4095], 4096, [546, 3097, 2371, 3994, 563, 3476, 2995, 2520], 2079008),
+]
+
+
+def definition_green_ids(scheme: str, context: list[int], vocab: int, gamma: float = 0.25) -> torch.Tensor:
+    """The green list straight from the definition (one CPU generator, seeded per context)."""
+    seed = HASH_KEY if scheme == "simple_0" else HASH_KEY * sum(context)
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    return torch.randperm(vocab, generator=gen)[: int(gamma * vocab)]
+
+
+@pytest.mark.parametrize(("scheme", "context", "vocab", "first", "total"), REFERENCE)
+def test_green_ids_match_reference_implementation(scheme, context, vocab, first, total):
+    greens = GreenLists(KGWKey(0.25, 2.0, scheme, vocab))
+    ids = greens.green_ids(int(greens.seeds(torch.tensor(context))[-1]))
+    assert ids[:8].tolist() == first
+    assert int(ids.sum()) == total
+    assert len(ids) == vocab // 4
+
+
+@pytest.mark.parametrize("scheme", ["simple_0", "simple_1", "simple_2"])
+def test_batched_masks_equal_definition_at_every_position(scheme):
+    vocab = 500
+    key = KGWKey(0.25, 2.0, scheme, vocab)
+    width = key.context_width
+    ids = torch.randint(0, vocab, (3, 12), generator=torch.Generator().manual_seed(0))
+    masks = GreenLists(key).masks(ids)
+    assert masks.shape == (3, 12 - width + 1, vocab)
+    for b in range(3):
+        for j in range(width - 1, 12):
+            expected = torch.zeros(vocab, dtype=torch.bool)
+            expected[definition_green_ids(scheme, ids[b, j - width + 1 : j + 1].tolist(), vocab)] = True
+            assert torch.equal(masks[b, j - width + 1], expected)
+
+
+def test_simple_0_is_one_fixed_list():
+    masks = GreenLists(KGWKey(0.25, 1.0, "simple_0", 300)).masks(torch.tensor([[1, 2, 3, 250, 7]]))
+    assert all(torch.equal(masks[0, 0], row) for row in masks[0])
+
+
+def test_watermark_logits_add_delta_on_green_and_pad_extra_logits():
+    vocab, model_width = 100, 128  # a model may have more logits than the tokenizer has ids
+    key = KGWKey(0.25, 1.5, "simple_1", vocab)
+    greens = GreenLists(key)
+    ids = torch.tensor([[3, 17, 42]])
+    logits = torch.randn(1, 3, model_width)
+    out = watermark_logits(greens, ids, logits)
+    for j in range(3):
+        green = torch.zeros(model_width, dtype=torch.bool)
+        green[definition_green_ids("simple_1", [int(ids[0, j])], vocab)] = True
+        assert torch.allclose(out[0, j][green], logits[0, j][green] + 1.5)
+        assert torch.equal(out[0, j][~green], logits[0, j][~green])
+    assert torch.equal(out[..., vocab:], logits[..., vocab:])
+
+
+def test_simple_2_teacher_leaves_first_position_unchanged():
+    key = KGWKey(0.25, 2.0, "simple_2", 100)
+    logits = torch.randn(2, 5, 100)
+    out = watermark_logits(GreenLists(key), torch.randint(0, 100, (2, 5)), logits)
+    assert torch.equal(out[:, 0], logits[:, 0])
+    assert not torch.equal(out[:, 1], logits[:, 1])
+
+
+def test_excluded_ids_are_never_green_and_blank_their_contexts():
+    key = KGWKey(0.25, 2.0, "simple_1", 200, excluded_ids=(0, 5))
+    masks = GreenLists(key).masks(torch.tensor([[5, 9, 0, 11]]))
+    assert not masks[..., [0, 5]].any()
+    assert not masks[0, 0].any() and not masks[0, 2].any()  # contexts ending in an excluded id
+    assert masks[0, 1].sum() > 0
+
+
+def _green_walk(key: KGWKey, length: int) -> list[int]:
+    """A sequence in which every scored token is green for its context."""
+    seq = [7] * key.context_width
+    greens = GreenLists(key)
+    while len(seq) < length:
+        seq.append(int(definition_green_ids(key.seeding_scheme, seq[-key.context_width :], key.vocab_size)[0]))
+        assert greens.masks(torch.tensor(seq[-key.context_width - 1 : -1]))[-1, seq[-1]]
+    return seq
+
+
+@pytest.mark.parametrize("scheme", ["simple_0", "simple_1", "simple_2"])
+def test_detector_counts_green_tokens_of_the_completion(scheme):
+    key = KGWKey(0.25, 2.0, scheme, 300)
+    seq = _green_walk(key, 40)
+    score = score_sequences(GreenLists(key), [seq])[0]
+    t = 40 - key.context_width
+    assert (score.num_scored, score.num_green) == (t, t)
+    assert score.z_score == pytest.approx((t - 0.25 * t) / (t * 0.25 * 0.75) ** 0.5)
+    assert score.p_value == pytest.approx(binom.sf(t, t, 0.25))
+
+
+def test_detector_matches_brute_force_on_random_text():
+    key = KGWKey(0.25, 2.0, "simple_1", 300)
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (2, 10, 57)]
+    for seq, score in zip(seqs, score_sequences(GreenLists(key), seqs), strict=True):
+        green = sum(
+            int(seq[t] in set(definition_green_ids("simple_1", [seq[t - 1]], 300).tolist())) for t in range(1, len(seq))
+        )
+        assert (score.num_scored, score.num_green) == (len(seq) - 1, green)
+        assert score.p_value == pytest.approx(binom.sf(green, len(seq) - 1, 0.25))
+
+
+def test_ignore_repeated_ngrams_counts_each_bigram_once():
+    key = KGWKey(0.25, 2.0, "simple_1", 300)
+    seq = _green_walk(key, 3) * 5  # the same two bigrams (plus the joins) over and over
+    repeated = score_sequences(GreenLists(key), [seq], ignore_repeated_ngrams=True)[0]
+    assert repeated.num_scored == len({tuple(seq[i : i + 2]) for i in range(len(seq) - 1)})
+    assert repeated.num_scored < len(seq) - 1
+
+
+def test_detector_rejects_too_short_text():
+    with pytest.raises(ValueError, match="need more than 2 tokens"):
+        score_sequences(GreenLists(KGWKey(0.25, 2.0, "simple_2", 50)), [[1, 2]])
+
+
+def test_key_round_trip():
+    key = KGWKey(0.25, 2.0, "simple_1", 4096, excluded_ids=(0,))
+    assert KGWKey.from_dict(key.to_dict()) == key

@@ -1,0 +1,65 @@
+"""Detection metrics and completion perplexity against hand computations."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from harness.metrics import detection_metrics, median, tpr_at_fpr
+
+
+def test_perfect_separation():
+    m = detection_metrics([5, 6, 7, 8], [1, 2, 3, 4], bootstrap=50)
+    assert m["auc"] == 1.0
+    assert all(m[f"tpr@{f:g}"] == 1.0 for f in (0.001, 0.01, 0.05, 0.1))
+    assert m["auc_ci95"] == [1.0, 1.0]
+    assert (m["n_pos"], m["n_neg"]) == (4, 4)
+
+
+def test_same_distribution_is_near_chance():
+    rng = np.random.default_rng(0)
+    m = detection_metrics(rng.normal(size=2000), rng.normal(size=2000), bootstrap=50)
+    assert abs(m["auc"] - 0.5) < 0.04
+    assert m["auc_ci95"][0] < 0.5 < m["auc_ci95"][1]
+
+
+def test_tpr_uses_the_empirical_threshold_from_negatives():
+    neg = np.arange(100.0)  # negatives 0..99: a threshold just above 94 lets 5 of 100 through
+    pos = np.array([94.5, 95.5, 96.5, 200.0])
+    assert tpr_at_fpr(pos, neg, 0.05) == 1.0
+    assert tpr_at_fpr(pos, neg, 0.04) == 0.5  # above 95: 96.5 and 200
+    assert tpr_at_fpr(pos, neg, 0.01) == 0.25  # above 98: only 200
+    assert tpr_at_fpr(pos, neg, 0.001) == 0.25  # above 99: no negative at all
+
+
+def test_analytic_tpr_and_its_real_fpr():
+    m = detection_metrics([3, 2, 1, 0], [0, 0, 1, 1], [0.0005, 0.02, 0.2, 0.5], [0.9, 0.04, 0.5, 0.6], bootstrap=10)
+    assert m["tpr_analytic@0.001"] == 0.25
+    assert m["tpr_analytic@0.05"] == 0.5
+    assert m["fpr_analytic@0.05"] == 0.25
+
+
+def test_auc_counts_ties_as_half():
+    assert detection_metrics([1, 1], [1, 1], bootstrap=5)["auc"] == 0.5
+
+
+def test_median():
+    assert median([3, 1, 100]) == 3
+
+
+def test_completion_perplexity_masks_the_prompt(random_llamas):
+    from harness.generation import completion_perplexity
+    from harness.models import load_causal_lm
+
+    model = load_causal_lm(str(random_llamas[0]), "cpu")
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    completions = [[9, 10, 11], [12, 13, 14]]
+    got = completion_perplexity(model, prompts, completions, batch_size=1)
+    for p, c, value in zip(prompts, completions, got, strict=True):
+        full = torch.tensor([p + c])
+        logp = torch.log_softmax(model(input_ids=full).logits[0].float(), -1)
+        nll = -sum(logp[len(p) - 1 + i, tok].item() for i, tok in enumerate(c)) / len(c)
+        assert value == pytest.approx(math.exp(nll), rel=1e-4)
+    other_prompt = completion_perplexity(model, [[2, 2, 2, 4]], [completions[0]], batch_size=1)[0]
+    assert other_prompt != pytest.approx(got[0])  # the prompt conditions, but is not scored

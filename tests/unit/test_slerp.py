@@ -1,0 +1,40 @@
+"""SLERP through mergekit equals the SLERP formula on the parameters (t = weight of the unwatermarked base)."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attacks.base import AttackContext
+from harness.registry import attacks
+
+pytest.importorskip("mergekit")
+
+
+def weights(folder):
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+def slerp(t: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Independent SLERP of a whole parameter tensor from a (t = 0) to b (t = 1), the paper's formula."""
+    a64, b64 = a.double().flatten(), b.double().flatten()
+    omega = torch.acos((a64 / a64.norm() @ (b64 / b64.norm())).clamp(-1, 1))
+    return ((torch.sin((1 - t) * omega) * a64 + torch.sin(t * omega) * b64) / torch.sin(omega)).view(a.shape)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 0.5, 1.0])
+def test_slerp_matches_formula(random_llamas, tmp_path, t):
+    marked, base = random_llamas
+    out = tmp_path / "merged"
+    out.mkdir()
+    attack = attacks.build("slerp", {"t": str(t)})
+    record = attack.apply(marked, out, AttackContext(str(base), "cpu"))
+    assert record["mergekit_config"]["parameters"] == {"t": t}
+    merged, a, b = weights(out), weights(marked), weights(base)
+    assert merged.keys() == a.keys()
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert torch.allclose(merged[name].double(), slerp(t, a[name], b[name]), atol=1e-5)
+    if t == 0.0:
+        assert all(torch.allclose(merged[k], a[k]) for k in a)
+    if t == 1.0:
+        assert all(torch.allclose(merged[k], b[k], atol=1e-6) for k in a)
+    assert (out / "tokenizer.json").exists()

@@ -1,0 +1,60 @@
+"""Run store: hashes cover the spec, folders appear only when finished, and finished work is reused."""
+
+import json
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.store import Store, spec_hash
+
+
+def test_hash_ignores_key_order_but_not_values():
+    assert spec_hash({"a": 1, "b": {"c": 2}}) == spec_hash({"b": {"c": 2}, "a": 1})
+    assert spec_hash({"a": 1}) != spec_hash({"a": 2})
+    assert spec_hash({"a": [1, 2]}) != spec_hash({"a": [2, 1]})
+
+
+def test_stage_folders(tmp_path):
+    store = Store(tmp_path)
+    assert store.stage("run", {"x": 1}).path.parent == tmp_path
+    assert store.stage("train", {"x": 1}).path.parent == tmp_path / "stages" / "train"
+
+
+def test_build_publishes_spec_manifest_and_done(tmp_path):
+    stage = Store(tmp_path).stage("train", {"x": 1})
+    stage.build(lambda out: (out / "result.txt").write_text("ok") and {"measured": 3})
+    assert stage.done
+    assert json.loads((stage.path / "spec.json").read_text()) == {"x": 1}
+    manifest = stage.manifest()
+    assert manifest["hash"] == stage.key and manifest["report"] == {"measured": 3}
+    assert manifest["versions"]["torch"]
+    assert (stage.path / "result.txt").read_text() == "ok"
+
+
+def test_crash_leaves_nothing_that_looks_finished(tmp_path):
+    stage = Store(tmp_path).stage("run", {"x": 2})
+
+    def crash(out):
+        (out / "half.jsonl").write_text("{}")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        stage.build(crash)
+    assert not stage.path.exists()
+    assert list(tmp_path.iterdir()) == []
+    assert Store(tmp_path).runs() == []
+
+
+def test_runs_lists_only_finished_runs(tmp_path):
+    store = Store(tmp_path)
+    store.stage("run", {"x": 1}).build(lambda out: {})
+    store.stage("train", {"x": 1}).build(lambda out: {})
+    (tmp_path / "deadbeef").mkdir()  # unfinished
+    assert [p.name for p in store.runs()] == [store.stage("run", {"x": 1}).key]
+
+
+def test_unwritable_results_folder_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(HarnessError, match="not writable"):
+        Store(blocker / "runs").check_writable()
