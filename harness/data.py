@@ -5,8 +5,9 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from importlib.resources import files
+from itertools import islice
 from pathlib import Path
 
 from harness.config import DataSource
@@ -24,7 +25,12 @@ def _tiny_corpus_bytes() -> bytes:
 
 
 def load_texts(src: DataSource, limit: int | None = None) -> list[str]:
-    """Return the documents of ``src`` in a fixed order (at most ``limit``)."""
+    """The first ``limit`` documents of ``src`` (all of them if None), in a fixed order."""
+    return list(islice(iter_texts(src), limit))
+
+
+def iter_texts(src: DataSource) -> Iterator[str]:
+    """Stream the documents of ``src`` in a fixed order (hub datasets are streamed, never fully downloaded)."""
     if src.path == TINY_CORPUS:
         if src.split not in ("train", "heldout"):
             raise HarnessError(f"{TINY_CORPUS} has splits 'train' and 'heldout', not '{src.split}'")
@@ -32,36 +38,39 @@ def load_texts(src: DataSource, limit: int | None = None) -> list[str]:
         long_docs = [d for d in docs if len(d) >= HELDOUT_MIN_CHARS]
         heldout = {id(d) for d in long_docs[::HELDOUT_EVERY]}
         want = src.split == "heldout"
-        return [d for d in docs if (id(d) in heldout) == want][:limit]
+        yield from (d for d in docs if (id(d) in heldout) == want)
+        return
     if src.path.startswith("builtin:"):
         raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {TINY_CORPUS}")
-    import datasets
-
-    local = Path(src.path).expanduser()
+    rows = _open_dataset(src)
     try:
-        if local.exists():
-            kind = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv"}
-            pattern = [str(p) for p in sorted(local.rglob("*"))] if local.is_dir() else [str(local)]
-            suffixes = {Path(p).suffix for p in pattern} & kind.keys()
-            if len(suffixes) != 1:
-                raise HarnessError(f"dataset '{src.path}': expected files of one kind among {sorted(kind)}")
-            builder = kind[suffixes.pop()]
-            data_files = [p for p in pattern if Path(p).suffix in kind and kind[Path(p).suffix] == builder]
-            ds = datasets.load_dataset(builder, data_files=data_files, split="train", streaming=True)
-        else:
-            ds = datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
+        for row in rows:
+            if src.text_field not in row:
+                raise HarnessError(f"dataset '{src.path}' has no field '{src.text_field}' (fields: {', '.join(row)})")
+            yield row[src.text_field]
     except HarnessError:
         raise
-    except Exception as err:  # datasets raises many types for "not found / offline"
+    except Exception as err:  # datasets raises many types for "not found / offline / bad file"
+        raise HarnessError(f"cannot read dataset '{src.path}': {str(err).splitlines()[0]}") from None
+
+
+def _open_dataset(src: DataSource):
+    import datasets
+
+    kind = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv"}
+    local = Path(src.path).expanduser()
+    try:
+        if not local.exists():
+            return datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
+        files_ = [p for p in (sorted(local.rglob("*")) if local.is_dir() else [local]) if p.suffix in kind]
+        builders = {kind[p.suffix] for p in files_}
+        if len(builders) != 1:
+            raise HarnessError(f"dataset '{src.path}': expected files of one kind among {sorted(kind)}")
+        return datasets.load_dataset(builders.pop(), data_files=[str(p) for p in files_], split="train", streaming=True)
+    except HarnessError:
+        raise
+    except Exception as err:
         raise HarnessError(f"cannot load dataset '{src.path}': {str(err).splitlines()[0]}") from None
-    texts = []
-    for row in ds:
-        if src.text_field not in row:
-            raise HarnessError(f"dataset '{src.path}' has no field '{src.text_field}' (fields: {', '.join(row)})")
-        texts.append(row[src.text_field])
-        if limit is not None and len(texts) >= limit:
-            break
-    return texts
 
 
 def fingerprint(src: DataSource) -> str:
@@ -79,15 +88,21 @@ def fingerprint(src: DataSource) -> str:
     return f"hub:{src.path}:{src.name}:{src.split}"
 
 
-def token_stream(tokenizer, texts: list[str]) -> list[int]:
-    """All documents tokenized and joined, each followed by EOS (the usual pre-training packing)."""
+def token_stream(tokenizer, texts: Iterable[str], max_tokens: int | None = None, chunk: int = 256) -> list[int]:
+    """Documents tokenized and joined, each followed by EOS (the usual pre-training packing), stopping once
+    ``max_tokens`` are collected so that a large dataset is read only as far as training needs."""
     eos = tokenizer.eos_token_id
     ids: list[int] = []
-    for chunk in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        ids.extend(chunk)
-        if eos is not None:
-            ids.append(eos)
-    return ids
+    texts = iter(texts)
+    while max_tokens is None or len(ids) < max_tokens:
+        batch = list(islice(texts, chunk))
+        if not batch:
+            break
+        for doc in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+            ids.extend(doc)
+            if eos is not None:
+                ids.append(eos)
+    return ids if max_tokens is None else ids[:max_tokens]
 
 
 def packed_batches(stream: list[int], seq_len: int, batch_size: int, seed: int) -> Iterator:

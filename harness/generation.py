@@ -37,21 +37,28 @@ def sample(model, prompts: list[list[int]], settings: EvalSettings, eos_id: int 
 
 
 def completion_perplexity(
-    model, prompts: list[list[int]], completions: list[list[int]], batch_size: int, desc: str = "perplexity"
+    model, prompts: list[list[int]], completions: list[list[int]], batch_size: int, pad_id: int = 0, desc: str = "ppl"
 ) -> list[float]:
-    """Perplexity of each completion given its prompt (prompt tokens masked out of the loss)."""
+    """Perplexity of each completion given its prompt: prompt tokens condition but are not scored. Sequences of
+    different lengths are right-padded and masked."""
     import torch
     import torch.nn.functional as F
 
     ppl: list[float] = []
     for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=None):
-        p = prompts[start : start + batch_size]
-        c = completions[start : start + batch_size]
-        full = torch.tensor([a + b for a, b in zip(p, c, strict=True)], device=model.device)
+        pairs = list(zip(prompts[start : start + batch_size], completions[start : start + batch_size], strict=True))
+        width = max(len(p) + len(c) for p, c in pairs)
+        ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        scored = torch.zeros_like(ids, dtype=torch.bool)  # positions whose token is a completion token
+        for row, (p, c) in enumerate(pairs):
+            ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+            attention[row, : len(p) + len(c)] = 1
+            scored[row, len(p) : len(p) + len(c)] = True
+        ids, attention, scored = ids.to(model.device), attention.to(model.device), scored.to(model.device)
         with torch.no_grad():
-            logits = model(input_ids=full).logits.float()
-        plen = len(p[0])
-        pred = logits[:, plen - 1 : -1]  # position j predicts token j + 1
-        nll = F.cross_entropy(pred.transpose(1, 2), full[:, plen:], reduction="none").mean(-1)
-        ppl.extend(torch.exp(nll).tolist())
+            logits = model(input_ids=ids, attention_mask=attention).logits.float()
+        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")  # predicts token j + 1
+        mask = scored[:, 1:]
+        ppl.extend(torch.exp((nll * mask).sum(-1) / mask.sum(-1)).tolist())
     return ppl

@@ -86,7 +86,7 @@ class Pipeline:
         def build(out: Path) -> dict:
             from methods.base import TrainContext
 
-            texts = data.load_texts(self.preset.train_data, self.preset.train.max_train_docs)
+            texts = data.iter_texts(self.preset.train_data)
             return method.train(TrainContext(self.base["path"], texts, self.preset.train), out)
 
         self._build_or_reuse(stage, f"training of {method.name}", build)
@@ -144,9 +144,9 @@ class Pipeline:
                     "prompt_ids": p["prompt_ids"],
                     "completion_ids": c,
                     "human_ids": p["human_ids"],
-                    "prompt": tokenizer.decode(p["prompt_ids"]),
-                    "completion": tokenizer.decode(c),
-                    "human": tokenizer.decode(p["human_ids"]),
+                    "prompt": tokenizer.decode(p["prompt_ids"], skip_special_tokens=True),
+                    "completion": tokenizer.decode(c, skip_special_tokens=True),
+                    "human": tokenizer.decode(p["human_ids"], skip_special_tokens=True),
                 }
                 for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
             ]
@@ -156,7 +156,7 @@ class Pipeline:
         self._build_or_reuse(stage, f"generation from {name}", build)
         return stage
 
-    def score(self, method, trained: Stage, generated: Stage, row: str, context: dict) -> Cell:
+    def score(self, method, trained: Stage, generated: Stage, row: str, context: dict, artefacts: dict) -> Cell:
         """The run: the method's detector on generated (positives) and human (negatives) texts, plus perplexity."""
         spec = {
             "stage": "run",
@@ -175,14 +175,7 @@ class Pipeline:
             detector = method.detector(json.loads((trained.path / "key.json").read_text()))
             pos = detector.score([g["completion_ids"] for g in gens])
             neg = detector.score([g["human_ids"] for g in gens])
-            oracle = models.load_causal_lm(self.oracle["path"], self.device)
-            ppl = completion_perplexity(
-                oracle,
-                [g["prompt_ids"] for g in gens],
-                [g["completion_ids"] for g in gens],
-                self.preset.eval.ppl_batch_size,
-                f"perplexity ({row})",
-            )
+            ppl = self.perplexities(gens, f"perplexity ({row})")
             scores = [{"i": g["i"], "label": 1, **s, "ppl": q} for g, s, q in zip(gens, pos, ppl, strict=True)]
             scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
             _jsonl(out / "scores.jsonl", scores)
@@ -196,11 +189,26 @@ class Pipeline:
             result["median_ppl"] = metrics.median(ppl)
             (out / "metrics.json").write_text(json.dumps(result, indent=2))
             link(generated.path / "generations.jsonl", out / "generations.jsonl")
-            (out / "artefacts.json").write_text(json.dumps(context.get("artefacts", {}), indent=2))
+            # Where the model and key are: paths stay out of the hash, so a moved store still matches.
+            (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
             return {"device": self.device}
 
         reused = self._build_or_reuse(run, f"scoring of '{row}'", build)
         return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
+
+    def perplexities(self, gens: list[dict], desc: str) -> list[float]:
+        """Completion perplexity under the oracle; texts are re-tokenized when its tokenizer differs (e.g. LLaMA-2
+        scoring LLaMA-3 text, as in the paper)."""
+        oracle_tok = models.load_tokenizer(self.oracle["path"])
+        if oracle_tok.get_vocab() == models.load_tokenizer(self.base["path"]).get_vocab():
+            prompts = [g["prompt_ids"] for g in gens]
+            completions = [g["completion_ids"] for g in gens]
+        else:
+            prompts = oracle_tok([g["prompt"] for g in gens])["input_ids"]
+            completions = oracle_tok([g["completion"] for g in gens], add_special_tokens=False)["input_ids"]
+        oracle = models.load_causal_lm(self.oracle["path"], self.device)
+        pad = oracle_tok.pad_token_id if oracle_tok.pad_token_id is not None else oracle_tok.eos_token_id
+        return completion_perplexity(oracle, prompts, completions, self.preset.eval.ppl_batch_size, pad or 0, desc)
 
     # --- the command ------------------------------------------------------------------------------------------
     def run(self, method, attack) -> list[Cell]:
@@ -217,23 +225,16 @@ class Pipeline:
             },
         }
         base_gen = self.generate(self.base["path"], f"base:{self.base['fingerprint']}", "base model")
+        base_context = {**common, "attack": attack_info(None)}
         cells = [
-            self.score(
-                method,
-                trained,
-                base_gen,
-                "Unwatermarked base",
-                {**common, "attack": attack_info(None), "artefacts": {"model": self.base["path"]}},
-            )
+            self.score(method, trained, base_gen, "Unwatermarked base", base_context, {"model": self.base["path"]})
         ]
         for a in [none] if attack.identity else [none, attack]:
             model_path, model_id = self.attack(a, trained)
             gen = self.generate(model_path, model_id, attack_row(a))
             artefacts = {"model": str(model_path), "key": str(trained.path / "key.json")}
             cells.append(
-                self.score(
-                    method, trained, gen, attack_row(a), {**common, "attack": attack_info(a), "artefacts": artefacts}
-                )
+                self.score(method, trained, gen, attack_row(a), {**common, "attack": attack_info(a)}, artefacts)
             )
         return cells
 

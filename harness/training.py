@@ -52,7 +52,7 @@ def train(
     model = accelerator.unwrap_model(model)
     model.eval()
     seconds = time.perf_counter() - start
-    tokens = settings.steps * settings.batch_size * settings.seq_len
+    tokens = settings.tokens
     return {
         "steps": settings.steps,
         "seconds": round(seconds, 2),

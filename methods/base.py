@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -16,7 +17,7 @@ class TrainContext:
     """What a method gets to train with: the resolved base model, training texts and optimisation settings."""
 
     base_model: str  # local folder or hub id
-    train_texts: list[str]
+    train_texts: Iterable[str]  # streamed: read only as far as training needs (see TrainSettings.tokens)
     settings: TrainSettings
 
 

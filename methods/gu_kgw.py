@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -17,7 +16,7 @@ from methods.kgw import GreenLists, KGWKey, score_sequences, watermark_logits
 
 
 class GuKGWParams(Params):
-    k: Literal[0, 1, 2] = 1  # context width of the hash: lm-watermarking's simple_0 / simple_1 / simple_2
+    k: int = Field(1, ge=0, le=2)  # context width of the hash: lm-watermarking's simple_0 / simple_1 / simple_2
     gamma: float = Field(0.25, gt=0, lt=1)
     delta: float = Field(2.0, gt=0)
     # Gu et al. remove EOS/BOS/PAD/UNK from the teacher's green lists for simple_1 only; None = do as they did.
@@ -71,7 +70,8 @@ class GuKGW(WatermarkMethod):
         teacher = load_causal_lm(ctx.base_model, dtype="float32")
         student = load_causal_lm(ctx.base_model, dtype="float32").requires_grad_(True)
         s = ctx.settings
-        batches = data.packed_batches(data.token_stream(tokenizer, ctx.train_texts), s.seq_len, s.batch_size, s.seed)
+        stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
+        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
         report = logit_distill(
             student, teacher, lambda ids, logits: watermark_logits(greens, ids, logits), batches, s, "distill Gu-KGW"
         )

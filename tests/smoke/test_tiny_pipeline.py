@@ -49,7 +49,7 @@ def test_run_folder_holds_everything(store):
     trained = list((root / "stages" / "train").glob("*/model/model.safetensors"))
     keys = list((root / "stages" / "train").glob("*/key.json"))
     assert len(trained) == 1 and len(keys) == 1
-    assert json.loads(keys[0].read_text())["detector"]["seeding_scheme"] == "simple_0"
+    assert json.loads(keys[0].read_text())["detector"]["seeding_scheme"] == "simple_1"
 
 
 def test_second_run_reuses_every_stage(store, harness):

@@ -27,7 +27,7 @@ BAD_INPUTS = {
     "bad value": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=1.5"], "t: Input should be"),
     "not a number": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=half"], "t: Input should"),
     "unknown setting": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "x=1"], "x: Extra inputs"),
-    "method setting": (["run", "--method", "gu-kgw", "--method-arg", "k=7"], "k: Input should be 0, 1 or 2"),
+    "method setting": (["run", "--method", "gu-kgw", "--method-arg", "k=7"], "k: Input should be less than or equal"),
     "preset": (["run", "--method", "gu-kgw", "--preset", "huge"], "unknown preset 'huge'"),
     "override": (["run", "--method", "gu-kgw", "--set", "train.stepz=3"], "unknown setting 'train.stepz'"),
     "override value": (["run", "--method", "gu-kgw", "--set", "train.steps=-3"], "bad setting train.steps"),

