@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
+from fnmatch import fnmatch
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -51,19 +53,53 @@ def resolve(ref: str) -> str:
     return ref  # a hub id; loading says clearly if it is neither cached nor reachable
 
 
+# Files that define a model's behaviour; anything else in its folder (reports, READMEs) is left out.
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "vocab.*",
+    "merges.txt",
+    "*.model",
+    "*.safetensors",
+    "*.bin",
+    "*.index.json",
+)
+
+
 def fingerprint(path_or_id: str) -> str:
-    """A short content fingerprint: config and weight files' names, sizes and first MiB (local), or the hub id."""
+    """Content hash of a local model's defining files (sha256 of each, cached by path, size and mtime), or
+    ``hub:<id>`` for a hub model."""
     path = Path(path_or_id)
     if not path.exists():
         return f"hub:{path_or_id}"
+    files = sorted(f for f in path.iterdir() if f.is_file() and any(fnmatch(f.name, p) for p in MODEL_FILES))
     digest = hashlib.sha256()
-    for file in sorted(path.iterdir()):
-        if file.is_file() and file.suffix in (".json", ".safetensors", ".bin", ".model", ".txt"):
-            digest.update(file.name.encode())
-            digest.update(str(file.stat().st_size).encode())
-            with file.open("rb") as fh:
-                digest.update(fh.read(1 << 20))
+    for file in files:
+        digest.update(f"{file.name}:{file_sha256(file)};".encode())
     return digest.hexdigest()[:16]
+
+
+def file_sha256(file: Path) -> str:
+    """sha256 of a file, remembered in ``$HARNESS_CACHE/file-hashes.json`` so a 16 GB checkpoint is read once."""
+    from harness.tiny import cache_root
+
+    stat = file.stat()
+    key = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    index = cache_root() / "file-hashes.json"
+    known = json.loads(index.read_text()) if index.exists() else {}
+    if key not in known:
+        digest = hashlib.sha256()
+        with file.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(block)
+        known[key] = digest.hexdigest()
+        index.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index.with_name(f"{index.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(known))
+        tmp.replace(index)
+    return known[key]
 
 
 def _load_error(path_or_id: str, err: Exception) -> HarnessError:

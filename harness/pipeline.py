@@ -87,7 +87,7 @@ class Pipeline:
             from methods.base import TrainContext
 
             texts = data.iter_texts(self.preset.train_data)
-            return method.train(TrainContext(self.base["path"], texts, self.preset.train), out)
+            return method.train(TrainContext(self.base["path"], texts, self.preset.train, self.device), out)
 
         self._build_or_reuse(stage, f"training of {method.name}", build)
         return stage

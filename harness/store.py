@@ -41,10 +41,12 @@ def versions() -> dict:
 
 
 def git_sha() -> str | None:
+    """The harness checkout's commit, when it runs from one (an installed wheel has none)."""
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / ".git").exists():
+        return None
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        )
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None

@@ -93,6 +93,7 @@ def to_latex(table: pd.DataFrame, caption: str) -> str:
     methods = list(dict.fromkeys(table.columns.get_level_values(0)))
     esc = lambda s: str(s).replace("_", r"\_").replace("%", r"\%")  # noqa: E731
     lines = [
+        r"% needs \usepackage{booktabs} and \usepackage[table]{xcolor}",
         r"\begin{table}[h]",
         r"\centering",
         r"\scriptsize",

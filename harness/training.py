@@ -18,17 +18,20 @@ def train(
     settings: TrainSettings,
     desc: str = "train",
     params=None,
+    device: str | None = None,
 ) -> dict:
     """Optimise ``model`` for ``settings.steps`` steps of ``loss_fn(model, batch)``; return a short training log.
 
     ``params`` defaults to the model's trainable parameters; ``batches`` yields CPU tensors, moved here.
+    ``device="cpu"`` keeps training on the CPU; otherwise accelerate places it (one or several GPUs when launched
+    with ``accelerate launch``).
     """
     import torch
     from accelerate import Accelerator
     from transformers import get_cosine_schedule_with_warmup
 
     torch.manual_seed(settings.seed)
-    accelerator = Accelerator(mixed_precision=settings.mixed_precision)
+    accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=device == "cpu")
     params = [p for p in (params or model.parameters()) if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(settings.warmup_frac * settings.steps), settings.steps)

@@ -19,6 +19,7 @@ class TrainContext:
     base_model: str  # local folder or hub id
     train_texts: Iterable[str]  # streamed: read only as far as training needs (see TrainSettings.tokens)
     settings: TrainSettings
+    device: str  # "cpu", "cuda", ...
 
 
 class Detector(ABC):

@@ -18,7 +18,9 @@ def kl_per_token(student_logits, teacher_logits):
     return F.kl_div(s.flatten(0, -2), t.flatten(0, -2), log_target=True, reduction="batchmean")
 
 
-def logit_distill(student, teacher, watermark: Callable, batches, settings: TrainSettings, desc: str) -> dict:
+def logit_distill(
+    student, teacher, watermark: Callable, batches, settings: TrainSettings, desc: str, device: str | None = None
+) -> dict:
     """Train ``student`` towards ``watermark(input_ids, teacher_logits)``; the teacher stays frozen."""
     import torch
 
@@ -31,4 +33,4 @@ def logit_distill(student, teacher, watermark: Callable, batches, settings: Trai
             target = watermark(input_ids, teacher(input_ids=input_ids).logits.float())
         return kl_per_token(model(input_ids=input_ids).logits, target)
 
-    return train(student, loss_fn, batches, settings, desc=desc)
+    return train(student, loss_fn, batches, settings, desc=desc, device=device)

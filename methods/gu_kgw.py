@@ -67,13 +67,19 @@ class GuKGW(WatermarkMethod):
         tokenizer = load_tokenizer(ctx.base_model)
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
         greens = GreenLists(teacher_key)
-        teacher = load_causal_lm(ctx.base_model, dtype="float32")
-        student = load_causal_lm(ctx.base_model, dtype="float32").requires_grad_(True)
+        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype="float32")
+        student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
         s = ctx.settings
         stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
         batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
         report = logit_distill(
-            student, teacher, lambda ids, logits: watermark_logits(greens, ids, logits), batches, s, "distill Gu-KGW"
+            student,
+            teacher,
+            lambda ids, logits: watermark_logits(greens, ids, logits),
+            batches,
+            s,
+            "distill Gu-KGW",
+            ctx.device,
         )
         student.save_pretrained(out / "model", safe_serialization=True)
         tokenizer.save_pretrained(out / "model")

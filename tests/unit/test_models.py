@@ -14,6 +14,22 @@ def test_local_folder_and_fingerprint(random_llamas, tmp_path):
     assert models.fingerprint("org/some-model") == "hub:org/some-model"
 
 
+def test_fingerprint_follows_content_not_reports(random_llamas, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "copy"
+    shutil.copytree(random_llamas[0], copy)
+    assert models.fingerprint(str(copy)) == models.fingerprint(str(random_llamas[0]))  # another folder, same model
+    (copy / "build.json").write_text('{"seconds": 12.3}')  # a report does not change the model
+    assert models.fingerprint(str(copy)) == models.fingerprint(str(random_llamas[0]))
+    weights = copy / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one byte deep inside the weights
+    weights.write_bytes(bytes(raw))
+    assert models.fingerprint(str(copy)) != models.fingerprint(str(random_llamas[0]))
+
+
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
