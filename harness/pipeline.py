@@ -92,10 +92,10 @@ class Pipeline:
         self._build_or_reuse(stage, f"training of {method.name}", build)
         return stage
 
-    def attack(self, attack, trained: Stage) -> tuple[Path, str]:
-        """The attacked model's folder and the id that downstream hashes use."""
+    def attack(self, attack, trained: Stage) -> tuple[Path, str, dict | None]:
+        """The attacked model's folder, the id that downstream hashes use, and the attack stage's spec."""
         if attack.identity:
-            return trained.path / "model", trained.key
+            return trained.path / "model", trained.key, None
         spec = {
             "stage": "attack",
             "attack": attack.name,
@@ -113,7 +113,7 @@ class Pipeline:
             return attack.apply(trained.path / "model", out / "model", AttackContext(self.base["path"], self.device))
 
         self._build_or_reuse(stage, f"attack {attack.name}", build)
-        return stage.path / "model", stage.key
+        return stage.path / "model", stage.key, stage.spec
 
     def prompts(self) -> list[dict]:
         e = self.preset.eval
@@ -156,7 +156,16 @@ class Pipeline:
         self._build_or_reuse(stage, f"generation from {name}", build)
         return stage
 
-    def score(self, method, trained: Stage, generated: Stage, row: str, context: dict, artefacts: dict) -> Cell:
+    def score(
+        self,
+        method,
+        trained: Stage,
+        generated: Stage,
+        row: str,
+        context: dict,
+        artefacts: dict,
+        attack_spec: dict | None = None,
+    ) -> Cell:
         """The run: the method's detector on generated (positives) and human (negatives) texts, plus perplexity."""
         spec = {
             "stage": "run",
@@ -167,6 +176,8 @@ class Pipeline:
             "generate": generated.key,
             "oracle": {k: self.oracle[k] for k in ("ref", "fingerprint")},
             "config": context,  # the full resolved settings, for readers and for tables
+            # What the upstream hashes stand for (models' and data's fingerprints included): one readable file.
+            "upstream": {"train": trained.spec, "attack": attack_spec, "generate": generated.spec},
         }
         run = self.store.stage("run", spec)
 
@@ -230,11 +241,13 @@ class Pipeline:
             self.score(method, trained, base_gen, "Unwatermarked base", base_context, {"model": self.base["path"]})
         ]
         for a in [none] if attack.identity else [none, attack]:
-            model_path, model_id = self.attack(a, trained)
+            model_path, model_id, attack_spec = self.attack(a, trained)
             gen = self.generate(model_path, model_id, attack_row(a))
             artefacts = {"model": str(model_path), "key": str(trained.path / "key.json")}
             cells.append(
-                self.score(method, trained, gen, attack_row(a), {**common, "attack": attack_info(a)}, artefacts)
+                self.score(
+                    method, trained, gen, attack_row(a), {**common, "attack": attack_info(a)}, artefacts, attack_spec
+                )
             )
         return cells
 
