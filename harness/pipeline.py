@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from attacks.base import AttackContext
 from harness import data, metrics, models
 from harness.config import Preset
 from harness.generation import completion_perplexity, sample
 from harness.registry import attacks
 from harness.store import Stage, Store
+from methods.base import TrainContext
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +86,6 @@ class Pipeline:
         stage = self.store.stage("train", spec)
 
         def build(out: Path) -> dict:
-            from methods.base import TrainContext
-
             texts = data.iter_texts(self.preset.train_data)
             return method.train(TrainContext(self.base["path"], texts, self.preset.train, self.device), out)
 
@@ -107,8 +107,6 @@ class Pipeline:
         stage = self.store.stage("attack", spec)
 
         def build(out: Path) -> dict:
-            from attacks.base import AttackContext
-
             (out / "model").mkdir()
             return attack.apply(trained.path / "model", out / "model", AttackContext(self.base["path"], self.device))
 

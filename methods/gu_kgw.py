@@ -12,7 +12,6 @@ from harness import data
 from harness.plugins import Params
 from methods.base import Detector, TrainContext, WatermarkMethod
 from methods.distill import logit_distill
-from methods.kgw import GreenLists, KGWKey, score_sequences, watermark_logits
 
 
 class GuKGWParams(Params):
@@ -33,11 +32,15 @@ class GuKGWParams(Params):
 
 
 class KGWDetector(Detector):
-    def __init__(self, key: KGWKey, ignore_repeated_ngrams: bool):
-        self.greens = GreenLists(key)
+    def __init__(self, key: dict, ignore_repeated_ngrams: bool):
+        from methods.kgw import GreenLists, KGWKey
+
+        self.greens = GreenLists(KGWKey.from_dict(key))
         self.ignore_repeated_ngrams = ignore_repeated_ngrams
 
     def score(self, sequences: list[list[int]]) -> list[dict]:
+        from methods.kgw import score_sequences
+
         return [
             {"score": s.z_score, "p_value": s.p_value, "green": s.num_green, "scored": s.num_scored}
             for s in score_sequences(self.greens, sequences, self.ignore_repeated_ngrams)
@@ -50,7 +53,10 @@ class GuKGW(WatermarkMethod):
     version = "1"
     Params = GuKGWParams
 
-    def key(self, tokenizer, drop_special: bool) -> KGWKey:
+    def key(self, tokenizer, drop_special: bool):
+        """The KGW key for this tokenizer (``KGWKey``); special ids removed from green lists if ``drop_special``."""
+        from methods.kgw import KGWKey
+
         special = {tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
         p = self.params
         return KGWKey(
@@ -63,6 +69,7 @@ class GuKGW(WatermarkMethod):
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from harness.models import load_causal_lm, load_tokenizer
+        from methods.kgw import GreenLists, watermark_logits
 
         tokenizer = load_tokenizer(ctx.base_model)
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
@@ -93,7 +100,7 @@ class GuKGW(WatermarkMethod):
         return report
 
     def detector(self, key: dict) -> Detector:
-        return KGWDetector(KGWKey.from_dict(key["detector"]), key["ignore_repeated_ngrams"])
+        return KGWDetector(key["detector"], key["ignore_repeated_ngrams"])
 
     def config_label(self) -> str:
         return f"k={self.params.k}, delta={self.params.delta:g}"

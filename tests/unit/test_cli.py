@@ -54,3 +54,20 @@ def test_unwritable_results_folder(harness, tmp_path):
     out = harness("run", "--method", "gu-kgw", "--results", str(blocker / "runs"))
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "is not writable" in out.stderr
+
+
+def test_listing_and_validation_import_no_heavy_library():
+    """`harness list` and argument checks stay fast: torch and friends load only when a model does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from harness.registry import methods, attacks\n"
+        "from harness import cli, pipeline, config\n"
+        "[r.build(n, {}) for r in (methods, attacks) for n in r.available()]\n"
+        "heavy = [m for m in ('torch', 'transformers', 'mergekit', 'sklearn', 'pandas') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
