@@ -66,3 +66,12 @@ def random_llamas(tmp_path_factory):
     tokenizer = build_tokenizer(SENTENCES)
     root = tmp_path_factory.mktemp("llamas")
     return make_random_llama(root / "a", 1, tokenizer), make_random_llama(root / "b", 2, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def other_tokenizer_llama(tmp_path_factory):
+    """A random Llama whose tokenizer differs from ``random_llamas``' (an oracle that must re-tokenize)."""
+    from harness.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer([s.upper() + " Lorem ipsum dolor sit amet." for s in SENTENCES])
+    return make_random_llama(tmp_path_factory.mktemp("oracle"), 3, tokenizer)

@@ -1,0 +1,49 @@
+"""Gu-KGW distillation moves probability onto green tokens; its key and detector round-trip."""
+
+import json
+
+import torch
+
+from harness.config import TrainSettings
+from harness.registry import methods
+from methods.base import TrainContext
+
+TEXTS = ["The quick brown fox jumps over the lazy dog. A watermark is a hidden signal in text."] * 40
+
+
+def green_mass(model_dir, key: dict, ids: torch.Tensor) -> float:
+    """Mean probability the model puts on the green list of each position's context."""
+    from harness.models import load_causal_lm
+    from methods.kgw import GreenLists, KGWKey
+
+    model = load_causal_lm(str(model_dir), "cpu")
+    probs = torch.softmax(model(input_ids=ids).logits.float(), -1)
+    masks = GreenLists(KGWKey.from_dict(key)).masks(ids, width=probs.shape[-1])
+    return float((probs * masks).sum(-1).mean())
+
+
+def test_distillation_learns_the_green_list(random_llamas, tmp_path):
+    base, _ = random_llamas
+    method = methods.build("gu-kgw", {"k": "0", "delta": "2"})
+    settings = TrainSettings(steps=30, batch_size=4, seq_len=16, lr=1e-2)
+    report = method.train(TrainContext(str(base), iter(TEXTS), settings, "cpu"), tmp_path)
+    assert report["loss_last_10"] < report["loss_first"]
+    key = json.loads((tmp_path / "key.json").read_text())
+    assert key["teacher"]["seeding_scheme"] == "simple_0" and key["teacher"]["excluded_ids"] == []
+    assert (tmp_path / "model" / "model.safetensors").exists() and (tmp_path / "model" / "tokenizer.json").exists()
+    ids = torch.randint(0, key["detector"]["vocab_size"], (4, 12), generator=torch.Generator().manual_seed(0))
+    before, after = green_mass(base, key["teacher"], ids), green_mass(tmp_path / "model", key["teacher"], ids)
+    assert before < 0.35 < after  # gamma = 0.25 of the vocabulary; delta = 2 pushes mass onto it
+
+
+def test_k1_drops_special_tokens_from_the_teacher_only(random_llamas, tmp_path):
+    from harness.models import load_tokenizer
+
+    method = methods.build("gu-kgw", {"k": "1"})
+    tok = load_tokenizer(str(random_llamas[0]))
+    assert method.params.teacher_drop_special is True  # Gu et al.'s choice for simple_1
+    assert method.key(tok, True).excluded_ids == (tok.eos_token_id,)
+    assert method.key(tok, method.params.detector_drop_special).excluded_ids == ()
+    detector = method.detector({"detector": method.key(tok, False).to_dict(), "ignore_repeated_ngrams": False})
+    scores = detector.score([[1, 2, 3, 4, 5]])
+    assert scores[0]["scored"] == 4 and set(scores[0]) >= {"score", "p_value", "green"}

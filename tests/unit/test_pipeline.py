@@ -1,0 +1,59 @@
+"""The pipeline on small random models from local folders and a local JSONL dataset: the code path a real
+Hugging Face model takes, in seconds. It checks plumbing, reuse and the oracle's re-tokenization, not quality."""
+
+import json
+
+from harness.config import TINY, apply_overrides
+from harness.pipeline import Pipeline, read_jsonl
+from harness.registry import attacks, methods
+from harness.store import Store
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
+    "Return the number of items in the list, or raise an error if it is empty; lists are ordered.",
+    "A watermark is a hidden signal in generated text that a detector can find with a secret key.",
+] * 8
+
+
+def make_preset(tmp_path, base, oracle):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    overrides = {
+        "base_model": str(base),
+        "oracle_model": str(oracle),
+        "train_data.path": str(corpus),
+        "eval_data.path": str(corpus),
+        "train.steps": "3",
+        "train.batch_size": "2",
+        "train.seq_len": "16",
+        "eval.num_prompts": "6",
+        "eval.prompt_tokens": "4",
+        "eval.new_tokens": "8",
+        "eval.batch_size": "3",
+    }
+    return apply_overrides(TINY, overrides)
+
+
+def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama, tmp_path):
+    from harness.models import load_tokenizer
+
+    base, _ = random_llamas
+    assert load_tokenizer(str(base)).get_vocab() != load_tokenizer(str(other_tokenizer_llama)).get_vocab()
+    preset = make_preset(tmp_path, base, other_tokenizer_llama)
+    store = Store(tmp_path / "runs")
+    method = methods.build("gu-kgw", {"k": "1", "delta": "2"})
+    attack = attacks.build("slerp", {"t": "0.5"})
+    cells = Pipeline(preset, store, "cpu").run(method, attack)
+    assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered", "SLERP t=0.5"]
+    assert not any(c.reused for c in cells)
+    for cell in cells:
+        m = cell.metrics
+        assert (m["n_pos"], m["n_neg"]) == (6, 6) and 0 <= m["auc"] <= 1 and m["median_ppl"] > 1
+        gens = read_jsonl(cell.run.path / "generations.jsonl")
+        assert all(len(g["completion_ids"]) == 8 and len(g["prompt_ids"]) == 4 for g in gens)
+        spec = json.loads((cell.run.path / "spec.json").read_text())
+        assert spec["upstream"]["train"]["base_model"]["fingerprint"].isalnum()
+        assert json.loads((cell.run.path / "artefacts.json").read_text())["model"]
+    again = Pipeline(preset, store, "cpu").run(method, attack)
+    assert all(c.reused for c in again)
+    assert [c.metrics for c in again] == [c.metrics for c in cells]
