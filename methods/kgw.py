@@ -60,20 +60,22 @@ class KGWKey:
 class GreenLists:
     """Green-list masks of one key, computed on the fly for a batch of contexts and cached by seed."""
 
-    def __init__(self, key: KGWKey, cache_size: int = 65536):
+    def __init__(self, key: KGWKey, cache_bytes: int = 1 << 30):
         self.key = key
-        self.cache_size = cache_size
+        self.cache_size = max(1, cache_bytes // key.vocab_size)  # one byte per vocabulary entry and cached seed
         self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._generator = torch.Generator(device="cpu")
 
     def seeds(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Seed of every full context, shape ``(..., T - width + 1)``: column j hashes ids j .. j + width - 1."""
-        width, contextual = SEEDING_SCHEMES[self.key.seeding_scheme]
-        windows = input_ids.long().unfold(-1, width, 1)
-        if not contextual:
-            return torch.full(windows.shape[:-1], self.key.hash_key, dtype=torch.long, device=input_ids.device)
+        return self.hash(input_ids.long().unfold(-1, self.key.context_width, 1))
+
+    def hash(self, windows: torch.Tensor) -> torch.Tensor:
+        """Seeds of context windows ``(..., width)``: Additive-LeftHash, or the bare key for ``simple_0``."""
+        if not SEEDING_SCHEMES[self.key.seeding_scheme][1]:
+            return torch.full(windows.shape[:-1], self.key.hash_key, dtype=torch.long, device=windows.device)
         # hash_key * sum < 2**63 for any real vocabulary, so lm-watermarking's "% (2**64 - 1)" is a no-op here.
-        return self.key.hash_key * windows.sum(-1)
+        return self.key.hash_key * windows.long().sum(-1)
 
     def green_ids(self, seed: int) -> torch.Tensor:
         """The green ids for one seed, exactly as lm-watermarking draws them (before any exclusion)."""
@@ -107,12 +109,29 @@ class GreenLists:
         for row, seed in enumerate(unique.tolist()):
             table[row, : self.key.vocab_size] = self._mask_for_seed(seed)
         masks = table.to(input_ids.device)[inverse.to(input_ids.device)]
+        return masks & self._has_list(input_ids).unsqueeze(-1)
+
+    def _has_list(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """False for contexts whose last id is excluded (Gu et al.: they get no green list at all)."""
+        last = input_ids.long().unfold(-1, self.key.context_width, 1)[..., -1]
+        if not self.key.excluded_ids:
+            return torch.ones_like(last, dtype=torch.bool)
+        return ~torch.isin(last, torch.tensor(self.key.excluded_ids, device=input_ids.device))
+
+    def hits(self, contexts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Whether each ``targets[i]`` is green for the context ending at ``contexts[i]``'s window, for flat 1-D
+        tensors of full-context windows ``(N, width)`` and ids ``(N,)``. Looks up one cached list per distinct seed,
+        so scoring never builds an ``N x V`` mask."""
+        seeds = self.hash(contexts)
+        out = torch.zeros(len(targets), dtype=torch.bool)
+        unique, inverse = torch.unique(seeds, return_inverse=True)
+        order = torch.argsort(inverse)
+        for seed, idx in zip(unique.tolist(), torch.split(order, torch.bincount(inverse).tolist()), strict=True):
+            inside = targets[idx] < self.key.vocab_size
+            out[idx[inside]] = self._mask_for_seed(seed)[targets[idx[inside]]]
         if self.key.excluded_ids:
-            # Gu et al.: a context whose last id is excluded gets no green list at all.
-            last = input_ids.long().unfold(-1, self.key.context_width, 1)[..., -1]
-            excluded = torch.tensor(self.key.excluded_ids, device=input_ids.device)
-            masks &= ~torch.isin(last, excluded).unsqueeze(-1)
-        return masks
+            out &= ~torch.isin(contexts[:, -1], torch.tensor(self.key.excluded_ids))
+        return out
 
 
 def watermark_logits(greens: GreenLists, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -142,29 +161,25 @@ def score_sequences(
 
     T = positions with a full context (length - width), G = green tokens among them; z-score as lm-watermarking,
     p-value ``binom.sf(G, T, gamma)`` as Gu et al. With ``ignore_repeated_ngrams`` each distinct (width+1)-gram
-    counts once, as lm-watermarking's ``ignore_repeated_ngrams``.
+    counts once, as lm-watermarking's ``ignore_repeated_ngrams``. All sequences are looked up in one batch.
     """
     from scipy.stats import binom
 
     key = greens.key
-    width = key.context_width
-    gamma = key.gamma
+    width, gamma = key.context_width, key.gamma
+    if any(len(seq) <= width for seq in sequences):
+        short = min(len(seq) for seq in sequences)
+        raise ValueError(f"need more than {width} tokens to score a text, got {short}")
+    windows = [torch.tensor(seq, dtype=torch.long).unfold(0, width + 1, 1) for seq in sequences]  # context + target
+    flat = torch.cat(windows)
+    hits = greens.hits(flat[:, :width], flat[:, width]).split([len(w) for w in windows])
     out = []
-    for seq in sequences:
-        if len(seq) <= width:
-            raise ValueError(f"need more than {width} tokens to score a text, got {len(seq)}")
-        ids = torch.tensor(seq, dtype=torch.long)
-        masks = greens.masks(ids[:-1])  # context ending at j predicts id j+1
-        targets = ids[width:]
-        hits = masks.gather(-1, targets.clamp(max=key.vocab_size - 1).unsqueeze(-1)).squeeze(-1)
-        hits &= targets < key.vocab_size
+    for win, hit in zip(windows, hits, strict=True):
         if ignore_repeated_ngrams:
-            grams = {}
-            for j in range(len(targets)):
-                grams[tuple(seq[j : j + width + 1])] = bool(hits[j])
+            grams = dict(zip(map(tuple, win.tolist()), hit.tolist(), strict=True))
             num_scored, num_green = len(grams), sum(grams.values())
         else:
-            num_scored, num_green = len(targets), int(hits.sum())
+            num_scored, num_green = len(hit), int(hit.sum())
         z = (num_green - gamma * num_scored) / (num_scored * gamma * (1 - gamma)) ** 0.5
         out.append(KGWScore(num_scored, num_green, float(z), float(binom.sf(num_green, num_scored, gamma))))
     return out

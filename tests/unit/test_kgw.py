@@ -136,3 +136,14 @@ def test_detector_rejects_too_short_text():
 def test_key_round_trip():
     key = KGWKey(0.25, 2.0, "simple_1", 4096, excluded_ids=(0,))
     assert KGWKey.from_dict(key.to_dict()) == key
+
+
+def test_batched_hits_equal_full_masks_with_exclusions():
+    key = KGWKey(0.25, 2.0, "simple_1", 120, excluded_ids=(0, 7))
+    greens = GreenLists(key)
+    ids = torch.randint(0, 130, (5, 30), generator=torch.Generator().manual_seed(1))  # some ids beyond the vocab
+    ids[0, :5] = torch.tensor([0, 7, 3, 0, 9])
+    masks = greens.masks(ids[:, :-1], width=130)
+    expected = masks.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    windows = ids.unfold(1, 2, 1).reshape(-1, 2)
+    assert torch.equal(greens.hits(windows[:, :1], windows[:, 1]), expected.reshape(-1))
