@@ -1,5 +1,6 @@
-"""The attack interface. A model attack reads a saved model folder and writes the modified model to another;
-it is a pure function of its inputs (no state kept between calls)."""
+"""The attack interface. A model attack reads a saved model folder and writes the modified model to another; a
+text attack rewrites generated texts (paraphrasing). Both are pure functions of their inputs (no state kept
+between calls)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ class AttackContext:
     device: str
 
 
-class ModelAttack(Plugin, ABC):
-    """Base of every model -> model attack."""
+class Attack(Plugin):
+    """What every attack declares: where its rows go in tab:robustness and how its settings read."""
 
     category: ClassVar[str]  # row group in tab:robustness, e.g. "Merging"
     label: ClassVar[str]  # e.g. "SLERP"
@@ -29,10 +30,22 @@ class ModelAttack(Plugin, ABC):
     def __init__(self, params: Params):
         self.params = params
 
+    def config_label(self) -> str:
+        """Short settings label for tables, e.g. ``t=0.5``."""
+        return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())
+
+
+class ModelAttack(Attack, ABC):
+    """Base of every model -> model attack (quantization, pruning, merging, fine-tuning)."""
+
     @abstractmethod
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         """Write the attacked model (weights + tokenizer) into ``out_dir``; return every setting it used."""
 
-    def config_label(self) -> str:
-        """Short settings label for tables, e.g. ``t=0.5``."""
-        return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())
+
+class TextAttack(Attack, ABC):
+    """Base of every texts -> texts attack: it rewrites the unaltered watermarked model's completions."""
+
+    @abstractmethod
+    def apply_texts(self, texts: list[str], ctx: AttackContext) -> list[str]:
+        """Return one rewritten text per input text, in order."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from attacks.base import AttackContext
+from attacks.base import AttackContext, TextAttack
 from harness import data, metrics, models
 from harness.config import Preset
 from harness.generation import completion_perplexity, sample
@@ -112,6 +112,35 @@ class Pipeline:
 
         self._build_or_reuse(stage, f"attack {attack.name}", build)
         return stage.path / "model", stage.key, stage.spec
+
+    def attack_texts(self, attack: TextAttack, generated: Stage) -> Stage:
+        """Generations whose completions ``attack`` rewrote (re-tokenized with the base tokenizer); the human
+        negatives stay as they are."""
+        spec = {
+            "stage": "text-attack",
+            "attack": attack.name,
+            "attack_version": attack.version,
+            "params": attack.params.model_dump(),
+            "input": generated.key,
+        }
+        stage = self.store.stage("text-attack", spec)
+
+        def build(out: Path) -> dict:
+            gens = read_jsonl(generated.path / "generations.jsonl")
+            texts = attack.apply_texts([g["completion"] for g in gens], AttackContext(self.base["path"], self.device))
+            if len(texts) != len(gens):
+                raise RuntimeError(f"attack {attack.name} returned {len(texts)} texts for {len(gens)}")
+            tokenizer = models.load_tokenizer(self.base["path"])
+            ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            rows = [
+                {**g, "completion": t, "completion_ids": i, "original_completion": g["completion"]}
+                for g, t, i in zip(gens, texts, ids, strict=True)
+            ]
+            _jsonl(out / "generations.jsonl", rows)
+            return {"texts": len(rows)}
+
+        self._build_or_reuse(stage, f"text attack {attack.name}", build)
+        return stage
 
     def prompts(self) -> list[dict]:
         e = self.preset.eval
@@ -239,8 +268,12 @@ class Pipeline:
             self.score(method, trained, base_gen, "Unwatermarked base", base_context, {"model": self.base["path"]})
         ]
         for a in [none] if attack.identity else [none, attack]:
-            model_path, model_id, attack_spec = self.attack(a, trained)
-            gen = self.generate(model_path, model_id, attack_row(a))
+            if isinstance(a, TextAttack):  # rewrites what the unaltered model wrote
+                model_path, model_id, attack_spec = self.attack(none, trained)
+                gen = self.attack_texts(a, self.generate(model_path, model_id, attack_row(none)))
+            else:
+                model_path, model_id, attack_spec = self.attack(a, trained)
+                gen = self.generate(model_path, model_id, attack_row(a))
             artefacts = {"model": str(model_path), "key": str(trained.path / "key.json")}
             cells.append(
                 self.score(
@@ -267,7 +300,7 @@ def attack_info(attack) -> dict:
 
 
 def attack_row(attack) -> str:
-    return "Unaltered" if attack.identity else f"{attack.label} {attack.config_label()}"
+    return "Unaltered" if attack.identity else f"{attack.label} {attack.config_label()}".strip()
 
 
 def link(src: Path, dst: Path) -> None:

@@ -57,3 +57,37 @@ def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama
     again = Pipeline(preset, store, "cpu").run(method, attack)
     assert all(c.reused for c in again)
     assert [c.metrics for c in again] == [c.metrics for c in cells]
+
+
+REVERSE_ATTACK = '''
+from attacks.base import TextAttack
+
+
+class ReverseWords(TextAttack):
+    name = "reverse-words"
+    category = "Paraphrase"
+    label = "Reverse"
+
+    def apply_texts(self, texts, ctx):
+        return [" ".join(reversed(t.split())) for t in texts]
+'''
+
+
+def test_text_attack_rewrites_the_unaltered_generations(random_llamas, tmp_path, monkeypatch):
+    """A texts -> texts attack (DIPPER's kind) plugs in as one module plus one registry line."""
+    from harness import registry
+
+    (tmp_path / "reverse_attack.py").write_text(REVERSE_ATTACK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry.ATTACKS, "reverse-words", "reverse_attack:ReverseWords")
+    base, _ = random_llamas
+    preset = make_preset(tmp_path, base, base)
+    store = Store(tmp_path / "runs")
+    cells = Pipeline(preset, store, "cpu").run(methods.build("gu-kgw", {}), attacks.build("reverse-words", {}))
+    assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered", "Reverse"]
+    gens = read_jsonl(cells[2].run.path / "generations.jsonl")
+    assert all(g["completion"] == " ".join(reversed(g["original_completion"].split())) for g in gens)
+    unaltered = read_jsonl(cells[1].run.path / "generations.jsonl")
+    assert [g["original_completion"] for g in gens] == [g["completion"] for g in unaltered]
+    assert len(list((tmp_path / "runs" / "stages" / "generate").iterdir())) == 2  # base and unaltered only
+    assert cells[2].metrics["n_pos"] == 6
