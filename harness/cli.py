@@ -133,9 +133,9 @@ def cmd_run(args) -> None:
     )
     attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"))
     updates = {f: getattr(args, f) for f in ("base_model", "oracle_model") if getattr(args, f)}
-    for ref in updates.values():
-        models.check(ref)
     preset = preset.model_copy(update=updates)
+    for ref in dict.fromkeys((preset.base_model, preset.oracle_model)):
+        models.check(ref)
     store = Store(args.results)
     store.check_writable()
     cells = Pipeline(preset, store, args.device).run(method, attack)
@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             cmd_list()
         elif args.command == "run":
-            _quiet_transformers()
+            if not args.verbose:
+                _quiet_transformers()
             cmd_run(args)
         elif args.command == "tables":
             cmd_tables(args)
@@ -185,11 +186,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quiet_transformers() -> None:
-    """transformers 5 draws a progress bar for every weight load; ours are the ones that matter."""
+    """transformers 5 draws a progress bar for every weight load and the hub client logs every retry; our bars
+    and our one-line errors are the ones that matter (-v shows theirs)."""
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()
 
 
 if __name__ == "__main__":

@@ -19,12 +19,19 @@ LOCAL_PREFIXES = ("/", "./", "../", "~")
 
 
 def check(ref: str) -> None:
-    """Raise a one-line error for a reference that cannot resolve (builds nothing, loads nothing)."""
+    """Raise a one-line error for a reference that cannot resolve, before any work starts: builds nothing and
+    loads no weights (a hub id's config is fetched, or read from the local HF cache)."""
     if ref.startswith("builtin:"):
         if ref != "builtin:tiny-lm":
             raise HarnessError(f"unknown built-in model '{ref}'. Built-in models: builtin:tiny-lm")
         return
-    resolve(ref)
+    if not Path(resolve(ref)).exists():
+        from transformers import AutoConfig
+
+        try:
+            AutoConfig.from_pretrained(ref)
+        except (OSError, ValueError) as err:
+            raise _load_error(ref, err) from None
 
 
 def resolve(ref: str) -> str:
