@@ -120,7 +120,7 @@ def format_cells(cells) -> str:
 
 
 def cmd_run(args) -> None:
-    from harness import config, models
+    from harness import config, data, models
     from harness.pipeline import Pipeline
     from harness.plugins import parse_assignments
     from harness.registry import attacks, methods
@@ -136,6 +136,8 @@ def cmd_run(args) -> None:
     preset = preset.model_copy(update=updates)
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model)):
         models.check(ref)
+    for source in (preset.train_data, preset.eval_data):
+        data.check(source)
     store = Store(args.results)
     store.check_writable()
     cells = Pipeline(preset, store, args.device).run(method, attack)

@@ -24,6 +24,15 @@ def _tiny_corpus_bytes() -> bytes:
     return (files("harness") / "data" / "tiny_corpus.jsonl.gz").read_bytes()
 
 
+def check(src: DataSource) -> None:
+    """One-line error for a data source that cannot exist (unknown built-in, missing local path), before work."""
+    if src.path.startswith("builtin:"):
+        if src.path != TINY_CORPUS:
+            raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {TINY_CORPUS}")
+    elif src.path.startswith(("/", "./", "../", "~")) and not Path(src.path).expanduser().exists():
+        raise HarnessError(f"dataset path '{src.path}' does not exist")
+
+
 def load_texts(src: DataSource, limit: int | None = None) -> list[str]:
     """The first ``limit`` documents of ``src`` (all of them if None), in a fixed order."""
     return list(islice(iter_texts(src), limit))

@@ -23,6 +23,7 @@ BAD_INPUTS = {
     "planned method": (["run", "--method", "pro"], "method 'pro' is not implemented yet"),
     "planned attack": (["run", "--method", "gu-kgw", "--attack", "gptq"], "attack 'gptq' is not implemented yet"),
     "model path": (["run", "--method", "gu-kgw", "--base-model", "./no/such/model"], "does not exist"),
+    "data path": (["run", "--method", "gu-kgw", "--set", "train_data.path=/no/data.jsonl"], "does not exist"),
     "malformed arg": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t"], "expected key=value"),
     "bad value": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=1.5"], "t: Input should be"),
     "not a number": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=half"], "t: Input should"),
