@@ -6,12 +6,14 @@ import gzip
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
+from functools import cache
 from importlib.resources import files
 from itertools import islice
 from pathlib import Path
 
 from harness.config import DataSource
 from harness.errors import HarnessError
+from harness.models import LOCAL_PREFIXES, file_sha256
 
 TINY_CORPUS = "builtin:tiny-corpus"
 # Held out for evaluation: every 3rd bundled document of at least 600 characters (long enough for a prompt and a
@@ -20,6 +22,7 @@ HELDOUT_MIN_CHARS = 600
 HELDOUT_EVERY = 3
 
 
+@cache
 def _tiny_corpus_bytes() -> bytes:
     return (files("harness") / "data" / "tiny_corpus.jsonl.gz").read_bytes()
 
@@ -29,7 +32,7 @@ def check(src: DataSource) -> None:
     if src.path.startswith("builtin:"):
         if src.path != TINY_CORPUS:
             raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {TINY_CORPUS}")
-    elif src.path.startswith(("/", "./", "../", "~")) and not Path(src.path).expanduser().exists():
+    elif src.path.startswith(LOCAL_PREFIXES) and not Path(src.path).expanduser().exists():
         raise HarnessError(f"dataset path '{src.path}' does not exist")
 
 
@@ -40,6 +43,7 @@ def load_texts(src: DataSource, limit: int | None = None) -> list[str]:
 
 def iter_texts(src: DataSource) -> Iterator[str]:
     """Stream the documents of ``src`` in a fixed order (hub datasets are streamed, never fully downloaded)."""
+    check(src)
     if src.path == TINY_CORPUS:
         if src.split not in ("train", "heldout"):
             raise HarnessError(f"{TINY_CORPUS} has splits 'train' and 'heldout', not '{src.split}'")
@@ -49,8 +53,6 @@ def iter_texts(src: DataSource) -> Iterator[str]:
         want = src.split == "heldout"
         yield from (d for d in docs if (id(d) in heldout) == want)
         return
-    if src.path.startswith("builtin:"):
-        raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {TINY_CORPUS}")
     rows = _open_dataset(src)
     try:
         for row in rows:
@@ -83,7 +85,7 @@ def _open_dataset(src: DataSource):
 
 
 def fingerprint(src: DataSource) -> str:
-    """Content hash for bundled or local data; the id and split for hub datasets."""
+    """Content hash for bundled or local data (file hashes cached as for models); the id and split for hub data."""
     if src.path == TINY_CORPUS:
         return hashlib.sha256(_tiny_corpus_bytes()).hexdigest()[:16]
     local = Path(src.path).expanduser()
@@ -91,8 +93,9 @@ def fingerprint(src: DataSource) -> str:
         digest = hashlib.sha256()
         for file in sorted(local.rglob("*")) if local.is_dir() else [local]:
             if file.is_file():
-                digest.update(file.name.encode())
-                digest.update(file.read_bytes())
+                digest.update(
+                    f"{file.relative_to(local) if local.is_dir() else file.name}:{file_sha256(file)};".encode()
+                )
         return digest.hexdigest()[:16]
     return f"hub:{src.path}:{src.name}:{src.split}"
 

@@ -15,15 +15,25 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 
-LOCAL_PREFIXES = ("/", "./", "../", "~")
+LOCAL_PREFIXES = ("/", "./", "../", "~")  # a reference starting so is a path, never a hub id
+TINY_LM = "builtin:tiny-lm"
+
+
+def cache_root() -> Path:
+    """Where built models and file hashes are kept between runs: ``$HARNESS_CACHE``, default ``~/.cache/harness``."""
+    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")).expanduser()
+
+
+def _check_builtin(ref: str) -> None:
+    if ref != TINY_LM:
+        raise HarnessError(f"unknown built-in model '{ref}'. Built-in models: {TINY_LM}")
 
 
 def check(ref: str) -> None:
     """Raise a one-line error for a reference that cannot resolve, before any work starts: builds nothing and
     loads no weights (a hub id's config is fetched, or read from the local HF cache)."""
     if ref.startswith("builtin:"):
-        if ref != "builtin:tiny-lm":
-            raise HarnessError(f"unknown built-in model '{ref}'. Built-in models: builtin:tiny-lm")
+        _check_builtin(ref)
         return
     if not Path(resolve(ref)).exists():
         from transformers import AutoConfig
@@ -37,7 +47,7 @@ def check(ref: str) -> None:
 def resolve(ref: str) -> str:
     """Return a local folder or a hub id for ``ref``, building the tiny model if needed."""
     if ref.startswith("builtin:"):
-        check(ref)
+        _check_builtin(ref)
         from harness import tiny
 
         return str(tiny.tiny_lm())
@@ -90,8 +100,6 @@ def fingerprint(path_or_id: str) -> str:
 
 def file_sha256(file: Path) -> str:
     """sha256 of a file, remembered in ``$HARNESS_CACHE/file-hashes.json`` so a 16 GB checkpoint is read once."""
-    from harness.tiny import cache_root
-
     stat = file.stat()
     key = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     index = cache_root() / "file-hashes.json"

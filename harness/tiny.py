@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from harness import data
+from harness import data, models
 from harness.config import DataSource, TrainSettings
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,6 @@ RECIPE = {
 EOS = "<|endoftext|>"
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")).expanduser()
-
-
 def recipe_hash() -> str:
     corpus = data.fingerprint(DataSource(path=data.TINY_CORPUS))
     blob = json.dumps({"recipe": RECIPE, "corpus": corpus}, sort_keys=True)
@@ -48,7 +44,7 @@ def recipe_hash() -> str:
 
 def tiny_lm() -> Path:
     """Folder of the tiny model and tokenizer, building it first if this machine has none."""
-    folder = cache_root() / f"tiny-lm-{recipe_hash()}"
+    folder = models.cache_root() / f"tiny-lm-{recipe_hash()}"
     if (folder / "DONE").exists():
         return folder
     log.info("building the tiny base model once for this machine in %s", folder)

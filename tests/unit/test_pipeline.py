@@ -59,7 +59,7 @@ def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama
     assert [c.metrics for c in again] == [c.metrics for c in cells]
 
 
-REVERSE_ATTACK = '''
+REVERSE_ATTACK = """
 from attacks.base import TextAttack
 
 
@@ -70,7 +70,7 @@ class ReverseWords(TextAttack):
 
     def apply_texts(self, texts, ctx):
         return [" ".join(reversed(t.split())) for t in texts]
-'''
+"""
 
 
 def test_text_attack_rewrites_the_unaltered_generations(random_llamas, tmp_path, monkeypatch):
