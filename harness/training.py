@@ -17,12 +17,11 @@ def train(
     batches: Iterator,
     settings: TrainSettings,
     desc: str = "train",
-    params=None,
     device: str | None = None,
 ) -> dict:
     """Optimise ``model`` for ``settings.steps`` steps of ``loss_fn(model, batch)``; return a short training log.
 
-    ``params`` defaults to the model's trainable parameters; ``batches`` yields CPU tensors, moved here.
+    Only parameters with ``requires_grad`` are optimised; ``batches`` yields CPU tensors, moved here.
     ``device="cpu"`` keeps training on the CPU; otherwise accelerate places it (one or several GPUs when launched
     with ``accelerate launch``).
     """
@@ -32,7 +31,7 @@ def train(
 
     torch.manual_seed(settings.seed)
     accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=device == "cpu")
-    params = [p for p in (params or model.parameters()) if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(settings.warmup_frac * settings.steps), settings.steps)
     model.train()
@@ -52,14 +51,12 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    model = accelerator.unwrap_model(model)
-    model.eval()
+    accelerator.unwrap_model(model).eval()
     seconds = time.perf_counter() - start
-    tokens = settings.tokens
     return {
         "steps": settings.steps,
         "seconds": round(seconds, 2),
-        "tokens_per_second": round(tokens / seconds, 1),
+        "tokens_per_second": round(settings.tokens / seconds, 1),
         "loss_first": losses[0],
         "loss_last_10": sum(losses[-10:]) / len(losses[-10:]),
         "losses": losses,
