@@ -229,7 +229,7 @@ class Pipeline:
             link(generated.path / "generations.jsonl", out / "generations.jsonl")
             # Where the model and key are: paths stay out of the hash, so a moved store still matches.
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
-            return {"device": self.device}
+            return {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
 
         reused = self._build_or_reuse(run, f"scoring of '{row}'", build)
         return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
@@ -254,7 +254,8 @@ class Pipeline:
         none = attacks.build("none", {})
         trained = self.train(method)
         common = {
-            "preset": self.preset.model_dump(),
+            # Batch sizes of scoring do not change results: they stay out of the hash (and go to the manifest).
+            "preset": self.preset.model_dump(exclude={"eval": {"ppl_batch_size"}}),
             "method": {
                 "name": method.name,
                 "label": method.label,

@@ -57,6 +57,10 @@ def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama
     again = Pipeline(preset, store, "cpu").run(method, attack)
     assert all(c.reused for c in again)
     assert [c.metrics for c in again] == [c.metrics for c in cells]
+    scoring_batch = apply_overrides(preset, {"eval.ppl_batch_size": "2"})  # does not change results
+    assert all(c.reused for c in Pipeline(scoring_batch, store, "cpu").run(method, attack))
+    sampling_batch = apply_overrides(preset, {"eval.batch_size": "2"})  # changes the sampled texts
+    assert not any(c.reused for c in Pipeline(sampling_batch, store, "cpu").run(method, attack))
 
 
 REVERSE_ATTACK = """
