@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -62,21 +63,26 @@ def robustness(df: pd.DataFrame) -> pd.DataFrame:
     df["column"] = [
         f"{m} ({c})" if several[m] > 1 else m for m, c in zip(df["method"], df["method_config"], strict=True)
     ]
-    df["category"] = pd.Categorical(
-        df["category"],
-        [c for c in CATEGORY_ORDER if c in set(df["category"])] + sorted(set(df["category"]) - set(CATEGORY_ORDER)),
-        ordered=True,
-    )
     table = df.pivot_table(
         index=["category", "attack", "attack_config"],
         columns="column",
         values=list(METRICS),
         aggfunc="first",
-        observed=True,
     )
     table = table.swaplevel(0, 1, axis=1)
     methods = sorted(df["column"].unique())
-    return table.reindex(columns=pd.MultiIndex.from_product([methods, list(METRICS)]))
+    rank = {c: i for i, c in enumerate(CATEGORY_ORDER)}  # unknown categories go last, alphabetically
+    rows = sorted(table.index, key=lambda r: (rank.get(r[0], len(rank)), r[0], r[1], natural_key(r[2])))
+    return table.reindex(
+        index=pd.MultiIndex.from_tuples(rows, names=table.index.names),
+        columns=pd.MultiIndex.from_product([methods, list(METRICS)]),
+    )
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key that orders the numbers inside a label by value: ``t=0.3`` < ``t=0.5``, ``s=300`` < ``s=1200``."""
+    parts = re.split(r"(\d+(?:\.\d+)?)", text)
+    return tuple((0, float(p)) if i % 2 else (1, p) for i, p in enumerate(parts) if p)
 
 
 def _cell(metric: str, value: float) -> str:

@@ -31,8 +31,17 @@ def test_robustness_layout_and_colours(tmp_path):
     fake_run(store, "k=1, delta=2", "Merging", "SLERP", "t=0.5", 0.75)
     fake_run(store, "k=0, delta=1", "Merging", "SLERP", "t=0.5", 0.65)
     fake_run(store, "k=0, delta=1", "Reference", "No watermark", "base model", 0.5)
+    fake_run(store, "k=0, delta=1", "Finetuning", "OpenMathInstruct", "s=1200", 0.6)
+    fake_run(store, "k=0, delta=1", "Finetuning", "OpenMathInstruct", "s=300", 0.7)
     table = robustness(collect(store))
-    assert list(table.index.get_level_values("category")) == ["Reference", "Unaltered", "Merging"]
+    assert list(table.index.get_level_values("category")) == [
+        "Reference",
+        "Unaltered",
+        "Merging",
+        "Finetuning",
+        "Finetuning",
+    ]
+    assert list(table.index.get_level_values("attack_config"))[-2:] == ["s=300", "s=1200"]
     assert table.loc[("Merging", "SLERP", "t=0.5"), ("Gu-KGW (k=1, delta=2)", "AUC")] == 0.75
     assert table.loc[("Merging", "SLERP", "t=0.5"), ("Gu-KGW (k=0, delta=1)", "AUC")] == 0.65
     tex = to_latex(table, "caption")
