@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("harness: interrupted; finished stages are kept and will be reused", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0
 
 
