@@ -138,6 +138,8 @@ def cmd_run(args) -> None:
         models.check(ref)
     for source in (preset.train_data, preset.eval_data):
         data.check(source)
+    if args.device:
+        models.check_device(args.device)
     store = Store(args.results)
     store.check_writable()
     cells = Pipeline(preset, store, args.device).run(method, attack)

@@ -142,6 +142,18 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
     return model.to(device or default_device()).eval().requires_grad_(False)
 
 
+def check_device(device: str) -> None:
+    """One-line error for a device torch does not know or cannot see (e.g. ``cuda`` on a CPU-only machine)."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise HarnessError(f"unknown device '{device}': use cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda" and (not torch.cuda.is_available() or (parsed.index or 0) >= torch.cuda.device_count()):
+        raise HarnessError(f"device '{device}' is not available: torch sees {torch.cuda.device_count()} CUDA GPUs")
+
+
 def default_device() -> str:
     import torch
 

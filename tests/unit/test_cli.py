@@ -33,6 +33,7 @@ BAD_INPUTS = {
     "override": (["run", "--method", "gu-kgw", "--set", "train.stepz=3"], "unknown setting 'train.stepz'"),
     "override value": (["run", "--method", "gu-kgw", "--set", "train.steps=-3"], "bad setting train.steps"),
     "missing flag": (["run"], "the following arguments are required: --method"),
+    "unknown device": (["run", "--method", "gu-kgw", "--device", "gpu"], "unknown device 'gpu'"),
     "unknown command": (["fly"], "invalid choice"),
     "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
 }
