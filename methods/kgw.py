@@ -103,20 +103,20 @@ class GreenLists:
         ``width`` pads the vocabulary axis (a model may have more logits than the tokenizer has ids); padded
         columns are never green.
         """
-        seeds = self.seeds(input_ids)
-        unique, inverse = torch.unique(seeds.cpu(), return_inverse=True)
+        windows = input_ids.long().unfold(-1, self.key.context_width, 1)
+        unique, inverse = torch.unique(self.hash(windows).cpu(), return_inverse=True)
         table = torch.zeros(len(unique), width or self.key.vocab_size, dtype=torch.bool)
         for row, seed in enumerate(unique.tolist()):
             table[row, : self.key.vocab_size] = self._mask_for_seed(seed)
         masks = table.to(input_ids.device)[inverse.to(input_ids.device)]
-        return masks & self._has_list(input_ids).unsqueeze(-1)
+        return masks & self._has_list(windows).unsqueeze(-1)
 
-    def _has_list(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """False for contexts whose last id is excluded (Gu et al.: they get no green list at all)."""
-        last = input_ids.long().unfold(-1, self.key.context_width, 1)[..., -1]
+    def _has_list(self, windows: torch.Tensor) -> torch.Tensor:
+        """False for context windows ``(..., width)`` whose last id is excluded (Gu et al.: no green list at all)."""
+        last = windows[..., -1]
         if not self.key.excluded_ids:
             return torch.ones_like(last, dtype=torch.bool)
-        return ~torch.isin(last, torch.tensor(self.key.excluded_ids, device=input_ids.device))
+        return ~torch.isin(last, torch.tensor(self.key.excluded_ids, device=windows.device))
 
     def hits(self, contexts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Whether each ``targets[i]`` is green for the context ending at ``contexts[i]``'s window, for flat 1-D
@@ -129,9 +129,7 @@ class GreenLists:
         for seed, idx in zip(unique.tolist(), torch.split(order, torch.bincount(inverse).tolist()), strict=True):
             inside = targets[idx] < self.key.vocab_size
             out[idx[inside]] = self._mask_for_seed(seed)[targets[idx[inside]]]
-        if self.key.excluded_ids:
-            out &= ~torch.isin(contexts[:, -1], torch.tensor(self.key.excluded_ids))
-        return out
+        return out & self._has_list(contexts)
 
 
 def watermark_logits(greens: GreenLists, input_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
