@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from harness.plugins import Params, Plugin
+from harness.plugins import Plugin
 
 
 @dataclass(frozen=True)
@@ -21,18 +21,11 @@ class AttackContext:
 
 
 class Attack(Plugin):
-    """What every attack declares: where its rows go in tab:robustness and how its settings read."""
+    """What every attack declares: where its rows go in tab:robustness."""
 
     category: ClassVar[str]  # row group in tab:robustness, e.g. "Merging"
     label: ClassVar[str]  # e.g. "SLERP"
     identity: ClassVar[bool] = False  # True only for ``none``: the pipeline then uses the input model as is
-
-    def __init__(self, params: Params):
-        self.params = params
-
-    def config_label(self) -> str:
-        """Short settings label for tables, e.g. ``t=0.5``."""
-        return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())
 
 
 class ModelAttack(Attack, ABC):

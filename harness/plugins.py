@@ -18,13 +18,20 @@ class Params(BaseModel):
 
 
 class Plugin:
-    """Class attributes a method or attack declares."""
+    """What a method or attack declares (class attributes) and holds (its validated settings)."""
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
     Params: ClassVar[type[Params]] = Params
     requires: ClassVar[dict[str, str]] = {}  # importable module -> pip extra that provides it
     needs_cuda: ClassVar[bool] = False
+
+    def __init__(self, params: Params):
+        self.params = params
+
+    def config_label(self) -> str:
+        """Short settings label for tables, e.g. ``t=0.5``."""
+        return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())
 
     @classmethod
     def check_requirements(cls, kind: str) -> None:

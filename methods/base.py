@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from harness.config import TrainSettings
-from harness.plugins import Params, Plugin
+from harness.plugins import Plugin
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,6 @@ class WatermarkMethod(Plugin, ABC):
 
     label: ClassVar[str]  # name in tables, e.g. "Gu-KGW"
 
-    def __init__(self, params: Params):
-        self.params = params
-
     @abstractmethod
     def train(self, ctx: TrainContext, out: Path) -> dict:
         """Train the watermarked student into ``out``; return a training report for the manifest."""
@@ -45,7 +42,3 @@ class WatermarkMethod(Plugin, ABC):
     @abstractmethod
     def detector(self, key: dict) -> Detector:
         """The detector for a key written by ``train`` (only the key: detection needs no model)."""
-
-    def config_label(self) -> str:
-        """Short settings label for tables, e.g. ``k=1, delta=2``."""
-        return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())
