@@ -61,7 +61,15 @@ class Pipeline:
     @cached_property
     def oracle(self) -> dict:
         path = models.resolve(self.preset.oracle_model)
-        return {"ref": self.preset.oracle_model, "path": path, "fingerprint": models.fingerprint(path)}
+        tokenizer = models.load_tokenizer(path)
+        shares = tokenizer.get_vocab() == models.load_tokenizer(self.base["path"]).get_vocab()
+        return {
+            "ref": self.preset.oracle_model,
+            "path": path,
+            "fingerprint": models.fingerprint(path),
+            "tokenizer": tokenizer,
+            "shares_tokenizer": shares,  # False: texts are re-tokenized for the oracle
+        }
 
     def _build_or_reuse(self, stage: Stage, what: str, fn) -> bool:
         """Build ``stage`` unless it is done; return whether it was reused (and say so)."""
@@ -237,8 +245,8 @@ class Pipeline:
     def perplexities(self, gens: list[dict], desc: str) -> list[float]:
         """Completion perplexity under the oracle; texts are re-tokenized when its tokenizer differs (e.g. LLaMA-2
         scoring LLaMA-3 text, as in the paper)."""
-        oracle_tok = models.load_tokenizer(self.oracle["path"])
-        if oracle_tok.get_vocab() == models.load_tokenizer(self.base["path"]).get_vocab():
+        oracle_tok = self.oracle["tokenizer"]
+        if self.oracle["shares_tokenizer"]:
             prompts = [g["prompt_ids"] for g in gens]
             completions = [g["completion_ids"] for g in gens]
         else:
@@ -268,19 +276,18 @@ class Pipeline:
         cells = [
             self.score(method, trained, base_gen, "Unwatermarked base", base_context, {"model": self.base["path"]})
         ]
-        for a in [none] if attack.identity else [none, attack]:
-            if isinstance(a, TextAttack):  # rewrites what the unaltered model wrote
-                model_path, model_id, attack_spec = self.attack(none, trained)
-                gen = self.attack_texts(a, self.generate(model_path, model_id, attack_row(none)))
-            else:
-                model_path, model_id, attack_spec = self.attack(a, trained)
-                gen = self.generate(model_path, model_id, attack_row(a))
-            artefacts = {"model": str(model_path), "key": str(trained.path / "key.json")}
-            cells.append(
-                self.score(
-                    method, trained, gen, attack_row(a), {**common, "attack": attack_info(a)}, artefacts, attack_spec
-                )
-            )
+        model_path, model_id, _ = self.attack(none, trained)
+        unaltered = self.generate(model_path, model_id, attack_row(none))
+        rows = [(none, model_path, unaltered, None)]  # (attack, model folder, generations, attack stage spec)
+        if isinstance(attack, TextAttack):  # rewrites what the unaltered model wrote
+            rows.append((attack, model_path, self.attack_texts(attack, unaltered), None))
+        elif not attack.identity:
+            path, key, spec = self.attack(attack, trained)
+            rows.append((attack, path, self.generate(path, key, attack_row(attack)), spec))
+        for a, path, gen, spec in rows:
+            artefacts = {"model": str(path), "key": str(trained.path / "key.json")}
+            context = {**common, "attack": attack_info(a)}
+            cells.append(self.score(method, trained, gen, attack_row(a), context, artefacts, spec))
         return cells
 
 
