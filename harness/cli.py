@@ -69,7 +69,15 @@ def build_parser() -> Parser:
         help="override a preset setting, repeatable, e.g. --set train.steps=50",
     )
     run.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
-    run.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    run.add_argument(
+        "--device",
+        help="torch device: cpu, cuda or cuda:N (default: $HARNESS_DEVICE, else cuda if available, else cpu)",
+    )
+    run.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also load models whose weights are pickles (pytorch_model.bin), which can run code: only ones you trust",
+    )
 
     tables = sub.add_parser(
         "tables",
@@ -78,6 +86,12 @@ def build_parser() -> Parser:
     )
     tables.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
     tables.add_argument("--out", type=Path, default=Path("results/tables"), help="output folder")
+
+    sub.add_parser(
+        "doctor",
+        help="show which optional backends work on this machine (CUDA, quantization, merging, embeddings)",
+        description="One table: each optional backend, whether it works here, and why not.",
+    )
     return parser
 
 
@@ -134,14 +148,20 @@ def cmd_run(args) -> None:
     attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"))
     updates = {f: getattr(args, f) for f in ("base_model", "oracle_model") if getattr(args, f)}
     preset = preset.model_copy(update=updates)
-    for ref in dict.fromkeys((preset.base_model, preset.oracle_model)):
-        models.check(ref)
-    for source in (preset.train_data, preset.eval_data):
-        data.check(source)
+    if args.allow_pickle:
+        os.environ[models.ALLOW_PICKLE_ENV] = "1"
     if args.device:
         models.check_device(args.device)
+    elif os.environ.get("HARNESS_DEVICE"):
+        models.check_device(os.environ["HARNESS_DEVICE"], "HARNESS_DEVICE")
     store = Store(args.results)
     store.check_writable()
+    for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *method.model_refs().values())):
+        models.check(ref)
+    method.validate()
+    attack.validate()
+    for source in (preset.train_data, preset.eval_data):
+        data.check(source)
     cells = Pipeline(preset, store, args.device).run(method, attack)
     print(f"\n{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model})")
     print(format_cells(cells))
@@ -155,10 +175,10 @@ def cmd_tables(args) -> None:
     store = Store(args.results)
     if not store.root.is_dir():
         raise HarnessError(f"no run store at '{store.root}': run 'harness run' first")
-    written = write_tables(store, args.out)
-    if not written:
-        raise HarnessError(f"no finished runs in '{store.root}'")
     df = collect(store)
+    written = write_tables(df, args.out)
+    if not written:
+        raise HarnessError(f"no finished runs in '{store.root}' that could be read")
     for preset, part in df.groupby("preset"):
         print(f"tab:robustness, preset '{preset}':")
         print(robustness(part).round(3).to_string(na_rep="--"), end="\n\n")
@@ -180,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             cmd_run(args)
         elif args.command == "tables":
             cmd_tables(args)
+        elif args.command == "doctor":
+            from harness.doctor import report
+
+            print(report())
     except HarnessError as err:
         print(f"harness: error: {err}", file=sys.stderr)
         return 2

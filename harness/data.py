@@ -13,7 +13,8 @@ from pathlib import Path
 
 from harness.config import DataSource
 from harness.errors import HarnessError
-from harness.models import LOCAL_PREFIXES, file_sha256
+from harness.files import file_sha256
+from harness.models import first_line, looks_like_path
 
 TINY_CORPUS = "builtin:tiny-corpus"
 # Held out for evaluation: every 3rd bundled document of at least 600 characters (long enough for a prompt and a
@@ -27,13 +28,40 @@ def _tiny_corpus_bytes() -> bytes:
     return (files("harness") / "data" / "tiny_corpus.jsonl.gz").read_bytes()
 
 
+DATA_KINDS = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv"}
+
+
 def check(src: DataSource) -> None:
-    """One-line error for a data source that cannot exist (unknown built-in, missing local path), before work."""
+    """One-line error for a data source that cannot be read, before any work: an unknown built-in or split, a
+    missing local path (whatever form it takes), an empty file, a missing text field, a hub dataset that is neither
+    cached nor reachable. Reads the first document only."""
     if src.path.startswith("builtin:"):
         if src.path != TINY_CORPUS:
             raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {TINY_CORPUS}")
-    elif src.path.startswith(LOCAL_PREFIXES) and not Path(src.path).expanduser().exists():
+        if src.split not in ("train", "heldout"):
+            raise HarnessError(f"{TINY_CORPUS} has splits 'train' and 'heldout', not '{src.split}'")
+        return
+    local = Path(src.path).expanduser()
+    if not local.exists() and (looks_like_path(src.path) or local.suffix in DATA_KINDS):
         raise HarnessError(f"dataset path '{src.path}' does not exist")
+    if local.exists():
+        data_files(src)
+    if next(iter_texts(src), None) is None:
+        raise HarnessError(f"dataset '{src.path}' holds no documents")
+
+
+def data_files(src: DataSource) -> list[Path]:
+    """The files of a local dataset (a file, or a folder of files of one kind), refused if none or mixed."""
+    local = Path(src.path).expanduser()
+    found = [p for p in (sorted(local.rglob("*")) if local.is_dir() else [local]) if p.is_file()]
+    found = [p for p in found if p.suffix in DATA_KINDS]
+    kinds = {DATA_KINDS[p.suffix] for p in found}
+    if len(kinds) != 1:
+        what = "mixes " + ", ".join(sorted(kinds)) if kinds else "has no data file"
+        raise HarnessError(f"dataset '{src.path}' {what}: expected files of one kind among {sorted(DATA_KINDS)}")
+    if all(p.stat().st_size == 0 for p in found):
+        raise HarnessError(f"dataset '{src.path}' is empty")
+    return found
 
 
 def load_texts(src: DataSource, limit: int | None = None) -> list[str]:
@@ -43,10 +71,8 @@ def load_texts(src: DataSource, limit: int | None = None) -> list[str]:
 
 def iter_texts(src: DataSource) -> Iterator[str]:
     """Stream the documents of ``src`` in a fixed order (hub datasets are streamed, never fully downloaded)."""
-    check(src)
-    if src.path == TINY_CORPUS:
-        if src.split not in ("train", "heldout"):
-            raise HarnessError(f"{TINY_CORPUS} has splits 'train' and 'heldout', not '{src.split}'")
+    if src.path.startswith("builtin:"):
+        check(src)
         docs = [json.loads(line)["text"] for line in gzip.decompress(_tiny_corpus_bytes()).decode().splitlines()]
         long_docs = [d for d in docs if len(d) >= HELDOUT_MIN_CHARS]
         heldout = {id(d) for d in long_docs[::HELDOUT_EVERY]}
@@ -58,30 +84,54 @@ def iter_texts(src: DataSource) -> Iterator[str]:
         for row in rows:
             if src.text_field not in row:
                 raise HarnessError(f"dataset '{src.path}' has no field '{src.text_field}' (fields: {', '.join(row)})")
-            yield row[src.text_field]
+            text = row[src.text_field]
+            if not isinstance(text, str):
+                raise HarnessError(
+                    f"dataset '{src.path}': field '{src.text_field}' holds {type(text).__name__}, not text"
+                )
+            yield text
     except HarnessError:
         raise
     except Exception as err:  # datasets raises many types for "not found / offline / bad file"
-        raise HarnessError(f"cannot read dataset '{src.path}': {str(err).splitlines()[0]}") from None
+        raise HarnessError(f"cannot read dataset '{src.path}': {first_line(err)}") from None
+
+
+def _jsonl_rows(files_: list[Path]) -> Iterator[dict]:
+    """JSON Lines read here rather than through ``datasets``, whose errors name a row of an internal chunk
+    ("row 3") instead of the file's line; blank lines are skipped."""
+    for file in files_:
+        with file.open(encoding="utf-8", errors="strict") as fh:
+            try:
+                for number, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except ValueError as err:
+                        raise HarnessError(f"dataset file '{file}' line {number}: not valid JSON ({err})") from None
+                    if not isinstance(row, dict):
+                        raise HarnessError(f"dataset file '{file}' line {number}: expected a JSON object")
+                    yield row
+            except UnicodeDecodeError:
+                raise HarnessError(f"dataset file '{file}' is not UTF-8 text") from None
 
 
 def _open_dataset(src: DataSource):
     import datasets
 
-    kind = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv"}
     local = Path(src.path).expanduser()
     try:
         if not local.exists():
             return datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
-        files_ = [p for p in (sorted(local.rglob("*")) if local.is_dir() else [local]) if p.suffix in kind]
-        builders = {kind[p.suffix] for p in files_}
-        if len(builders) != 1:
-            raise HarnessError(f"dataset '{src.path}': expected files of one kind among {sorted(kind)}")
-        return datasets.load_dataset(builders.pop(), data_files=[str(p) for p in files_], split="train", streaming=True)
+        found = data_files(src)
+        if all(p.suffix == ".jsonl" for p in found):
+            return _jsonl_rows(found)
+        builder = DATA_KINDS[found[0].suffix]
+        return datasets.load_dataset(builder, data_files=[str(p) for p in found], split="train", streaming=True)
     except HarnessError:
         raise
     except Exception as err:
-        raise HarnessError(f"cannot load dataset '{src.path}': {str(err).splitlines()[0]}") from None
+        raise HarnessError(f"cannot load dataset '{src.path}': {first_line(err)}") from None
 
 
 def fingerprint(src: DataSource) -> str:

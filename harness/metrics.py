@@ -8,11 +8,13 @@ FPRS = (0.001, 0.01, 0.05, 0.1)
 
 
 def tpr_at_fpr(pos: np.ndarray, neg: np.ndarray, fpr: float) -> float:
-    """TPR at the empirical threshold from the negatives: the best TPR among thresholds whose FPR <= ``fpr``."""
+    """TPR at the empirical threshold from the negatives: the best TPR among thresholds whose FPR <= ``fpr``. Every
+    threshold is kept (``drop_intermediate=False``): with tied scores, common for z-scores of fixed-length texts,
+    the default thinning can drop the very operating point asked for."""
     from sklearn.metrics import roc_curve
 
     labels = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
-    fp, tp, _ = roc_curve(labels, np.r_[pos, neg])
+    fp, tp, _ = roc_curve(labels, np.r_[pos, neg], drop_intermediate=False)
     return float(tp[fp <= fpr].max())
 
 

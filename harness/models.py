@@ -1,27 +1,37 @@
 """Model references: one way to name and load every model the harness uses.
 
 A reference is ``builtin:tiny-lm`` (built and cached here), ``package:NAME`` (a model folder shipped inside an
-installed package), a local folder, or a Hugging Face id. All of them load through ``transformers``.
+installed package), a local folder, or a Hugging Face id. All of them load through ``transformers``, from safetensors
+only: pickle checkpoints (``pytorch_model.bin``) can run code when loaded, so they need ``--allow-pickle``
+(``HARNESS_ALLOW_PICKLE=1``). ``trust_remote_code`` is never set.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 from fnmatch import fnmatch
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.files import file_sha256
 
-LOCAL_PREFIXES = ("/", "./", "../", "~")  # a reference starting so is a path, never a hub id
+LOCAL_PREFIXES = ("/", "./", "../", "~", ".")  # a reference starting so is a path, never a hub id
 TINY_LM = "builtin:tiny-lm"
+PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+ALLOW_PICKLE_ENV = "HARNESS_ALLOW_PICKLE"
 
 
-def cache_root() -> Path:
-    """Where built models and file hashes are kept between runs: ``$HARNESS_CACHE``, default ``~/.cache/harness``."""
-    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")).expanduser()
+def pickle_allowed() -> bool:
+    """Whether the user passed ``--allow-pickle`` (the CLI sets the variable, so subprocesses see it too)."""
+    return os.environ.get(ALLOW_PICKLE_ENV, "") not in ("", "0")
+
+
+def looks_like_path(ref: str) -> bool:
+    """A reference that can only be a local path: it starts like one, or has more than one '/' (a hub id is
+    ``name`` or ``owner/name``)."""
+    return ref.startswith(LOCAL_PREFIXES) or ref.count("/") > 1 or "\\" in ref or not ref.strip()
 
 
 def _check_builtin(ref: str) -> None:
@@ -35,13 +45,31 @@ def check(ref: str) -> None:
     if ref.startswith("builtin:"):
         _check_builtin(ref)
         return
-    if not Path(resolve(ref)).exists():
-        from transformers import AutoConfig
+    folder = Path(resolve(ref))
+    if folder.exists():
+        check_weights(folder, ref)
+        return
+    from transformers import AutoConfig
 
-        try:
-            AutoConfig.from_pretrained(ref)
-        except (OSError, ValueError) as err:
-            raise _load_error(ref, err) from None
+    try:
+        AutoConfig.from_pretrained(ref)
+    except (OSError, ValueError) as err:
+        raise _load_error(ref, err) from None
+
+
+def check_weights(folder: Path, ref: str) -> None:
+    """Refuse a local model whose weights are pickles only (unless allowed), or that holds no weights at all."""
+    names = [f.name for f in folder.iterdir() if f.is_file()]
+    if any(fnmatch(n, "*.safetensors") for n in names):
+        return
+    pickles = sorted(n for n in names if any(fnmatch(n, p) for p in PICKLE_FILES))
+    if not pickles:
+        raise HarnessError(f"model folder '{ref}' holds no weights (no *.safetensors file)")
+    if not pickle_allowed():
+        raise HarnessError(
+            f"model folder '{ref}' holds only pickle weights ({pickles[0]}), which can run code when loaded: "
+            "convert them to safetensors, or pass --allow-pickle if you trust them"
+        )
 
 
 def resolve(ref: str) -> str:
@@ -65,7 +93,7 @@ def resolve(ref: str) -> str:
         if not (path / "config.json").exists():
             raise HarnessError(f"model path '{ref}' is not a model folder (no config.json)")
         return str(path.resolve())
-    if ref.startswith(LOCAL_PREFIXES) or ref.count("/") > 1 or not ref.strip():
+    if looks_like_path(ref):
         raise HarnessError(f"model path '{ref}' does not exist")
     return ref  # a hub id; loading says clearly if it is neither cached nor reachable
 
@@ -98,28 +126,14 @@ def fingerprint(path_or_id: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def file_sha256(file: Path) -> str:
-    """sha256 of a file, remembered in ``$HARNESS_CACHE/file-hashes.json`` so a 16 GB checkpoint is read once."""
-    stat = file.stat()
-    key = f"{file.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    index = cache_root() / "file-hashes.json"
-    known = json.loads(index.read_text()) if index.exists() else {}
-    if key not in known:
-        digest = hashlib.sha256()
-        with file.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 24), b""):
-                digest.update(block)
-        known[key] = digest.hexdigest()
-        index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_name(f"{index.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(known))
-        tmp.replace(index)
-    return known[key]
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message, or its type when it has none."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(err).__name__
 
 
 def _load_error(path_or_id: str, err: Exception) -> HarnessError:
-    reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return HarnessError(f"cannot load model '{path_or_id}': {reason}")
+    return HarnessError(f"cannot load model '{path_or_id}': {first_line(err)}")
 
 
 def load_tokenizer(path_or_id: str):
@@ -136,25 +150,39 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            path_or_id, dtype=dtype, use_safetensors=None if pickle_allowed() else True
+        )
     except (OSError, ValueError) as err:
         raise _load_error(path_or_id, err) from None
     return model.to(device or default_device()).eval().requires_grad_(False)
 
 
-def check_device(device: str) -> None:
-    """One-line error for a device torch does not know or cannot see (e.g. ``cuda`` on a CPU-only machine)."""
+def check_device(device: str, origin: str = "device") -> None:
+    """One-line error for a device the harness cannot run on: unknown to torch, not visible (``cuda`` on a CPU-only
+    machine, ``cuda:3`` with two GPUs), or not a compute device (``meta``). ``origin`` names where it came from."""
     import torch
 
     try:
         parsed = torch.device(device)
-    except RuntimeError:
-        raise HarnessError(f"unknown device '{device}': use cpu, cuda or cuda:N") from None
-    if parsed.type == "cuda" and (not torch.cuda.is_available() or (parsed.index or 0) >= torch.cuda.device_count()):
-        raise HarnessError(f"device '{device}' is not available: torch sees {torch.cuda.device_count()} CUDA GPUs")
+    except (RuntimeError, ValueError):
+        raise HarnessError(f"unknown {origin} '{device}': use cpu, cuda or cuda:N") from None
+    if parsed.type == "cpu":
+        if parsed.index not in (None, 0):
+            raise HarnessError(f"{origin} '{device}': the CPU takes no index, use cpu")
+    elif parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (parsed.index or 0) >= count:
+            raise HarnessError(f"{origin} '{device}' is not available: torch sees {count} CUDA GPUs")
+    elif parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise HarnessError(f"{origin} '{device}' is not available: this torch build or machine has no MPS")
+    else:
+        raise HarnessError(f"{origin} '{device}' is not supported: use cpu, cuda or cuda:N")
 
 
 def default_device() -> str:
+    """``$HARNESS_DEVICE`` if set, else cuda when torch sees a GPU, else cpu."""
     import torch
 
     return os.environ.get("HARNESS_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -23,7 +23,7 @@ from methods.base import TrainContext
 
 log = logging.getLogger(__name__)
 
-SCORING_VERSION = "1"  # bump when detection or metric code changes what a run's numbers mean
+SCORING_VERSION = "2"  # bump when detection or metric code changes what a run's numbers mean
 
 
 @dataclass
@@ -71,15 +71,6 @@ class Pipeline:
             "shares_tokenizer": shares,  # False: texts are re-tokenized for the oracle
         }
 
-    def _build_or_reuse(self, stage: Stage, what: str, fn) -> bool:
-        """Build ``stage`` unless it is done; return whether it was reused (and say so)."""
-        if stage.done:
-            log.info("reusing %s %s (%s)", what, stage.key, stage.path)
-            return True
-        log.info("computing %s %s", what, stage.key)
-        stage.build(fn)
-        return False
-
     # --- stages ---------------------------------------------------------------------------------------------
     def train(self, method) -> Stage:
         spec = {
@@ -91,13 +82,18 @@ class Pipeline:
             "train_data": source_spec(self.preset.train_data),
             "train": self.preset.train.model_dump(),
         }
+        extra = {name: models.resolve(ref) for name, ref in method.model_refs().items()}
+        if extra:  # e.g. PRO's embedding model: its content is part of what the key means
+            refs = method.model_refs()
+            spec["models"] = {n: {"ref": refs[n], "fingerprint": models.fingerprint(p)} for n, p in extra.items()}
         stage = self.store.stage("train", spec)
 
         def build(out: Path) -> dict:
             texts = data.iter_texts(self.preset.train_data)
-            return method.train(TrainContext(self.base["path"], texts, self.preset.train, self.device), out)
+            ctx = TrainContext(self.base["path"], texts, self.preset.train, self.device, extra)
+            return method.train(ctx, out)
 
-        self._build_or_reuse(stage, f"training of {method.name}", build)
+        self.store.build_or_reuse(stage, f"training of {method.name}", build)
         return stage
 
     def attack(self, attack, trained: Stage) -> tuple[Path, str, dict | None]:
@@ -118,7 +114,7 @@ class Pipeline:
             (out / "model").mkdir()
             return attack.apply(trained.path / "model", out / "model", AttackContext(self.base["path"], self.device))
 
-        self._build_or_reuse(stage, f"attack {attack.name}", build)
+        self.store.build_or_reuse(stage, f"attack {attack.name}", build)
         return stage.path / "model", stage.key, stage.spec
 
     def attack_texts(self, attack: TextAttack, generated: Stage) -> Stage:
@@ -138,8 +134,7 @@ class Pipeline:
             texts = attack.apply_texts([g["completion"] for g in gens], AttackContext(self.base["path"], self.device))
             if len(texts) != len(gens):
                 raise RuntimeError(f"attack {attack.name} returned {len(texts)} texts for {len(gens)}")
-            tokenizer = models.load_tokenizer(self.base["path"])
-            ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
             rows = [
                 {**g, "completion": t, "completion_ids": i, "original_completion": g["completion"]}
                 for g, t, i in zip(gens, texts, ids, strict=True)
@@ -147,14 +142,21 @@ class Pipeline:
             _jsonl(out / "generations.jsonl", rows)
             return {"texts": len(rows)}
 
-        self._build_or_reuse(stage, f"text attack {attack.name}", build)
+        self.store.build_or_reuse(stage, f"text attack {attack.name}", build)
         return stage
 
+    @cached_property
+    def tokenizer(self):
+        """The base model's tokenizer: prompts, decoding, and the detectors' re-tokenization of text."""
+        return models.load_tokenizer(self.base["path"])
+
+    @cached_property
     def prompts(self) -> list[dict]:
+        """Evaluation prompts and human continuations; ``run`` reads them before training, so bad evaluation data
+        fails in seconds rather than after hours of training."""
         e = self.preset.eval
-        tokenizer = models.load_tokenizer(self.base["path"])
         texts = data.load_texts(self.preset.eval_data, limit=max(4 * e.num_prompts, 1000))
-        return data.eval_prompts(tokenizer, texts, e.num_prompts, e.prompt_tokens, e.new_tokens)
+        return data.eval_prompts(self.tokenizer, texts, e.num_prompts, e.prompt_tokens, e.new_tokens)
 
     def generate(self, model_path: str | Path, model_id: str, name: str) -> Stage:
         e = self.preset.eval
@@ -162,13 +164,13 @@ class Pipeline:
             "stage": "generate",
             "model": model_id,
             "eval_data": source_spec(self.preset.eval_data),
-            "eval": e.model_dump(exclude={"ppl_batch_size"}),
+            "eval": e.model_dump(exclude={"ppl_batch_size", "score_on"}),  # neither changes the texts
             "tokenizer": self.base["fingerprint"],
         }
         stage = self.store.stage("generate", spec)
 
         def build(out: Path) -> dict:
-            prompts = self.prompts()
+            prompts = self.prompts
             tokenizer = models.load_tokenizer(str(model_path))
             model = models.load_causal_lm(str(model_path), self.device)
             prompt_ids = [p["prompt_ids"] for p in prompts]
@@ -188,7 +190,7 @@ class Pipeline:
             _jsonl(out / "generations.jsonl", rows)
             return {"device": self.device, "texts": len(rows)}
 
-        self._build_or_reuse(stage, f"generation from {name}", build)
+        self.store.build_or_reuse(stage, f"generation from {name}", build)
         return stage
 
     def score(
@@ -207,7 +209,7 @@ class Pipeline:
             "row": row,
             "preset": self.preset.name,
             "scoring_version": SCORING_VERSION,
-            "detector": {"method": method.name, "key_from": trained.key},
+            "detector": {"method": method.name, "key_from": trained.key, "reads": self.preset.eval.score_on},
             "generate": generated.key,
             "oracle": {k: self.oracle[k] for k in ("ref", "fingerprint")},
             "config": context,  # the full resolved settings, for readers and for tables
@@ -218,14 +220,14 @@ class Pipeline:
 
         def build(out: Path) -> dict:
             gens = read_jsonl(generated.path / "generations.jsonl")
-            detector = method.detector(json.loads((trained.path / "key.json").read_text()))
-            pos = detector.score([g["completion_ids"] for g in gens])
-            neg = detector.score([g["human_ids"] for g in gens])
+            detector = method.detector(trained.path, self.tokenizer)
+            pos = detector.score(self.detector_input(gens, "completion"))
+            neg = detector.score(self.detector_input(gens, "human"))
             ppl = self.perplexities(gens, f"perplexity ({row})")
             scores = [{"i": g["i"], "label": 1, **s, "ppl": q} for g, s, q in zip(gens, pos, ppl, strict=True)]
             scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
             _jsonl(out / "scores.jsonl", scores)
-            has_p = all("p_value" in s for s in pos + neg)
+            has_p = all("p_value" in s for s in pos + neg)  # exact P(X >= G) where the scheme has one
             result = metrics.detection_metrics(
                 [s["score"] for s in pos],
                 [s["score"] for s in neg],
@@ -239,8 +241,15 @@ class Pipeline:
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
             return {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
 
-        reused = self._build_or_reuse(run, f"scoring of '{row}'", build)
+        reused = self.store.build_or_reuse(run, f"scoring of '{row}'", build)
         return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
+
+    def detector_input(self, gens: list[dict], field: str) -> list[list[int]]:
+        """What a detector reads: by default the decoded text tokenized again with the base tokenizer, as a user
+        submits text (Gu et al. and the paper do this); ``eval.score_on=ids`` scores the sampled ids instead."""
+        if self.preset.eval.score_on == "ids":
+            return [g[f"{field}_ids"] for g in gens]
+        return self.tokenizer([g[field] for g in gens], add_special_tokens=False)["input_ids"]
 
     def perplexities(self, gens: list[dict], desc: str) -> list[float]:
         """Completion perplexity under the oracle; texts are re-tokenized when its tokenizer differs (e.g. LLaMA-2
@@ -260,6 +269,8 @@ class Pipeline:
     def run(self, method, attack) -> list[Cell]:
         """Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model (one table)."""
         none = attacks.build("none", {})
+        self.store.sweep()
+        self.prompts  # noqa: B018  (reads and checks the evaluation data before any training)
         trained = self.train(method)
         common = {
             # Batch sizes of scoring do not change results: they stay out of the hash (and go to the manifest).

@@ -29,6 +29,15 @@ class Plugin:
     def __init__(self, params: Params):
         self.params = params
 
+    def model_refs(self) -> dict[str, str]:
+        """Models this plugin loads besides the base (e.g. PRO's embedding model, a paraphraser): name -> reference.
+        The pipeline checks them before any work and puts their content fingerprints into the stage hashes."""
+        return {}
+
+    def validate(self) -> None:
+        """Deeper checks of the settings against the machine (e.g. that a model is the right kind), run before any
+        work; raise ``HarnessError`` with one line. The references of ``model_refs`` are checked already."""
+
     def config_label(self) -> str:
         """Short settings label for tables, e.g. ``t=0.5``."""
         return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())

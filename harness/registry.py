@@ -20,7 +20,7 @@ METHODS: dict[str, str | None] = {
     "gu-kgw": "methods.gu_kgw:GuKGW",
     "gu-kth": None,
     "gloaguen-kgw": None,
-    "pro": None,
+    "pro": "methods.pro:PRO",
 }
 
 ATTACKS: dict[str, str | None] = {
@@ -61,7 +61,7 @@ class Registry:
         """Return the import target of ``name`` or raise a one-line error that lists the valid names."""
         entries = self.entries()
         if name not in entries:
-            close = difflib.get_close_matches(name, entries, n=1)
+            close = difflib.get_close_matches(name, self.available(), n=1)  # never suggest a planned one
             hint = f" Did you mean '{close[0]}'?" if close else ""
             raise HarnessError(f"unknown {self.kind} '{name}'.{hint} Valid {self.kind}s: {', '.join(self.available())}")
         target = entries[name]

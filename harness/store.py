@@ -1,14 +1,21 @@
 """The run store: one folder per stage result, named by a hash of everything that determines it.
 
 ``<root>/<hash>/`` holds a run (one table cell: full resolved config -> metrics); ``<root>/stages/<kind>/<hash>/``
-holds what runs share (trained, attacked models; generations). Each folder is built under a temporary name and
-renamed into place after ``DONE`` is written, so a crash never leaves a folder that looks finished.
+holds what runs share (trained, attacked models; generations). Each folder is built under a temporary name, under a
+lock per stage (a second process waits, then reuses), and renamed into place after ``contents.json`` (the size and
+sha256 of every file) and ``DONE`` are written, so a crash never leaves a folder that looks finished.
+
+A finished stage is verified against ``contents.json`` before anything reads it: a missing file or one whose size
+changed (deleted, truncated) makes the stage *damaged*: it is moved to ``<root>/damaged/`` and built again. A file of
+the published size whose content differs was *edited*: it is refused, since a stored number must never silently
+change meaning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -19,7 +26,10 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from harness import files
 from harness.errors import HarnessError
+
+log = logging.getLogger(__name__)
 
 TRACKED_PACKAGES = ("watermark-harness", "torch", "transformers", "accelerate", "mergekit", "datasets", "tokenizers")
 
@@ -52,6 +62,24 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+CONTENTS = "contents.json"
+LOCKS = ".locks"
+
+
+class EditedStage(HarnessError):
+    """A stored file differs from what its stage published, at the same size: refused, never reused or replaced."""
+
+
+def contents(folder: Path) -> dict:
+    """``{relative path: {"size", "sha256"}}`` of every file under ``folder`` except the markers."""
+    out = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = file.relative_to(folder).as_posix()
+        if rel not in (CONTENTS, "DONE"):
+            out[rel] = {"size": file.stat().st_size, "sha256": files.file_sha256(file)}
+    return out
+
+
 @dataclass(frozen=True)
 class Stage:
     """One stored result: its spec, its hash and its folder."""
@@ -60,17 +88,45 @@ class Stage:
     spec: dict
     key: str
     path: Path
+    root: Path
 
     @property
     def done(self) -> bool:
         return (self.path / "DONE").exists()
 
+    @property
+    def lock_file(self) -> Path:
+        return self.root / LOCKS / f"{self.kind}-{self.key}.lock"
+
     def manifest(self) -> dict:
         return json.loads((self.path / "manifest.json").read_text())
 
+    def problem(self) -> str | None:
+        """Why this finished stage cannot be trusted as it is (None: it can). Raises ``EditedStage`` when a file
+        was changed in place; returns the reason when the stage is damaged or incomplete."""
+        try:
+            published = json.loads((self.path / CONTENTS).read_text())
+        except FileNotFoundError:
+            return f"{CONTENTS} is missing"
+        except ValueError:
+            return f"{CONTENTS} is damaged"
+        for rel, want in published.items():
+            file = self.path / rel
+            if not file.is_file():
+                return f"{rel} is missing"
+            if file.stat().st_size != want["size"]:
+                return f"{rel} has {file.stat().st_size} bytes where {want['size']} were published"
+            if files.file_sha256(file) != want["sha256"]:
+                raise EditedStage(
+                    f"{self.path / rel} was changed after its {self.kind} stage published it (sha256 differs), so "
+                    f"results built from it cannot be trusted; move '{self.path}' away to rebuild that stage"
+                )
+        return None
+
     def build(self, fn: Callable[[Path], dict]) -> None:
-        """Run ``fn(tmp_folder)`` (it writes the outputs and returns a report), then publish the folder atomically."""
-        tmp = self.path.with_name(f".{self.path.name}.partial-{os.getpid()}")
+        """Run ``fn(tmp_folder)`` (it writes the outputs and returns a report), then publish the folder atomically.
+        Call while holding the stage's lock (``Store.build_or_reuse`` does)."""
+        tmp = self.path.with_name(f".{self.path.name}.partial-{files.owner_tag()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         start = time.time()
@@ -88,6 +144,7 @@ class Stage:
             }
             (tmp / "spec.json").write_text(json.dumps(self.spec, indent=2, sort_keys=True, default=str))
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+            (tmp / CONTENTS).write_text(json.dumps(contents(tmp), indent=1, sort_keys=True))
             (tmp / "DONE").write_text("")
             if self.path.exists():  # an unfinished or foreign folder under our name: replace it
                 shutil.rmtree(self.path)
@@ -102,6 +159,11 @@ class Store:
 
     def check_writable(self) -> None:
         """Fail early, in one line, if results cannot be written here."""
+        if self.root.exists() and not self.root.is_dir():
+            raise HarnessError(f"results folder '{self.root}' is not writable: it is a file, not a folder")
+        for parent in self.root.parents:
+            if parent.exists() and not parent.is_dir():
+                raise HarnessError(f"results folder '{self.root}' is not writable: '{parent}' is a file")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-test-{os.getpid()}"
@@ -113,9 +175,46 @@ class Store:
     def stage(self, kind: str, spec: dict) -> Stage:
         key = spec_hash(spec)
         path = self.root / key if kind == "run" else self.root / "stages" / kind / key
-        return Stage(kind, spec, key, path)
+        return Stage(kind, spec, key, path, self.root)
+
+    def build_or_reuse(self, stage: Stage, what: str, fn: Callable[[Path], dict]) -> bool:
+        """Build ``stage`` unless a verified copy is stored; return whether it was reused (and say so). A damaged
+        copy is set aside and rebuilt; an edited one raises ``EditedStage``. One process builds, others wait."""
+        with files.locked(stage.lock_file, f"{what} ({stage.key})"):
+            if stage.done:
+                problem = stage.problem()
+                if problem is None:
+                    log.info("reusing %s %s (%s)", what, stage.key, stage.path)
+                    return True
+                moved = self.set_aside(stage.path)
+                log.warning(
+                    "stored %s %s is damaged (%s): moved to %s and computing it again", what, stage.key, problem, moved
+                )
+            files.remove_partials(stage.path, stage.lock_file)
+            log.info("computing %s %s", what, stage.key)
+            stage.build(fn)
+            return False
+
+    def set_aside(self, folder: Path) -> Path:
+        """Move a damaged folder to ``<root>/damaged/`` (nothing is deleted) and return where it went."""
+        rel = folder.relative_to(self.root).as_posix().replace("/", "-")
+        dest = self.root / "damaged" / f"{rel}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(dest)
+        return dest
+
+    def sweep(self) -> int:
+        """Remove the temporary folders of processes that died (SIGKILL, power loss); live builds keep theirs."""
+        removed = 0
+        for parent in [self.root, *sorted((self.root / "stages").glob("*"))]:
+            kind = "run" if parent == self.root else parent.name
+            removed += files.sweep_partials(parent, lambda key, k=kind: self.root / LOCKS / f"{k}-{key}.lock")
+        files.sweep_hash_index_leftovers()
+        if removed:
+            log.info("removed %d unfinished folders left by interrupted runs", removed)
+        return removed
 
     def runs(self) -> list[Path]:
         """Finished run folders, oldest first."""
-        found = [p for p in self.root.glob("*/DONE") if p.parent.name != "stages"]
+        found = [p for p in self.root.glob("*/DONE") if p.parent.name not in ("stages", "damaged")]
         return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]

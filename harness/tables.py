@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.store import Store
+from harness.errors import HarnessError
+from harness.store import Stage, Store
 
 log = logging.getLogger(__name__)
 
@@ -22,30 +23,20 @@ METRICS = {"AUC": "auc", "TPR@5": "tpr@0.05", "PPL": "median_ppl"}
 
 
 def collect(store: Store) -> pd.DataFrame:
-    """One row per finished run: its labels and headline metrics (newest run wins for identical labels)."""
+    """One row per finished run: its labels and headline metrics (newest run wins for identical labels). A run that
+    fails verification (damaged, edited, unreadable) is left out with one warning naming it."""
     rows = []
     for run in store.runs():
-        spec = json.loads((run / "spec.json").read_text())
-        m = json.loads((run / "metrics.json").read_text())
-        cfg = spec["config"]
-        rows.append(
-            {
-                "preset": spec["preset"],
-                "base_model": cfg["preset"]["base_model"],
-                "method": cfg["method"]["label"],
-                "method_config": cfg["method"]["config_label"],
-                "category": cfg["attack"]["category"],
-                "attack": cfg["attack"]["label"],
-                "attack_config": cfg["attack"]["config_label"],
-                **{k: m.get(v) for k, v in METRICS.items()},
-                "TPR@1": m.get("tpr@0.01"),
-                "AUC_lo": m["auc_ci95"][0],
-                "AUC_hi": m["auc_ci95"][1],
-                "n_pos": m["n_pos"],
-                "n_neg": m["n_neg"],
-                "run": run.name,
-            }
-        )
+        try:
+            problem = Stage("run", {}, run.name, run, store.root).problem()
+            if problem is None:
+                rows.append(_row(run))
+        except HarnessError as err:  # edited after it was published
+            problem = str(err)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+            problem = f"unreadable ({type(err).__name__}: {err})"
+        if problem is not None:
+            log.warning("skipping run %s: %s", run, problem)
     df = pd.DataFrame(rows)
     if df.empty:
         return df
@@ -54,6 +45,28 @@ def collect(store: Store) -> pd.DataFrame:
     if dupes.any():
         log.warning("%d older runs with the same labels are left out (newest kept)", int(dupes.sum()))
     return df[~dupes].reset_index(drop=True)
+
+
+def _row(run: Path) -> dict:
+    spec = json.loads((run / "spec.json").read_text())
+    m = json.loads((run / "metrics.json").read_text())
+    cfg = spec["config"]
+    return {
+        "preset": spec["preset"],
+        "base_model": cfg["preset"]["base_model"],
+        "method": cfg["method"]["label"],
+        "method_config": cfg["method"]["config_label"],
+        "category": cfg["attack"]["category"],
+        "attack": cfg["attack"]["label"],
+        "attack_config": cfg["attack"]["config_label"],
+        **{k: m.get(v) for k, v in METRICS.items()},
+        "TPR@1": m.get("tpr@0.01"),
+        "AUC_lo": m["auc_ci95"][0],
+        "AUC_hi": m["auc_ci95"][1],
+        "n_pos": m["n_pos"],
+        "n_neg": m["n_neg"],
+        "run": run.name,
+    }
 
 
 def robustness(df: pd.DataFrame) -> pd.DataFrame:
@@ -122,9 +135,9 @@ def to_latex(table: pd.DataFrame, caption: str) -> str:
     return "\n".join(lines)
 
 
-def write_tables(store: Store, out_dir: Path) -> list[Path]:
-    """Write ``robustness-<preset>.csv`` and ``.tex`` (plus ``runs.csv``, every run's metrics); return the paths."""
-    df = collect(store)
+def write_tables(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Write ``robustness-<preset>.csv`` and ``.tex`` (plus ``runs.csv``, every run's metrics) for the runs of
+    ``collect``; return the paths."""
     if df.empty:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)

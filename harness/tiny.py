@@ -10,11 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
-from harness import data, models
+from harness import data, files
 from harness.config import DataSource, TrainSettings
 
 log = logging.getLogger(__name__)
@@ -42,22 +41,33 @@ def recipe_hash() -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+TINY_FILES = ("config.json", "model.safetensors", "tokenizer.json", "DONE")
+
+
 def tiny_lm() -> Path:
-    """Folder of the tiny model and tokenizer, building it first if this machine has none."""
-    folder = models.cache_root() / f"tiny-lm-{recipe_hash()}"
-    if (folder / "DONE").exists():
+    """Folder of the tiny model and tokenizer, building it first if this machine has none. One process builds it
+    while others wait for it (a lock per recipe); an interrupted build leaves nothing behind."""
+    folder = files.cache_root() / f"tiny-lm-{recipe_hash()}"
+    if all((folder / f).exists() for f in TINY_FILES):
         return folder
-    log.info("building the tiny base model once for this machine in %s", folder)
-    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    report = build(partial)
-    (partial / "build.json").write_text(json.dumps(report, indent=2))
-    (partial / "DONE").write_text("")
-    try:
-        partial.rename(folder)
-    except OSError:  # another process finished first: keep theirs
-        shutil.rmtree(partial, ignore_errors=True)
+    lock = folder.with_name(f"{folder.name}.lock")
+    with files.locked(lock, "the tiny base model"):
+        if all((folder / f).exists() for f in TINY_FILES):  # built by the process we waited for
+            return folder
+        files.remove_partials(folder, lock)
+        if folder.exists():
+            log.warning("the cached tiny base model in %s is incomplete; building it again", folder)
+            shutil.rmtree(folder)
+        log.info("building the tiny base model once for this machine in %s", folder)
+        partial = folder.with_name(f".{folder.name}.partial-{files.owner_tag()}")
+        partial.mkdir(parents=True)
+        try:
+            report = build(partial)
+            (partial / "build.json").write_text(json.dumps(report, indent=2))
+            (partial / "DONE").write_text("")
+            partial.rename(folder)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return folder
 
 
@@ -77,7 +87,7 @@ def build(out: Path) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.training import train
+    from harness.training import loss_step, train
 
     texts = data.load_texts(DataSource(path=data.TINY_CORPUS, split="train"))
     tokenizer = build_tokenizer(texts)
@@ -95,7 +105,9 @@ def build(out: Path) -> dict:
     model = LlamaForCausalLM(config)
     settings = TrainSettings(**RECIPE["train"])
     batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
-    log_ = train(model, lambda m, b: m(input_ids=b, labels=b).loss, batches, settings, desc="tiny base model")
+    log_ = train(
+        model, loss_step(lambda m, b: m(input_ids=b, labels=b).loss), batches, settings, desc="tiny base model"
+    )
     model.save_pretrained(out, safe_serialization=True)
     return {
         "recipe": RECIPE,

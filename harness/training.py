@@ -6,24 +6,37 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from tqdm.auto import tqdm
-
 from harness.config import TrainSettings
+from harness.progress import Progress
+
+
+def loss_step(loss_fn: Callable) -> Callable:
+    """A training step for a plain loss: ``backward(loss_fn(model, batch))``, the usual case."""
+
+    def step(model, batch, backward) -> float:
+        loss = loss_fn(model, batch)
+        backward(loss)
+        return loss.item()
+
+    return step
 
 
 def train(
     model,
-    loss_fn: Callable,
+    step: Callable,
     batches: Iterator,
     settings: TrainSettings,
     desc: str = "train",
     device: str | None = None,
+    lr: float | None = None,
 ) -> dict:
-    """Optimise ``model`` for ``settings.steps`` steps of ``loss_fn(model, batch)``; return a short training log.
+    """Optimise ``model`` for ``settings.steps`` steps; return a short training log.
 
-    Only parameters with ``requires_grad`` are optimised; ``batches`` yields CPU tensors, moved here.
-    ``device="cpu"`` keeps training on the CPU; otherwise accelerate places it (one or several GPUs when launched
-    with ``accelerate launch``).
+    ``step(model, batch, backward)`` leaves the gradients of the model's trainable parameters in ``.grad`` (usually
+    through ``backward(loss)``, accelerate's backward) and returns the loss to log; ``loss_step`` adapts a plain loss.
+    The loop then clips, steps AdamW and the schedule. Only parameters with ``requires_grad`` are optimised;
+    ``batches`` yields CPU tensors, moved here. ``device="cpu"`` keeps training on the CPU; otherwise accelerate
+    places it (one or several GPUs when launched with ``accelerate launch``). ``lr`` overrides ``settings.lr``.
     """
     import torch
     from accelerate import Accelerator
@@ -32,25 +45,26 @@ def train(
     torch.manual_seed(settings.seed)
     accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=device == "cpu")
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params, lr=lr or settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+    )
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(settings.warmup_frac * settings.steps), settings.steps)
     model.train()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     losses: list[float] = []
     start = time.perf_counter()
-    bar = tqdm(range(settings.steps), desc=desc, disable=None)
-    for _ in bar:
-        batch = next(batches).to(accelerator.device)
-        with accelerator.autocast():
-            loss = loss_fn(model, batch)
-        accelerator.backward(loss)
-        if settings.max_grad_norm is not None:
-            accelerator.clip_grad_norm_(params, settings.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    with Progress(settings.steps, desc, unit="step") as bar:
+        for _ in range(settings.steps):
+            batch = next(batches).to(accelerator.device)
+            with accelerator.autocast():
+                loss = step(model, batch, accelerator.backward)
+            if settings.max_grad_norm is not None:
+                accelerator.clip_grad_norm_(params, settings.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+            bar.update(1, loss=f"{losses[-1]:.3f}")
     accelerator.unwrap_model(model).eval()
     seconds = time.perf_counter() - start
     return {

@@ -20,10 +20,12 @@ class TrainContext:
     train_texts: Iterable[str]  # streamed: read only as far as training needs (see TrainSettings.tokens)
     settings: TrainSettings
     device: str  # "cpu", "cuda", ...
+    models: dict[str, str] | None = None  # the method's other models (``model_refs``), resolved to folders or ids
 
 
 class Detector(ABC):
-    """Scores texts given as token ids (completions only). Higher ``score`` means more likely watermarked."""
+    """Scores texts given as token ids of the base tokenizer (completions only; the pipeline decides whether those
+    are the generated ids or the decoded text tokenized again). Higher ``score`` means more likely watermarked."""
 
     @abstractmethod
     def score(self, sequences: list[list[int]]) -> list[dict]:
@@ -31,7 +33,8 @@ class Detector(ABC):
 
 
 class WatermarkMethod(Plugin, ABC):
-    """Base of every method: ``train`` writes ``out/model`` (weights + tokenizer) and ``out/key.json``."""
+    """Base of every method: ``train`` writes ``out/model`` (weights + tokenizer, what is released) and the detection
+    key beside it (``out/key.json`` and any files it names), never inside ``out/model``."""
 
     label: ClassVar[str]  # name in tables, e.g. "Gu-KGW"
 
@@ -40,5 +43,6 @@ class WatermarkMethod(Plugin, ABC):
         """Train the watermarked student into ``out``; return a training report for the manifest."""
 
     @abstractmethod
-    def detector(self, key: dict) -> Detector:
-        """The detector for a key written by ``train`` (only the key: detection needs no model)."""
+    def detector(self, key_dir: Path, tokenizer) -> Detector:
+        """The detector for the key that ``train`` wrote into ``key_dir`` (detection needs no watermarked model;
+        ``tokenizer`` is the base model's, for schemes that read text)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harness.config import TrainSettings
-from harness.training import train
+from harness.training import loss_step, train
 
 
 def kl_per_token(student_logits, teacher_logits):
@@ -33,4 +33,4 @@ def logit_distill(
             target = watermark(input_ids, teacher(input_ids=input_ids).logits.float())
         return kl_per_token(model(input_ids=input_ids).logits, target)
 
-    return train(student, loss_fn, batches, settings, desc=desc, device=device)
+    return train(student, loss_step(loss_fn), batches, settings, desc=desc, device=device)

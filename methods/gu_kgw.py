@@ -27,7 +27,11 @@ class GuKGWParams(Params):
     @classmethod
     def _resolve_default(cls, values: dict) -> dict:
         if isinstance(values, dict) and values.get("teacher_drop_special") is None:
-            values = {**values, "teacher_drop_special": int(values.get("k", 1)) == 1}
+            try:
+                k = int(values.get("k", 1))
+            except (TypeError, ValueError):
+                return values  # the field check reports the bad k by name
+            values = {**values, "teacher_drop_special": k == 1}
         return values
 
 
@@ -42,7 +46,13 @@ class KGWDetector(Detector):
         from methods.kgw import score_sequences
 
         return [
-            {"score": s.z_score, "p_value": s.p_value, "green": s.num_green, "scored": s.num_scored}
+            {
+                "score": s.z_score,
+                "p_value": s.p_value,
+                "p_value_gu": s.p_value_gu,
+                "green": s.num_green,
+                "scored": s.num_scored,
+            }
             for s in score_sequences(self.greens, sequences, self.ignore_repeated_ngrams)
         ]
 
@@ -99,7 +109,8 @@ class GuKGW(WatermarkMethod):
         (out / "key.json").write_text(json.dumps(key, indent=2))
         return report
 
-    def detector(self, key: dict) -> Detector:
+    def detector(self, key_dir: Path, tokenizer=None) -> Detector:
+        key = json.loads((Path(key_dir) / "key.json").read_text())
         return KGWDetector(key["detector"], key["ignore_repeated_ngrams"])
 
     def config_label(self) -> str:

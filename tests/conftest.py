@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -75,3 +76,28 @@ def other_tokenizer_llama(tmp_path_factory):
 
     tokenizer = build_tokenizer([s.upper() + " Lorem ipsum dolor sit amet." for s in SENTENCES])
     return make_random_llama(tmp_path_factory.mktemp("oracle"), 3, tokenizer)
+
+
+def _fake_run(store, method_config: str, category: str, label: str, config: str, auc: float) -> None:
+    cfg = {
+        "preset": {"base_model": "builtin:tiny-lm"},
+        "method": {"label": "Gu-KGW", "config_label": method_config},
+        "attack": {"category": category, "label": label, "config_label": config},
+    }
+    metrics = {
+        "auc": auc,
+        "auc_ci95": [auc - 0.01, auc],
+        "tpr@0.05": auc / 2,
+        "tpr@0.01": 0.1,
+        "median_ppl": 5.0,
+        "n_pos": 10,
+        "n_neg": 10,
+    }
+    stage = store.stage("run", {"preset": "tiny", "config": cfg})
+    stage.build(lambda out: (out / "metrics.json").write_text(json.dumps(metrics)) and {})
+
+
+@pytest.fixture
+def fake_run():
+    """``fake_run(store, method_config, category, label, config, auc)``: a finished run with made-up metrics."""
+    return _fake_run

@@ -14,13 +14,13 @@ def test_list_shows_methods_attacks_and_planned_entries(harness):
     out = harness("list")
     assert out.returncode == 0, out.stderr
     assert "gu-kgw" in out.stdout and "slerp" in out.stdout and "t=0.5" in out.stdout
-    assert "pro" in out.stdout and "planned" in out.stdout
+    assert "pro" in out.stdout and "delta=" in out.stdout and "planned" in out.stdout
 
 
 BAD_INPUTS = {
     "unknown method": (["run", "--method", "gu-kwg"], "unknown method 'gu-kwg'. Did you mean 'gu-kgw'? Valid methods:"),
     "unknown attack": (["run", "--method", "gu-kgw", "--attack", "merge"], "Valid attacks: none, slerp"),
-    "planned method": (["run", "--method", "pro"], "method 'pro' is not implemented yet"),
+    "planned method": (["run", "--method", "gu-kth"], "method 'gu-kth' is not implemented yet"),
     "planned attack": (["run", "--method", "gu-kgw", "--attack", "gptq"], "attack 'gptq' is not implemented yet"),
     "model path": (["run", "--method", "gu-kgw", "--base-model", "./no/such/model"], "does not exist"),
     "data path": (["run", "--method", "gu-kgw", "--set", "train_data.path=/no/data.jsonl"], "does not exist"),

@@ -44,6 +44,8 @@ def test_k1_drops_special_tokens_from_the_teacher_only(random_llamas, tmp_path):
     assert method.params.teacher_drop_special is True  # Gu et al.'s choice for simple_1
     assert method.key(tok, True).excluded_ids == (tok.eos_token_id,)
     assert method.key(tok, method.params.detector_drop_special).excluded_ids == ()
-    detector = method.detector({"detector": method.key(tok, False).to_dict(), "ignore_repeated_ngrams": False})
+    key = {"detector": method.key(tok, False).to_dict(), "ignore_repeated_ngrams": False}
+    (tmp_path / "key.json").write_text(json.dumps(key))
+    detector = method.detector(tmp_path, tok)
     scores = detector.score([[1, 2, 3, 4, 5]])
     assert scores[0]["scored"] == 4 and set(scores[0]) >= {"score", "p_value", "green"}

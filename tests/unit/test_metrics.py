@@ -75,3 +75,22 @@ def test_completion_perplexity_pads_mixed_lengths(random_llamas):
     one_by_one = completion_perplexity(model, prompts, completions, batch_size=1)
     batched = completion_perplexity(model, prompts, completions, batch_size=3, pad_id=0)
     assert batched == pytest.approx(one_by_one, rel=1e-4)
+
+
+def brute_force_tpr(pos, neg, fpr):
+    """Best TPR over every threshold 'score >= thr' whose FPR on the negatives is at most ``fpr``."""
+    best = 0.0
+    for thr in np.r_[np.unique(np.r_[pos, neg]), np.inf]:
+        if (neg >= thr).mean() <= fpr:
+            best = max(best, (pos >= thr).mean())
+    return best
+
+
+def test_tpr_keeps_operating_points_on_tied_scores():
+    """z-scores of fixed-length texts tie a lot; no threshold may be thinned away."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        pos = rng.integers(0, 6, size=rng.integers(3, 30)).astype(float)
+        neg = rng.integers(0, 4, size=rng.integers(3, 30)).astype(float)
+        for f in (0.01, 0.05, 0.1, 0.3):
+            assert tpr_at_fpr(pos, neg, f) == pytest.approx(brute_force_tpr(pos, neg, f)), (pos, neg, f)

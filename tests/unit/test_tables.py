@@ -1,31 +1,10 @@
 """Tables are rebuilt from stored runs alone, in the paper's layout and colour rule."""
 
-import json
-
 from harness.store import Store
 from harness.tables import collect, robustness, to_latex, write_tables
 
 
-def fake_run(store: Store, method_config: str, category: str, label: str, config: str, auc: float) -> None:
-    cfg = {
-        "preset": {"base_model": "builtin:tiny-lm"},
-        "method": {"label": "Gu-KGW", "config_label": method_config},
-        "attack": {"category": category, "label": label, "config_label": config},
-    }
-    metrics = {
-        "auc": auc,
-        "auc_ci95": [auc - 0.01, auc],
-        "tpr@0.05": auc / 2,
-        "tpr@0.01": 0.1,
-        "median_ppl": 5.0,
-        "n_pos": 10,
-        "n_neg": 10,
-    }
-    stage = store.stage("run", {"preset": "tiny", "config": cfg})
-    stage.build(lambda out: (out / "metrics.json").write_text(json.dumps(metrics)) and {})
-
-
-def test_robustness_layout_and_colours(tmp_path):
+def test_robustness_layout_and_colours(tmp_path, fake_run):
     store = Store(tmp_path / "runs")
     fake_run(store, "k=1, delta=2", "Unaltered", "", "", 0.99)
     fake_run(store, "k=1, delta=2", "Merging", "SLERP", "t=0.5", 0.75)
@@ -49,5 +28,5 @@ def test_robustness_layout_and_colours(tmp_path):
     assert r"\cellcolor{yellow!25}$0.750$" in tex  # in between
     assert r"\cellcolor{red!25}$0.650$" in tex  # < 0.7
     assert "--" in tex  # a cell with no run
-    written = write_tables(store, tmp_path / "tables")
+    written = write_tables(collect(store), tmp_path / "tables")
     assert sorted(p.name for p in written) == ["robustness-tiny.csv", "robustness-tiny.tex", "runs.csv"]

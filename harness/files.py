@@ -1,0 +1,137 @@
+"""Files the harness writes and trusts: content hashes (cached, so a 16 GB checkpoint is read once), folders
+published atomically under a lock, and the clean-up of what a killed process left half-written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SMALL_FILE = 1 << 20  # files below this are hashed directly; larger ones go through the hash index
+
+
+def cache_root() -> Path:
+    """Where built models and file hashes are kept between runs: ``$HARNESS_CACHE``, default ``~/.cache/harness``."""
+    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")).expanduser()
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_sha256(file: Path) -> str:
+    """sha256 of a file. Large files' hashes are remembered in ``$HARNESS_CACHE/file-hashes.json`` under their
+    device, inode, size and modification time, so a checkpoint is read once, and once more after any change (a
+    rename keeps the entry; an edit that restores size and mtime by hand would not be seen)."""
+    file = Path(file)
+    stat = file.stat()
+    if stat.st_size < SMALL_FILE:
+        return _sha256(file)
+    key = f"{stat.st_dev}:{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}"
+    index = cache_root() / "file-hashes.json"
+    try:
+        known = json.loads(index.read_text())
+    except (OSError, ValueError):  # absent, or damaged by a crash mid-write: start again
+        known = {}
+    if key not in known:
+        known[key] = _sha256(file)
+        index.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index.with_name(f"{index.name}.partial-{owner_tag()}")
+        tmp.write_text(json.dumps(known))
+        tmp.replace(index)
+    return known[key]
+
+
+def owner_tag() -> str:
+    """``<host>-<pid>``: the suffix of temporary names, so that leftovers of a dead process can be told apart."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _owner_alive(name: str) -> bool:
+    """Whether the process that named a temporary ``...partial-<host>-<pid>`` may still be running."""
+    host, _, pid = name.rpartition("partial-")[2].rpartition("-")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another machine's (shared file system) or unknown: leave it to its owner or its lock
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def locked(lock_file: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_file`` (created as needed); say so when another process holds it first.
+    The lock is released when the process ends, however it ends."""
+    from filelock import FileLock, Timeout
+
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("waiting for another process that is building %s", what)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def try_lock(lock_file: Path):
+    """The lock on ``lock_file`` if it is free now (the caller releases it), else None."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    return lock
+
+
+def remove_partials(folder: Path, lock_file: Path) -> None:
+    """Delete the temporary ``.<name>.partial-*`` siblings of ``folder``; call only while holding ``lock_file``:
+    then no live process can be writing them."""
+    for partial in folder.parent.glob(f".{folder.name}.partial-*"):
+        log.info("removing %s, left by an interrupted process", partial)
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def sweep_partials(parent: Path, lock_for) -> int:
+    """Delete every ``.<name>.partial-*`` folder under ``parent`` whose owner is gone: its lock
+    (``lock_for(name)``) is free. Returns how many were removed."""
+    removed = 0
+    for partial in parent.glob(".*.partial-*"):
+        name = partial.name[1:].partition(".partial-")[0]
+        lock = try_lock(lock_for(name))
+        if lock is None:
+            continue
+        try:
+            if partial.exists():
+                shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+                removed += 1
+        finally:
+            lock.release()
+    return removed
+
+
+def sweep_hash_index_leftovers() -> None:
+    """Temporary copies of the hash index written by processes that died mid-write."""
+    for tmp in cache_root().glob("file-hashes.json.partial-*"):
+        if not _owner_alive(tmp.name):
+            tmp.unlink(missing_ok=True)

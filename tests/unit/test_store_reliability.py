@@ -1,0 +1,163 @@
+"""The store never hands out a wrong number: damaged stages are set aside and rebuilt, edited ones refused, partial
+folders of dead processes swept, and two processes needing one stage build it once."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from harness.store import EditedStage, Store
+
+
+def build_key(out, gamma="0.25"):
+    (out / "key.json").write_text(json.dumps({"gamma": gamma}))
+    (out / "model").mkdir()
+    (out / "model" / "model.safetensors").write_bytes(b"\0" * 2048)
+    return {"built": True}
+
+
+def reuse(store, stage, calls):
+    return store.build_or_reuse(stage, "test stage", lambda out: calls.append(1) or build_key(out))
+
+
+def test_published_stage_lists_every_file_with_its_hash(tmp_path):
+    store = Store(tmp_path)
+    stage = store.stage("train", {"x": 1})
+    calls = []
+    assert reuse(store, stage, calls) is False
+    contents = json.loads((stage.path / "contents.json").read_text())
+    assert {"key.json", "model/model.safetensors", "spec.json", "manifest.json"} <= set(contents)
+    assert all(len(v["sha256"]) == 64 and v["size"] > 0 for v in contents.values())
+    assert reuse(store, stage, calls) is True and len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda p: (p / "model" / "model.safetensors").unlink(), "missing"),
+        (lambda p: (p / "key.json").write_text('{"gam'), "bytes where"),  # truncated
+        (lambda p: (p / "contents.json").write_text("{"), "contents.json is damaged"),
+        (lambda p: (p / "contents.json").unlink(), "contents.json is missing"),
+    ],
+)
+def test_damaged_stage_is_set_aside_and_rebuilt(tmp_path, caplog, damage, reason):
+    store = Store(tmp_path)
+    stage = store.stage("train", {"x": 1})
+    calls = []
+    reuse(store, stage, calls)
+    damage(stage.path)
+    assert reuse(store, stage, calls) is False and len(calls) == 2
+    assert reason in caplog.text and stage.key in caplog.text
+    assert stage.problem() is None
+    aside = list((tmp_path / "damaged").iterdir())
+    assert len(aside) == 1 and aside[0].name.startswith(f"stages-train-{stage.key}")  # nothing deleted
+
+
+def test_edited_artefact_is_refused_naming_the_file(tmp_path):
+    store = Store(tmp_path)
+    stage = store.stage("train", {"x": 1})
+    calls = []
+    reuse(store, stage, calls)
+    (stage.path / "key.json").write_text(json.dumps({"gamma": "0.50"}))  # same size, another meaning
+    with pytest.raises(EditedStage, match=r"key\.json was changed after"):
+        reuse(store, stage, calls)
+    assert len(calls) == 1 and json.loads((stage.path / "key.json").read_text())["gamma"] == "0.50"  # untouched
+
+
+SLOW_BUILD = """
+import os, sys, time
+from harness.store import Store
+store = Store(sys.argv[1])
+def build(out):
+    with open(sys.argv[2], "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
+    time.sleep(1.5)
+    (out / "generations.jsonl").write_text("{}")
+    return {}
+store.build_or_reuse(store.stage("generate", {"same": "stage"}), "generation", build)
+"""
+
+
+def test_two_processes_build_one_stage_once(tmp_path):
+    marker = tmp_path / "builders.txt"
+    args = [sys.executable, "-c", SLOW_BUILD, str(tmp_path / "runs"), str(marker)]
+    procs = [subprocess.Popen(args) for _ in range(2)]
+    assert [p.wait(60) for p in procs] == [0, 0]
+    assert len(marker.read_text().split()) == 1  # the second waited, then reused
+
+
+KILLED_BUILD = """
+import sys, time
+from harness.store import Store
+store = Store(sys.argv[1])
+def build(out):
+    (out / "half.bin").write_bytes(b"x" * 100)
+    print("building", flush=True)
+    time.sleep(60)
+    return {}
+store.build_or_reuse(store.stage("train", {"k": 1}), "training", build)
+"""
+
+
+def test_sigkill_leaves_a_partial_that_the_next_run_sweeps(tmp_path):
+    root = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(root)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "building"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    partials = list((root / "stages" / "train").glob(".*.partial-*"))
+    assert len(partials) == 1  # what a SIGKILL leaves
+    store = Store(root)
+    assert store.sweep() == 1
+    assert not list((root / "stages" / "train").glob(".*.partial-*"))
+    stage = store.stage("train", {"k": 1})
+    assert store.build_or_reuse(stage, "training", build_key) is False and stage.problem() is None
+
+
+def test_sweep_keeps_the_partial_of_a_live_build(tmp_path):
+    from filelock import FileLock
+
+    store = Store(tmp_path)
+    stage = store.stage("train", {"k": 2})
+    partial = stage.path.with_name(f".{stage.key}.partial-otherhost-1")
+    partial.mkdir(parents=True)
+    stage.lock_file.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from filelock import FileLock; l = FileLock({str(stage.lock_file)!r}); "
+            "l.acquire(); print('held', flush=True); import time; time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert store.sweep() == 0 and partial.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert FileLock(str(stage.lock_file)).acquire(timeout=5)
+    assert store.sweep() == 1 and not partial.exists()
+
+
+def test_tables_skip_a_damaged_run_and_write_the_rest(tmp_path, caplog, fake_run):
+    from harness.tables import collect, write_tables
+
+    store = Store(tmp_path / "runs")
+    fake_run(store, "k=1, delta=2", "Unaltered", "", "", 0.99)
+    fake_run(store, "k=1, delta=2", "Merging", "SLERP", "t=0.5", 0.75)
+    fake_run(store, "k=1, delta=2", "Merging", "SLERP", "t=0.3", 0.85)
+    runs = store.runs()
+    metrics = runs[1] / "metrics.json"
+    metrics.write_text(metrics.read_text()[:20])  # truncated
+    edited = runs[2] / "metrics.json"
+    edited.write_text(edited.read_text().replace("0.85", "0.95"))  # same size, other number
+    df = collect(store)
+    assert sorted(df["attack_config"]) == [""]
+    assert str(runs[1]) in caplog.text and str(runs[2]) in caplog.text
+    assert write_tables(df, tmp_path / "tables")
