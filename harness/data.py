@@ -28,13 +28,15 @@ def _tiny_corpus_bytes() -> bytes:
     return (files("harness") / "data" / "tiny_corpus.jsonl.gz").read_bytes()
 
 
+CHECK_DOCS = 1000  # documents of a local dataset read by ``check`` before any work
 DATA_KINDS = {".jsonl": "json", ".json": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv"}
 
 
 def check(src: DataSource) -> None:
     """One-line error for a data source that cannot be read, before any work: an unknown built-in or split, a
-    missing local path (whatever form it takes), an empty file, a missing text field, a hub dataset that is neither
-    cached nor reachable. Reads the first document only."""
+    missing local path (whatever form it takes), an empty file, a missing text field or a corrupt line among the
+    first ``CHECK_DOCS`` documents of a local file, a hub dataset that is neither cached nor reachable (its first
+    document is read)."""
     if src.path.startswith("builtin:"):
         if src.path != TINY_CORPUS:
             raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {TINY_CORPUS}")
@@ -46,7 +48,7 @@ def check(src: DataSource) -> None:
         raise HarnessError(f"dataset path '{src.path}' does not exist")
     if local.exists():
         data_files(src)
-    if next(iter_texts(src), None) is None:
+    if not load_texts(src, limit=CHECK_DOCS if local.exists() else 1):
         raise HarnessError(f"dataset '{src.path}' holds no documents")
 
 

@@ -34,6 +34,16 @@ BAD_INPUTS = {
     "override value": (["run", "--method", "gu-kgw", "--set", "train.steps=-3"], "bad setting train.steps"),
     "missing flag": (["run"], "the following arguments are required: --method"),
     "unknown device": (["run", "--method", "gu-kgw", "--device", "gpu"], "unknown device 'gpu'"),
+    "meta device": (["run", "--method", "gu-kgw", "--device", "meta"], "device 'meta' is not supported"),
+    "mps device": (["run", "--method", "gu-kgw", "--device", "mps"], "device 'mps' is not available"),
+    "cpu index": (["run", "--method", "gu-kgw", "--device", "cpu:7"], "the CPU takes no index"),
+    "gpu index": (["run", "--method", "gu-kgw", "--device", "cuda:7"], "is not available"),
+    "fractional int": (["run", "--method", "gu-kgw", "--method-arg", "k=1.5"], "k: Input should be a valid integer"),
+    "relative data path": (["run", "--method", "gu-kgw", "--set", "eval_data.path=d/missing.jsonl"], "does not exist"),
+    "bare data file": (["run", "--method", "gu-kgw", "--set", "train_data.path=missing.jsonl"], "does not exist"),
+    "deep model path": (["run", "--method", "gu-kgw", "--base-model", "a/b/c"], "does not exist"),
+    "tiny split": (["run", "--method", "gu-kgw", "--set", "eval_data.split=test"], "has splits 'train' and"),
+    "no planned hint": (["run", "--method", "gu-kt"], "Did you mean 'gu-kgw'?"),
     "unknown command": (["fly"], "invalid choice"),
     "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
 }
@@ -48,6 +58,103 @@ def test_bad_input_is_one_line_and_exit_2(harness, case):
     assert "Traceback" not in out.stderr
     assert expected in out.stderr
     assert out.stderr.startswith("harness: error: ")
+
+
+def one_line_error(out, expected: str) -> None:
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert expected in out.stderr, out.stderr
+
+
+def test_bad_harness_device_variable(harness, monkeypatch):
+    monkeypatch.setenv("HARNESS_DEVICE", "tpu9")
+    one_line_error(harness("run", "--method", "gu-kgw"), "HARNESS_DEVICE 'tpu9'")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", "is empty"),
+        ("\n\n", "holds no documents"),
+        ('{"text": "ok"}\n' * 200 + '{"text": "broken\n' + '{"text": "ok"}\n', "line 201: not valid JSON"),
+        ('{"body": "x"}\n', "has no field 'text'"),
+        ('["a list"]\n', "line 1: expected a JSON object"),
+        ('{"text": 3}\n', "holds int, not text"),
+    ],
+)
+@pytest.mark.parametrize("which", ["train_data", "eval_data"])
+def test_bad_dataset_files_fail_before_any_work(harness, tmp_path, content, expected, which):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    one_line_error(harness("run", "--method", "gu-kgw", "--set", f"{which}.path={bad}"), expected)
+
+
+def test_dataset_folder_of_mixed_kinds(harness, tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "b.csv").write_text("text\nx\n")
+    one_line_error(harness("run", "--method", "gu-kgw", "--set", f"train_data.path={tmp_path}"), "mixes csv, json")
+
+
+def test_pickle_only_model_is_refused_unless_allowed(harness, tmp_path, random_llamas):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(random_llamas[0], folder)
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    out = harness("run", "--method", "gu-kgw", "--base-model", str(folder), "--results", str(tmp_path / "r"))
+    one_line_error(out, "holds only pickle weights (pytorch_model.bin)")
+    assert "--allow-pickle" in out.stderr
+    from harness import models
+
+    with pytest.raises(Exception, match="pickle"):
+        models.check(str(folder))
+    os_env = {"HARNESS_ALLOW_PICKLE": "1"}
+    import os
+
+    old = {k: os.environ.get(k) for k in os_env}
+    os.environ.update(os_env)
+    try:
+        models.check(str(folder))  # allowed explicitly: accepted
+        assert models.load_causal_lm(str(folder), "cpu").config.vocab_size > 0
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def test_malicious_pickle_is_never_loaded(harness, tmp_path, random_llamas):
+    import pickle
+    import shutil
+
+    folder = tmp_path / "evil"
+    shutil.copytree(random_llamas[0], folder)
+    (folder / "model.safetensors").unlink()
+    canary = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(canary), "w"))
+
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Evil()))
+    out = harness("run", "--method", "gu-kgw", "--base-model", str(folder), "--results", str(tmp_path / "r"))
+    one_line_error(out, "holds only pickle weights")
+    assert not canary.exists()
+
+
+def test_results_path_that_is_a_file(harness, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    one_line_error(harness("run", "--method", "gu-kgw", "--results", str(blocker)), "it is a file, not a folder")
+
+
+def test_doctor_lists_every_backend(harness):
+    out = harness("doctor")
+    assert out.returncode == 0, out.stderr
+    for name in ("CUDA", "bitsandbytes", "gptqmodel", "hqq", "llm-compressor", "mergekit", "embedding model"):
+        assert name in out.stdout
 
 
 def test_unwritable_results_folder(harness, tmp_path):

@@ -3,6 +3,8 @@ Hugging Face model takes, in seconds. It checks plumbing, reuse and the oracle's
 
 import json
 
+import pytest
+
 from harness.config import TINY, apply_overrides
 from harness.pipeline import Pipeline, read_jsonl
 from harness.registry import attacks, methods
@@ -95,3 +97,73 @@ def test_text_attack_rewrites_the_unaltered_generations(random_llamas, tmp_path,
     assert [g["original_completion"] for g in gens] == [g["completion"] for g in unaltered]
     assert len(list((tmp_path / "runs" / "stages" / "generate").iterdir())) == 2  # base and unaltered only
     assert cells[2].metrics["n_pos"] == 6
+
+
+def test_detector_reads_retokenized_text_by_default(random_llamas, tmp_path):
+    """Scores come from the decoded text tokenized again (as a user submits text); ``eval.score_on=ids`` scores the
+    sampled ids and is a different run that reuses the same generations."""
+    from harness.models import load_tokenizer
+
+    base, _ = random_llamas
+    preset = make_preset(tmp_path, base, base)
+    store = Store(tmp_path / "runs")
+    method, none = methods.build("gu-kgw", {"k": "1"}), attacks.build("none", {})
+    text_cells = Pipeline(preset, store, "cpu").run(method, none)
+    ids_cells = Pipeline(apply_overrides(preset, {"eval.score_on": "ids"}), store, "cpu").run(method, none)
+    assert [c.run.key for c in text_cells] != [c.run.key for c in ids_cells]
+    assert len(list((tmp_path / "runs" / "stages" / "generate").iterdir())) == 2  # generations shared
+    tok = load_tokenizer(str(base))
+    for cell, reads in ((text_cells[1], "text"), (ids_cells[1], "ids")):
+        spec = json.loads((cell.run.path / "spec.json").read_text())
+        assert spec["detector"]["reads"] == reads
+        gens = read_jsonl(cell.run.path / "generations.jsonl")
+        scores = [s for s in read_jsonl(cell.run.path / "scores.jsonl") if s["label"] == 1]
+        for g, s in zip(gens, scores, strict=True):
+            ids = (
+                tok(g["completion"], add_special_tokens=False)["input_ids"] if reads == "text" else g["completion_ids"]
+            )
+            assert s["scored"] == len(ids) - 1  # k = 1: every token after the first has a full context
+            assert 0 <= s["p_value_gu"] <= s["p_value"] <= 1
+
+
+@pytest.mark.slow
+def test_sigkill_anywhere_then_rerun_gives_identical_metrics(harness, random_llamas, tmp_path):
+    """Kill the CLI at several points of a run; each re-run must end with byte-identical metrics to an
+    uninterrupted run and leave no partial folder behind."""
+    import signal
+    import subprocess
+    import time
+
+    base, _ = random_llamas
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    args = ["run", "--method", "gu-kgw", "--attack", "slerp", "--base-model", str(base), "--oracle-model", str(base)]
+    for s in (
+        f"train_data.path={corpus}",
+        f"eval_data.path={corpus}",
+        "train.steps=40",
+        "train.batch_size=2",
+        "train.seq_len=16",
+        "eval.num_prompts=6",
+        "eval.prompt_tokens=4",
+        "eval.new_tokens=8",
+        "eval.batch_size=3",
+    ):
+        args += ["--set", s]
+    clean = tmp_path / "clean"
+    assert harness(*args, "--results", str(clean)).returncode == 0
+
+    def metrics(root):
+        return sorted((p.parent.name, (p.parent / "metrics.json").read_bytes()) for p in root.glob("*/DONE"))
+
+    command = harness("--help").args[0]
+    for delay in (1.0, 3.0, 5.0):
+        killed = tmp_path / f"killed-{delay}"
+        proc = subprocess.Popen([command, *args, "--results", str(killed)], stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        again = harness(*args, "--results", str(killed))
+        assert again.returncode == 0, again.stderr
+        assert metrics(killed) == metrics(clean)
+        assert not [p for p in killed.rglob("*") if ".partial-" in p.name]
