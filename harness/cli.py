@@ -175,6 +175,8 @@ def cmd_tables(args) -> None:
     store = Store(args.results)
     if not store.root.is_dir():
         raise HarnessError(f"no run store at '{store.root}': run 'harness run' first")
+    if args.out.exists() and not args.out.is_dir():
+        raise HarnessError(f"tables folder '{args.out}' is a file, not a folder")
     df = collect(store)
     written = write_tables(df, args.out)
     if not written:
