@@ -54,6 +54,42 @@ def file_sha256(file: Path) -> str:
     return known[key]
 
 
+def _json(file: Path) -> None:
+    json.loads(file.read_bytes())
+
+
+def _jsonl(file: Path) -> None:
+    with file.open("rb") as fh:
+        for line in fh:
+            if line.strip():
+                json.loads(line)
+
+
+def _safetensors(file: Path) -> None:
+    """The header's length and tensor offsets must account for every byte of the file."""
+    size = file.stat().st_size
+    with file.open("rb") as fh:
+        length = int.from_bytes(fh.read(8), "little")
+        if length <= 0 or 8 + length > size:
+            raise ValueError("header length past the end of the file")
+        header = json.loads(fh.read(length))
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    if 8 + length + max(ends, default=0) != size:
+        raise ValueError("tensor data does not fill the file")
+
+
+FORMATS = {".json": _json, ".jsonl": _jsonl, ".safetensors": _safetensors}
+
+
+def unreadable(file: Path) -> str | None:
+    """Why ``file`` does not read in its format (truncated, cut mid-write), or None if it reads."""
+    try:
+        FORMATS[file.suffix](file)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        return f"not valid {file.suffix[1:]}: {type(err).__name__}"
+    return None
+
+
 def owner_tag() -> str:
     """``<host>-<pid>``: the suffix of temporary names, so that leftovers of a dead process can be told apart."""
     return f"{socket.gethostname()}-{os.getpid()}"

@@ -5,10 +5,10 @@ holds what runs share (trained, attacked models; generations). Each folder is bu
 lock per stage (a second process waits, then reuses), and renamed into place after ``contents.json`` (the size and
 sha256 of every file) and ``DONE`` are written, so a crash never leaves a folder that looks finished.
 
-A finished stage is verified against ``contents.json`` before anything reads it: a missing file or one whose size
-changed (deleted, truncated) makes the stage *damaged*: it is moved to ``<root>/damaged/`` and built again. A file of
-the published size whose content differs was *edited*: it is refused, since a stored number must never silently
-change meaning.
+A finished stage is verified against ``contents.json`` before anything reads it. A file that is missing, or that
+differs from what was published and no longer reads in its format (truncated JSON, JSON lines or safetensors; another
+size for other files), makes the stage *damaged*: it is moved to ``<root>/damaged/`` and built again. A file that
+differs but still reads was *edited*: it is refused, since a stored number must never silently change meaning.
 """
 
 from __future__ import annotations
@@ -114,13 +114,19 @@ class Stage:
             file = self.path / rel
             if not file.is_file():
                 return f"{rel} is missing"
-            if file.stat().st_size != want["size"]:
-                return f"{rel} has {file.stat().st_size} bytes where {want['size']} were published"
-            if files.file_sha256(file) != want["sha256"]:
-                raise EditedStage(
-                    f"{self.path / rel} was changed after its {self.kind} stage published it (sha256 differs), so "
-                    f"results built from it cannot be trusted; move '{self.path}' away to rebuild that stage"
-                )
+            size = file.stat().st_size
+            if size == want["size"] and files.file_sha256(file) == want["sha256"]:
+                continue
+            if file.suffix in files.FORMATS:
+                damage = files.unreadable(file)
+            else:
+                damage = None if size == want["size"] else "its size changed"
+            if damage:
+                return f"{rel} is damaged ({damage}; {size} bytes where {want['size']} were published)"
+            raise EditedStage(
+                f"{self.path / rel} was changed after its {self.kind} stage published it (sha256 differs), so "
+                f"results built from it cannot be trusted; move '{self.path}' away to rebuild that stage"
+            )
         return None
 
     def build(self, fn: Callable[[Path], dict]) -> None:

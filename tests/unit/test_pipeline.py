@@ -167,3 +167,29 @@ def test_sigkill_anywhere_then_rerun_gives_identical_metrics(harness, random_lla
         assert again.returncode == 0, again.stderr
         assert metrics(killed) == metrics(clean)
         assert not [p for p in killed.rglob("*") if ".partial-" in p.name]
+
+
+def test_damage_is_repaired_and_edits_refused_through_the_pipeline(random_llamas, tmp_path):
+    """The issue's cases end to end: a truncated metrics.json or a deleted model file is rebuilt to identical
+    numbers; a key edited after publication (run folder deleted, so it would be re-scored) is refused by name."""
+    from harness.store import EditedStage
+
+    base, _ = random_llamas
+    preset = make_preset(tmp_path, base, base)
+    store = Store(tmp_path / "runs")
+    method, none = methods.build("gu-kgw", {"k": "1"}), attacks.build("none", {})
+    first = Pipeline(preset, store, "cpu").run(method, none)
+    metrics = first[1].run.path / "metrics.json"
+    metrics.write_text(metrics.read_text()[:30])
+    trained = next((tmp_path / "runs" / "stages" / "train").iterdir())
+    (trained / "model" / "model.safetensors").unlink()
+    again = Pipeline(preset, store, "cpu").run(method, none)
+    assert [c.metrics for c in again] == [c.metrics for c in first]
+    assert len(list((tmp_path / "runs" / "damaged").iterdir())) == 2  # both set aside, not deleted
+    key = trained / "key.json"
+    key.write_text(key.read_text().replace('"gamma": 0.25', '"gamma": 0.5'))
+    import shutil
+
+    shutil.rmtree(first[1].run.path)
+    with pytest.raises(EditedStage, match="key.json was changed"):
+        Pipeline(preset, store, "cpu").run(method, none)

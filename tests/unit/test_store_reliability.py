@@ -12,10 +12,14 @@ import pytest
 from harness.store import EditedStage, Store
 
 
-def build_key(out, gamma="0.25"):
+def build_key(out, gamma=0.25):
+    import torch
+    from safetensors.torch import save_file
+
     (out / "key.json").write_text(json.dumps({"gamma": gamma}))
     (out / "model").mkdir()
-    (out / "model" / "model.safetensors").write_bytes(b"\0" * 2048)
+    save_file({"w": torch.arange(512, dtype=torch.float32)}, out / "model" / "model.safetensors")
+    (out / "notes.bin").write_bytes(b"\1" * 64)
     return {"built": True}
 
 
@@ -38,7 +42,10 @@ def test_published_stage_lists_every_file_with_its_hash(tmp_path):
     ("damage", "reason"),
     [
         (lambda p: (p / "model" / "model.safetensors").unlink(), "missing"),
-        (lambda p: (p / "key.json").write_text('{"gam'), "bytes where"),  # truncated
+        (lambda p: (p / "key.json").write_text('{"gam'), "not valid json"),  # truncated
+        (lambda p: (p / "model" / "model.safetensors").write_bytes(b"\0" * 100), "not valid safetensors"),
+        (lambda p: truncate(p / "model" / "model.safetensors", 1000), "not valid safetensors"),
+        (lambda p: (p / "notes.bin").write_bytes(b"\1" * 10), "its size changed"),
         (lambda p: (p / "contents.json").write_text("{"), "contents.json is damaged"),
         (lambda p: (p / "contents.json").unlink(), "contents.json is missing"),
     ],
@@ -56,15 +63,36 @@ def test_damaged_stage_is_set_aside_and_rebuilt(tmp_path, caplog, damage, reason
     assert len(aside) == 1 and aside[0].name.startswith(f"stages-train-{stage.key}")  # nothing deleted
 
 
-def test_edited_artefact_is_refused_naming_the_file(tmp_path):
+def truncate(file, size):
+    file.write_bytes(file.read_bytes()[:size])
+
+
+def edit_safetensors(folder):
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.arange(512, dtype=torch.float32) + 1}, folder / "model" / "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("edit", "name"),
+    [
+        (lambda p: (p / "key.json").write_text(json.dumps({"gamma": 0.5})), "key.json"),  # 0.25 -> 0.5: shorter
+        (lambda p: (p / "key.json").write_text(json.dumps({"gamma": 0.35})), "key.json"),  # same size
+        (edit_safetensors, "model.safetensors"),
+        (lambda p: (p / "notes.bin").write_bytes(b"\2" * 64), "notes.bin"),
+    ],
+)
+def test_edited_artefact_is_refused_naming_the_file(tmp_path, edit, name):
     store = Store(tmp_path)
     stage = store.stage("train", {"x": 1})
     calls = []
     reuse(store, stage, calls)
-    (stage.path / "key.json").write_text(json.dumps({"gamma": "0.50"}))  # same size, another meaning
-    with pytest.raises(EditedStage, match=r"key\.json was changed after"):
+    edit(stage.path)
+    before = (stage.path / "key.json").read_bytes()
+    with pytest.raises(EditedStage, match=rf"{name} was changed after"):
         reuse(store, stage, calls)
-    assert len(calls) == 1 and json.loads((stage.path / "key.json").read_text())["gamma"] == "0.50"  # untouched
+    assert len(calls) == 1 and (stage.path / "key.json").read_bytes() == before  # nothing rebuilt or replaced
 
 
 SLOW_BUILD = """
