@@ -124,7 +124,12 @@ def _open_dataset(src: DataSource):
     local = Path(src.path).expanduser()
     try:
         if not local.exists():
-            return datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
+            try:
+                return datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
+            except Exception as err:
+                raise HarnessError(
+                    f"dataset '{src.path}' is no local path and cannot be loaded from the hub: {first_line(err)}"
+                ) from None
         found = data_files(src)
         if all(p.suffix == ".jsonl" for p in found):
             return _jsonl_rows(found)
