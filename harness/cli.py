@@ -112,6 +112,8 @@ def cmd_list() -> None:
     print("presets:")
     for p in PRESETS.values():
         print(f"  {p.name:14s} {p.base_model}: {p.notes}")
+        for method, values in p.methods.items():
+            print(f"  {'':14s}   {method}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
 
 
 def format_cells(cells) -> str:

@@ -149,6 +149,8 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
     """Load a causal LM for inference (eval mode) on ``device`` (default: CUDA if available, else CPU)."""
     from transformers import AutoModelForCausalLM
 
+    if Path(path_or_id).is_dir():
+        check_weights(Path(path_or_id), path_or_id)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path_or_id, dtype=dtype, use_safetensors=None if pickle_allowed() else True

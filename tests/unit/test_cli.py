@@ -44,6 +44,12 @@ BAD_INPUTS = {
     "deep model path": (["run", "--method", "gu-kgw", "--base-model", "a/b/c"], "does not exist"),
     "tiny split": (["run", "--method", "gu-kgw", "--set", "eval_data.split=test"], "has splits 'train' and"),
     "no planned hint": (["run", "--method", "gu-kt"], "Did you mean 'gu-kgw'?"),
+    "pro delta": (["run", "--method", "pro", "--method-arg", "delta=0"], "delta: Input should be greater than 0"),
+    "pro n": (["run", "--method", "pro", "--method-arg", "n=0"], "n: Input should be greater than or equal to 1"),
+    "pro alpha": (["run", "--method", "pro", "--method-arg", "alpha=-1"], "alpha: Input should be greater"),
+    "pro beta": (["run", "--method", "pro", "--method-arg", "beta=-0.5"], "beta: Input should be greater"),
+    "pro embedding": (["run", "--method", "pro", "--method-arg", "embedding_model=./no/encoder"], "does not exist"),
+    "pro embedding id": (["run", "--method", "pro", "--method-arg", "embedding_model=a/b/c"], "does not exist"),
     "unknown command": (["fly"], "invalid choice"),
     "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
 }
@@ -95,11 +101,13 @@ def test_dataset_folder_of_mixed_kinds(harness, tmp_path):
     one_line_error(harness("run", "--method", "gu-kgw", "--set", f"train_data.path={tmp_path}"), "mixes csv, json")
 
 
-def test_pickle_only_model_is_refused_unless_allowed(harness, tmp_path, random_llamas):
+def test_pickle_only_model_is_refused_unless_allowed(harness, tmp_path, random_llamas, monkeypatch):
     import shutil
 
     import torch
     from safetensors.torch import load_file
+
+    from harness import models
 
     folder = tmp_path / "pickled"
     shutil.copytree(random_llamas[0], folder)
@@ -108,21 +116,11 @@ def test_pickle_only_model_is_refused_unless_allowed(harness, tmp_path, random_l
     out = harness("run", "--method", "gu-kgw", "--base-model", str(folder), "--results", str(tmp_path / "r"))
     one_line_error(out, "holds only pickle weights (pytorch_model.bin)")
     assert "--allow-pickle" in out.stderr
-    from harness import models
-
     with pytest.raises(Exception, match="pickle"):
-        models.check(str(folder))
-    os_env = {"HARNESS_ALLOW_PICKLE": "1"}
-    import os
-
-    old = {k: os.environ.get(k) for k in os_env}
-    os.environ.update(os_env)
-    try:
-        models.check(str(folder))  # allowed explicitly: accepted
-        assert models.load_causal_lm(str(folder), "cpu").config.vocab_size > 0
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        models.load_causal_lm(str(folder), "cpu")  # the loader itself refuses too
+    monkeypatch.setenv(models.ALLOW_PICKLE_ENV, "1")  # what --allow-pickle sets
+    models.check(str(folder))
+    assert models.load_causal_lm(str(folder), "cpu").config.vocab_size > 0
 
 
 def test_malicious_pickle_is_never_loaded(harness, tmp_path, random_llamas):
@@ -142,6 +140,20 @@ def test_malicious_pickle_is_never_loaded(harness, tmp_path, random_llamas):
     out = harness("run", "--method", "gu-kgw", "--base-model", str(folder), "--results", str(tmp_path / "r"))
     one_line_error(out, "holds only pickle weights")
     assert not canary.exists()
+
+
+def test_pro_embedding_model_must_be_a_sentence_encoder(harness, random_llamas, tmp_path):
+    out = harness(
+        "run",
+        "--method",
+        "pro",
+        "--method-arg",
+        f"embedding_model={random_llamas[0]}",
+        "--results",
+        str(tmp_path / "r"),
+    )
+    one_line_error(out, "cannot serve as the sentence encoder E")
+    assert not (tmp_path / "r" / "stages").exists()  # refused before any stage
 
 
 def test_results_path_that_is_a_file(harness, tmp_path):

@@ -39,7 +39,10 @@ print(tiny.tiny_lm(), flush=True)
 def _fake_tiny(tmp_path, seconds):
     env = {**os.environ, "HARNESS_CACHE": str(tmp_path / "cache")}
     args = [sys.executable, "-c", FAKE_TINY_BUILD, str(tmp_path / "builders.txt"), str(seconds)]
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
+    # SIGINT back to its default: a shell's background job starts with it ignored, and Python then never raises
+    # KeyboardInterrupt.
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=restore)
 
 
 def test_parallel_processes_build_the_tiny_model_once(tmp_path):
