@@ -154,6 +154,7 @@ def cmd_run(args) -> None:
         os.environ[models.ALLOW_PICKLE_ENV] = "1"
     if args.device:
         models.check_device(args.device)
+        os.environ["HARNESS_DEVICE"] = args.device  # every default_device() in this run (detectors too) agrees
     elif os.environ.get("HARNESS_DEVICE"):
         models.check_device(os.environ["HARNESS_DEVICE"], "HARNESS_DEVICE")
     store = Store(args.results)
