@@ -46,8 +46,6 @@ def check(src: DataSource) -> None:
     local = Path(src.path).expanduser()
     if not local.exists() and (looks_like_path(src.path) or local.suffix in DATA_KINDS):
         raise HarnessError(f"dataset path '{src.path}' does not exist")
-    if local.exists():
-        data_files(src)
     if not load_texts(src, limit=CHECK_DOCS if local.exists() else 1):
         raise HarnessError(f"dataset '{src.path}' holds no documents")
 

@@ -25,9 +25,8 @@ def _cuda() -> tuple[bool, str]:
     return True, f"{torch.cuda.device_count()} GPU(s): {names}; CUDA {torch.version.cuda}"
 
 
-def _package(module: str, dist: str, needs_cuda: bool = False) -> Callable[[], tuple[bool, str]]:
-    """A check that imports ``module`` (a failing import is reported by its first line) and, if ``needs_cuda``,
-    says that the backend runs only with a GPU."""
+def _package(module: str, dist: str) -> Callable[[], tuple[bool, str]]:
+    """A check that imports ``module``; a failing import is reported by its first line."""
 
     def check() -> tuple[bool, str]:
         if importlib.util.find_spec(module) is None:
@@ -38,11 +37,6 @@ def _package(module: str, dist: str, needs_cuda: bool = False) -> Callable[[], t
             from harness.models import first_line
 
             return False, f"installed ({_version(dist)}) but its import fails: {first_line(err)}"
-        if needs_cuda:
-            import torch
-
-            if not torch.cuda.is_available():
-                return False, f"installed ({_version(dist)}); needs a CUDA GPU and none is visible"
         return True, f"{dist} {_version(dist)}"
 
     return check

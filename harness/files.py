@@ -104,8 +104,8 @@ def _owner_alive(name: str) -> bool:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, someone else's
+        pass
     return True
 
 
@@ -140,9 +140,9 @@ def try_lock(lock_file: Path):
     return lock
 
 
-def remove_partials(folder: Path, lock_file: Path) -> None:
-    """Delete the temporary ``.<name>.partial-*`` siblings of ``folder``; call only while holding ``lock_file``:
-    then no live process can be writing them."""
+def remove_partials(folder: Path) -> None:
+    """Delete the temporary ``.<name>.partial-*`` siblings of ``folder``; call only while holding its lock: then no
+    live process can be writing them."""
     for partial in folder.parent.glob(f".{folder.name}.partial-*"):
         log.info("removing %s, left by an interrupted process", partial)
         shutil.rmtree(partial, ignore_errors=True)
@@ -159,7 +159,7 @@ def sweep_partials(parent: Path, lock_for) -> int:
             continue
         try:
             if partial.exists():
-                shutil.rmtree(partial, ignore_errors=True) if partial.is_dir() else partial.unlink(missing_ok=True)
+                shutil.rmtree(partial, ignore_errors=True)
                 removed += 1
         finally:
             lock.release()

@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.files import file_sha256
 
-LOCAL_PREFIXES = ("/", "./", "../", "~", ".")  # a reference starting so is a path, never a hub id
+LOCAL_PREFIXES = ("/", "~", ".")  # a reference starting so (./, ../, ~/...) is a path, never a hub id
 TINY_LM = "builtin:tiny-lm"
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 ALLOW_PICKLE_ENV = "HARNESS_ALLOW_PICKLE"

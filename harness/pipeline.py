@@ -82,9 +82,9 @@ class Pipeline:
             "train_data": source_spec(self.preset.train_data),
             "train": self.preset.train.model_dump(),
         }
-        extra = {name: models.resolve(ref) for name, ref in method.model_refs().items()}
+        refs = method.model_refs()
+        extra = {name: models.resolve(ref) for name, ref in refs.items()}
         if extra:  # e.g. PRO's embedding model: its content is part of what the key means
-            refs = method.model_refs()
             spec["models"] = {n: {"ref": refs[n], "fingerprint": models.fingerprint(p)} for n, p in extra.items()}
         stage = self.store.stage("train", spec)
 

@@ -67,7 +67,13 @@ LOCKS = ".locks"
 
 
 class EditedStage(HarnessError):
-    """A stored file differs from what its stage published, at the same size: refused, never reused or replaced."""
+    """A stored file differs from what its stage published yet still reads in its format: refused, never reused or
+    replaced."""
+
+
+def lock_file(root: Path, kind: str, key: str) -> Path:
+    """The lock that one process holds while it checks or builds stage ``kind/key`` of the store at ``root``."""
+    return root / LOCKS / f"{kind}-{key}.lock"
 
 
 def contents(folder: Path) -> dict:
@@ -96,7 +102,7 @@ class Stage:
 
     @property
     def lock_file(self) -> Path:
-        return self.root / LOCKS / f"{self.kind}-{self.key}.lock"
+        return lock_file(self.root, self.kind, self.key)
 
     def manifest(self) -> dict:
         return json.loads((self.path / "manifest.json").read_text())
@@ -196,7 +202,7 @@ class Store:
                 log.warning(
                     "stored %s %s is damaged (%s): moved to %s and computing it again", what, stage.key, problem, moved
                 )
-            files.remove_partials(stage.path, stage.lock_file)
+            files.remove_partials(stage.path)
             log.info("computing %s %s", what, stage.key)
             stage.build(fn)
             return False
@@ -214,7 +220,7 @@ class Store:
         removed = 0
         for parent in [self.root, *sorted((self.root / "stages").glob("*"))]:
             kind = "run" if parent == self.root else parent.name
-            removed += files.sweep_partials(parent, lambda key, k=kind: self.root / LOCKS / f"{k}-{key}.lock")
+            removed += files.sweep_partials(parent, lambda key, k=kind: lock_file(self.root, k, key))
         files.sweep_hash_index_leftovers()
         if removed:
             log.info("removed %d unfinished folders left by interrupted runs", removed)

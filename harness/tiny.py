@@ -48,13 +48,14 @@ def tiny_lm() -> Path:
     """Folder of the tiny model and tokenizer, building it first if this machine has none. One process builds it
     while others wait for it (a lock per recipe); an interrupted build leaves nothing behind."""
     folder = files.cache_root() / f"tiny-lm-{recipe_hash()}"
-    if all((folder / f).exists() for f in TINY_FILES):
+    ready = lambda: all((folder / f).exists() for f in TINY_FILES)  # noqa: E731
+    if ready():
         return folder
     lock = folder.with_name(f"{folder.name}.lock")
     with files.locked(lock, "the tiny base model"):
-        if all((folder / f).exists() for f in TINY_FILES):  # built by the process we waited for
+        if ready():  # built by the process we waited for
             return folder
-        files.remove_partials(folder, lock)
+        files.remove_partials(folder)
         if folder.exists():
             log.warning("the cached tiny base model in %s is incomplete; building it again", folder)
             shutil.rmtree(folder)

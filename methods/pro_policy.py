@@ -41,8 +41,9 @@ def is_sentence_encoder(folder: str) -> str | None:
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError) as err:
-        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        return f"its config does not load ({first.strip()})"
+        from harness.models import first_line
+
+        return f"its config does not load ({first_line(err)})"
     generative = [a for a in (config.architectures or []) if a.endswith(GENERATIVE_SUFFIXES)]
     if generative:
         return f"it is a generative model ({generative[0]}), not a sentence encoder"
