@@ -42,6 +42,8 @@ def check(src: DataSource) -> None:
             raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {TINY_CORPUS}")
         if src.split not in ("train", "heldout"):
             raise HarnessError(f"{TINY_CORPUS} has splits 'train' and 'heldout', not '{src.split}'")
+        if src.text_field != "text" or src.name is not None:  # settings it has no use for are refused, not ignored
+            raise HarnessError(f"{TINY_CORPUS} has one field 'text' and no configurations (name)")
         return
     local = Path(src.path).expanduser()
     if not local.exists() and (looks_like_path(src.path) or local.suffix in DATA_KINDS):

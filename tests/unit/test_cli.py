@@ -43,6 +43,8 @@ BAD_INPUTS = {
     "bare data file": (["run", "--method", "gu-kgw", "--set", "train_data.path=missing.jsonl"], "does not exist"),
     "deep model path": (["run", "--method", "gu-kgw", "--base-model", "a/b/c"], "does not exist"),
     "tiny split": (["run", "--method", "gu-kgw", "--set", "eval_data.split=test"], "has splits 'train' and"),
+    "tiny field": (["run", "--method", "gu-kgw", "--set", "eval_data.text_field=body"], "has one field 'text'"),
+    "tiny name": (["run", "--method", "gu-kgw", "--set", "train_data.name=en"], "has one field 'text'"),
     "no planned hint": (["run", "--method", "gu-kt"], "Did you mean 'gu-kgw'?"),
     "pro delta": (["run", "--method", "pro", "--method-arg", "delta=0"], "delta: Input should be greater than 0"),
     "pro n": (["run", "--method", "pro", "--method-arg", "n=0"], "n: Input should be greater than or equal to 1"),
