@@ -9,15 +9,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from harness.plugins import Plugin
+from pydantic import Field
+
+from harness.config import DataSource
+from harness.plugins import Params, Plugin
+
+MODEL = "model"  # the sub-folder of an attack stage that holds the (one) attacked model
 
 
 @dataclass(frozen=True)
 class AttackContext:
-    """What an attack may use besides the model: the unwatermarked base (for merging) and the device."""
+    """What an attack may use besides the model: the unwatermarked base (for merging), the device, the attack's other
+    models resolved to folders or ids (``model_refs``), and, for text attacks, the prompt each text continues."""
 
     base_model: str  # local folder or hub id of the unwatermarked base
     device: str
+    models: dict[str, str] | None = None
+    prompts: list[str] | None = None
 
 
 class Attack(Plugin):
@@ -33,7 +41,15 @@ class ModelAttack(Attack, ABC):
 
     @abstractmethod
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
-        """Write the attacked model (weights + tokenizer) into ``out_dir``; return every setting it used."""
+        """Write the attacked model(s) into the stage folder ``out_dir``: one model (weights + tokenizer, loadable by
+        ``harness.models.load_causal_lm``) per entry of ``outputs()``, in its sub-folder. Return every setting used,
+        library versions included, and under ``"evaluated"`` what the evaluated folder holds (e.g. a dequantized copy
+        of what the library produced)."""
+
+    def outputs(self) -> list[tuple[str, str]]:
+        """``(row config label, sub-folder)`` of each model the attack writes. One by default; fine-tuning writes a
+        checkpoint per requested step, each its own table row, from one training run."""
+        return [(self.config_label(), MODEL)]
 
 
 class TextAttack(Attack, ABC):
@@ -41,4 +57,57 @@ class TextAttack(Attack, ABC):
 
     @abstractmethod
     def apply_texts(self, texts: list[str], ctx: AttackContext) -> list[str]:
-        """Return one rewritten text per input text, in order."""
+        """Return one rewritten text per input text, in order (``ctx.prompts`` holds the prompt of each)."""
+
+
+class CalibrationParams(Params):
+    """Calibration data of the attacks that need some (GPTQ, Wanda, SparseGPT): ``calib_samples`` windows of
+    ``calib_len`` tokens drawn with ``seed`` from the first documents of a dataset (a built-in, a local file or a
+    hub id, as everywhere in the harness). Defaults are the paper's setting; presets override them."""
+
+    calib_data: str = "allenai/c4"
+    calib_name: str | None = "en"
+    calib_split: str = "train"
+    calib_field: str = "text"
+    calib_samples: int = Field(128, gt=0)
+    calib_len: int = Field(512, gt=1)
+    seed: int = 0
+
+    def calibration_source(self) -> DataSource:
+        return DataSource(path=self.calib_data, name=self.calib_name, split=self.calib_split, text_field=self.calib_field)
+
+
+def calibration_ids(tokenizer, params: CalibrationParams):
+    """``(calib_samples, calib_len)`` token ids: the documents' token stream (each ending in EOS) cut into windows of
+    ``calib_len``, of which ``calib_samples`` are picked by a generator seeded with ``seed`` (Wanda and SparseGPT draw
+    random windows of C4 documents the same way). Reads only as many documents as it needs, with a 4x pool to
+    pick from."""
+    import torch
+
+    from harness import data
+    from harness.errors import HarnessError
+
+    n, length = params.calib_samples, params.calib_len
+    stream = data.token_stream(tokenizer, data.iter_texts(params.calibration_source()), max_tokens=4 * n * length)
+    windows = len(stream) // length
+    if windows < n:
+        raise HarnessError(
+            f"calibration data '{params.calib_data}' holds {len(stream)} tokens: {windows} windows of {length}, "
+            f"fewer than calib_samples={n}"
+        )
+    ids = torch.tensor(stream[: windows * length], dtype=torch.long).view(windows, length)
+    pick = torch.randperm(windows, generator=torch.Generator().manual_seed(params.seed))[:n]
+    return ids[pick.sort().values]
+
+
+def versions(*distributions: str) -> dict[str, str | None]:
+    """Installed versions of the libraries an attack used, for its report."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for dist in ("torch", "transformers", *distributions):
+        try:
+            found[dist] = version(dist)
+        except PackageNotFoundError:
+            found[dist] = None
+    return found

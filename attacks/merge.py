@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from attacks.base import AttackContext, ModelAttack
+from attacks.base import MODEL, AttackContext, ModelAttack, versions
 from harness.plugins import Params
 
 
@@ -41,5 +41,5 @@ class Slerp(ModelAttack):
         options = MergeOptions(
             cuda=ctx.device.startswith("cuda"), copy_tokenizer=True, write_model_card=False, quiet=True
         )
-        run_merge(MergeConfiguration.model_validate(config), str(out_dir), options)
-        return {"mergekit_config": config, "t_is_weight_of": "unwatermarked base"}
+        run_merge(MergeConfiguration.model_validate(config), str(out_dir / MODEL), options)
+        return {"mergekit_config": config, "t_is_weight_of": "unwatermarked base", "versions": versions("mergekit")}

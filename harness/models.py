@@ -9,6 +9,7 @@ only: pickle checkpoints (``pytorch_model.bin``) can run code when loaded, so th
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 from fnmatch import fnmatch
@@ -19,6 +20,8 @@ from harness.files import file_sha256
 
 LOCAL_PREFIXES = ("/", "~", ".")  # a reference starting so (./, ../, ~/...) is a path, never a hub id
 TINY_LM = "builtin:tiny-lm"
+# Models the harness builds on this machine and caches (``module:function`` returning the folder, imported lazily).
+BUILTINS = {TINY_LM: "harness.tiny:tiny_lm", "builtin:tiny-paraphraser": "harness.paraphraser:tiny_paraphraser"}
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 ALLOW_PICKLE_ENV = "HARNESS_ALLOW_PICKLE"
 
@@ -35,8 +38,8 @@ def looks_like_path(ref: str) -> bool:
 
 
 def _check_builtin(ref: str) -> None:
-    if ref != TINY_LM:
-        raise HarnessError(f"unknown built-in model '{ref}'. Built-in models: {TINY_LM}")
+    if ref not in BUILTINS:
+        raise HarnessError(f"unknown built-in model '{ref}'. Built-in models: {', '.join(BUILTINS)}")
 
 
 def check(ref: str) -> None:
@@ -76,9 +79,8 @@ def resolve(ref: str) -> str:
     """Return a local folder or a hub id for ``ref``, building the tiny model if needed."""
     if ref.startswith("builtin:"):
         _check_builtin(ref)
-        from harness import tiny
-
-        return str(tiny.tiny_lm())
+        module, _, function = BUILTINS[ref].partition(":")
+        return str(getattr(importlib.import_module(module), function)())
     if ref.startswith("package:"):
         package = ref.removeprefix("package:")
         spec = importlib.util.find_spec(package)

