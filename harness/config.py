@@ -97,7 +97,9 @@ TINY = Preset(
     # paraphraser built here (harness/paraphraser.py), as the 11B checkpoint cannot be downloaded.
     attacks={
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
-        "finetune": {"dataset": "tiny-code-instruct", "steps": "50,100,150,200,250", "lr": 1e-4, "batch_size": 8,
+        # Scaled from the paper by the ratio of the watermark trainings: it fine-tunes for 300..1,500 steps (6% to 30%
+        # of 5,000 training steps) at 2x the watermark lr; here 9..45 of 150 steps at 2x 1e-3.
+        "finetune": {"dataset": "tiny-code-instruct", "steps": "9,18,27,36,45", "lr": 2e-3, "batch_size": 8,
                      "seq_len": 128},
         "dipper": {"model": "builtin:tiny-paraphraser", "tokenizer": None},
     },

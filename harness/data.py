@@ -17,6 +17,13 @@ from harness.files import file_sha256
 from harness.models import first_line, looks_like_path
 
 TINY_CORPUS = "builtin:tiny-corpus"
+TINY_CODE_INSTRUCT = "builtin:tiny-code-instruct"
+# Bundled datasets: name -> (file in harness/data, splits, fields). The corpus is split by the held-out rule below;
+# the instruction set (tools/make_tiny_code_instruct.py) is one split of prompt/response pairs.
+BUILTIN_DATA = {
+    TINY_CORPUS: ("tiny_corpus.jsonl.gz", ("train", "heldout"), ("text",)),
+    TINY_CODE_INSTRUCT: ("tiny_code_instruct.jsonl.gz", ("train",), ("prompt", "response")),
+}
 # Held out for evaluation: every 3rd bundled document of at least 600 characters (long enough for a prompt and a
 # continuation); a rule on characters, so the split does not depend on the tokenizer.
 HELDOUT_MIN_CHARS = 600
@@ -24,8 +31,8 @@ HELDOUT_EVERY = 3
 
 
 @cache
-def _tiny_corpus_bytes() -> bytes:
-    return (files("harness") / "data" / "tiny_corpus.jsonl.gz").read_bytes()
+def _bundled_bytes(name: str) -> bytes:
+    return (files("harness") / "data" / BUILTIN_DATA[name][0]).read_bytes()
 
 
 CHECK_DOCS = 1000  # documents of a local dataset read by ``check`` before any work
@@ -38,12 +45,13 @@ def check(src: DataSource) -> None:
     first ``CHECK_DOCS`` documents of a local file, a hub dataset that is neither cached nor reachable (its first
     document is read)."""
     if src.path.startswith("builtin:"):
-        if src.path != TINY_CORPUS:
-            raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {TINY_CORPUS}")
-        if src.split not in ("train", "heldout"):
-            raise HarnessError(f"{TINY_CORPUS} has splits 'train' and 'heldout', not '{src.split}'")
-        if src.text_field != "text" or src.name is not None:  # settings it has no use for are refused, not ignored
-            raise HarnessError(f"{TINY_CORPUS} has one field 'text' and no configurations (name)")
+        if src.path not in BUILTIN_DATA:
+            raise HarnessError(f"unknown built-in dataset '{src.path}'. Built-in datasets: {', '.join(BUILTIN_DATA)}")
+        _, splits, fields = BUILTIN_DATA[src.path]
+        if src.split not in splits:
+            raise HarnessError(f"{src.path} has splits {', '.join(splits)}, not '{src.split}'")
+        if src.text_field not in fields or src.name is not None:  # settings it has no use for are refused, not ignored
+            raise HarnessError(f"{src.path} has fields {', '.join(fields)} and no configurations (name)")
         return
     local = Path(src.path).expanduser()
     if not local.exists() and (looks_like_path(src.path) or local.suffix in DATA_KINDS):
@@ -73,25 +81,33 @@ def load_texts(src: DataSource, limit: int | None = None) -> list[str]:
 
 def iter_texts(src: DataSource) -> Iterator[str]:
     """Stream the documents of ``src`` in a fixed order (hub datasets are streamed, never fully downloaded)."""
+    for row in iter_rows(src, (src.text_field,)):
+        yield row[src.text_field]
+
+
+def iter_rows(src: DataSource, fields: tuple[str, ...]) -> Iterator[dict]:
+    """Stream the records of ``src`` in a fixed order, each checked to hold text in every one of ``fields``."""
     if src.path.startswith("builtin:"):
         check(src)
-        docs = [json.loads(line)["text"] for line in gzip.decompress(_tiny_corpus_bytes()).decode().splitlines()]
-        long_docs = [d for d in docs if len(d) >= HELDOUT_MIN_CHARS]
-        heldout = {id(d) for d in long_docs[::HELDOUT_EVERY]}
-        want = src.split == "heldout"
-        yield from (d for d in docs if (id(d) in heldout) == want)
+        rows = [json.loads(line) for line in gzip.decompress(_bundled_bytes(src.path)).decode().splitlines()]
+        if src.path == TINY_CORPUS:
+            long_docs = [r for r in rows if len(r["text"]) >= HELDOUT_MIN_CHARS]
+            heldout = {id(r) for r in long_docs[::HELDOUT_EVERY]}
+            want = src.split == "heldout"
+            rows = [r for r in rows if (id(r) in heldout) == want]
+        yield from rows
         return
     rows = _open_dataset(src)
     try:
         for row in rows:
-            if src.text_field not in row:
-                raise HarnessError(f"dataset '{src.path}' has no field '{src.text_field}' (fields: {', '.join(row)})")
-            text = row[src.text_field]
-            if not isinstance(text, str):
-                raise HarnessError(
-                    f"dataset '{src.path}': field '{src.text_field}' holds {type(text).__name__}, not text"
-                )
-            yield text
+            for name in fields:
+                if name not in row:
+                    raise HarnessError(f"dataset '{src.path}' has no field '{name}' (fields: {', '.join(row)})")
+                if not isinstance(row[name], str):
+                    raise HarnessError(
+                        f"dataset '{src.path}': field '{name}' holds {type(row[name]).__name__}, not text"
+                    )
+            yield row
     except HarnessError:
         raise
     except Exception as err:  # datasets raises many types for "not found / offline / bad file"
@@ -143,8 +159,8 @@ def _open_dataset(src: DataSource):
 
 def fingerprint(src: DataSource) -> str:
     """Content hash for bundled or local data (file hashes cached as for models); the id and split for hub data."""
-    if src.path == TINY_CORPUS:
-        return hashlib.sha256(_tiny_corpus_bytes()).hexdigest()[:16]
+    if src.path in BUILTIN_DATA:
+        return hashlib.sha256(_bundled_bytes(src.path)).hexdigest()[:16]
     local = Path(src.path).expanduser()
     if local.exists():
         digest = hashlib.sha256()

@@ -1,0 +1,257 @@
+"""Full-parameter fine-tuning of the watermarked model on instruction data of another domain (paper appendix "Model
+Modification Settings"): OpenMathInstruct-2 and OpenCodeInstruct (and Alpaca), evaluated after s = 300 .. 1,500
+steps. One training run writes a checkpoint at every requested step; each checkpoint is its own table row.
+
+Each example is the model's chat template applied to (instruction, response) where the tokenizer has one, else an
+Alpaca-style ``### Instruction / ### Response`` text; the loss is on the response tokens only (supervised
+fine-tuning as TRL does it for prompt/completion data). The learning rate is constant after an absolute warmup, so
+the checkpoint at step s does not depend on which later steps were asked for (a cosine schedule would decay towards
+the last one). The harness's own training loop (``harness.training.train``, through accelerate) does the work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+
+from attacks.base import AttackContext, ModelAttack, versions
+from harness.config import DataSource
+from harness.plugins import Params
+
+
+@dataclass(frozen=True)
+class InstructData:
+    """A known instruction dataset: where it is, which fields hold the instruction and the response, its table label
+    and the shortest response kept (in tokens of the model being fine-tuned)."""
+
+    source: DataSource
+    prompt_fields: tuple[str, ...]  # joined by a blank line (Alpaca: instruction, then input when not empty)
+    response_field: str
+    label: str
+    min_response_tokens: int = 0
+
+
+DATASETS = {
+    # Gloaguen et al. keep OpenMathInstruct-2 responses of at least 200 tokens.
+    "openmathinstruct": InstructData(
+        DataSource(path="nvidia/OpenMathInstruct-2", split="train", text_field="problem"),
+        ("problem",), "generated_solution", "OpenMathInstruct", 200,
+    ),
+    "opencodeinstruct": InstructData(
+        DataSource(path="nvidia/OpenCodeInstruct", split="train", text_field="input"),
+        ("input",), "output", "OpenCodeInstruct",
+    ),
+    "alpaca": InstructData(
+        DataSource(path="tatsu-lab/alpaca", split="train", text_field="instruction"),
+        ("instruction", "input"), "output", "Alpaca",
+    ),
+    # The tiny preset's: functions of the Python standard library (tools/make_tiny_code_instruct.py), offline.
+    "tiny-code-instruct": InstructData(
+        DataSource(path="builtin:tiny-code-instruct", split="train", text_field="prompt"),
+        ("prompt",), "response", "StdlibCodeInstruct",
+    ),
+}  # fmt: skip
+
+
+class FineTuneParams(Params):
+    dataset: str = "openmathinstruct"  # a name in DATASETS, or a local json/jsonl/parquet/csv file or folder
+    prompt_field: str = "prompt"  # for a local dataset: the instruction field
+    response_field: str = "response"  # for a local dataset: the response field
+    steps: tuple[int, ...] = (300, 600, 900, 1200, 1500)  # checkpoints to evaluate, e.g. steps=300,600
+    lr: float = Field(2e-5, gt=0)  # Gloaguen et al.
+    batch_size: int = Field(32, gt=0)  # Gloaguen et al.'s effective batch
+    seq_len: int = Field(1024, gt=8)  # longer examples are cut at this many tokens
+    warmup_steps: int = Field(0, ge=0)
+    min_response_tokens: int | None = Field(None, ge=0)  # None: the dataset's (200 for OpenMathInstruct-2)
+    seed: int = 0
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _split_steps(cls, value):
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.replace(";", ",").split(",") if p.strip()]
+            try:
+                return tuple(int(p) for p in parts)
+            except ValueError:
+                raise ValueError(
+                    f"steps must be whole numbers separated by commas, e.g. 300,600, not {value!r}"
+                ) from None
+        return value
+
+    @field_validator("steps")
+    @classmethod
+    def _check_steps(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("give at least one step")
+        if any(s <= 0 for s in value):
+            raise ValueError(f"steps must be positive, got {','.join(map(str, value))}")
+        return tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _known_dataset(self) -> FineTuneParams:
+        if self.dataset not in DATASETS and not Path(self.dataset).expanduser().exists():
+            raise ValueError(
+                f"unknown fine-tuning dataset '{self.dataset}': use one of {', '.join(DATASETS)} or a local file"
+            )
+        if self.warmup_steps >= max(self.steps):
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below the last step ({max(self.steps)})")
+        return self
+
+    def instruct_data(self) -> InstructData:
+        if self.dataset in DATASETS:
+            return DATASETS[self.dataset]
+        return InstructData(
+            DataSource(path=self.dataset, text_field=self.prompt_field), (self.prompt_field,), self.response_field,
+            Path(self.dataset).stem,
+        )  # fmt: skip
+
+
+class FineTune(ModelAttack):
+    name = "finetune"
+    category = "Finetuning"
+    label = "Fine-tuning"  # tables use the dataset's name (e.g. OpenMathInstruct) as the row label
+    version = "1"
+    Params = FineTuneParams
+
+    @property
+    def data(self) -> InstructData:
+        return self.params.instruct_data()
+
+    def data_refs(self) -> dict:
+        return {"finetune": self.data.source}
+
+    def config_label(self) -> str:
+        return f"{self.data.label}, s={','.join(map(str, self.params.steps))}"
+
+    def outputs(self) -> list[tuple[str, str]]:
+        return [(f"{self.data.label}, s={s}", checkpoint(s)) for s in self.params.steps]
+
+    def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
+        from harness import data
+        from harness.config import TrainSettings
+        from harness.models import load_causal_lm, load_tokenizer
+        from harness.training import loss_step, train
+
+        p, d = self.params, self.data
+        tokenizer = load_tokenizer(str(model_dir))
+        model = load_causal_lm(str(model_dir), ctx.device, dtype="float32").requires_grad_(True)
+        last = max(p.steps)
+        settings = TrainSettings(
+            steps=last, batch_size=p.batch_size, seq_len=p.seq_len, lr=p.lr, warmup_frac=p.warmup_steps / last,
+            schedule="constant", seed=p.seed,
+        )  # fmt: skip
+
+        def save(step: int, unwrapped) -> None:
+            if step in p.steps:
+                folder = out_dir / checkpoint(step)
+                unwrapped.save_pretrained(folder, safe_serialization=True)
+                tokenizer.save_pretrained(folder)
+
+        def loss(model, batch):
+            ids, labels, attention = batch.unbind(1)
+            return model(input_ids=ids, attention_mask=attention, labels=labels).loss
+
+        stats = {"read": 0, "epochs": 0}
+        batches = example_batches(example_stream(tokenizer, d, p, stats), p.batch_size, p.seq_len, tokenizer)
+        report = train(model, loss_step(loss), batches, settings, "fine-tune", ctx.device, on_step=save)
+        return {
+            "dataset": {
+                **d.source.model_dump(),
+                "fingerprint": data.fingerprint(d.source),
+                "label": d.label,
+                "prompt_fields": d.prompt_fields,
+                "response_field": d.response_field,
+            },
+            "examples_read": stats["read"],
+            "whole_passes": stats["epochs"],
+            "format": "chat template" if tokenizer.chat_template else "### Instruction / ### Response",
+            "loss_on": "response tokens",
+            "schedule": f"constant after {p.warmup_steps} warmup steps",
+            "settings": p.model_dump(),
+            "checkpoints": {s: checkpoint(s) for s in p.steps},
+            "versions": versions("accelerate", "datasets"),
+            "evaluated": "the fine-tuned model at each requested step (float32 checkpoints)",
+            **{k: v for k, v in report.items() if k != "losses"},
+            "losses": report["losses"],
+        }
+
+
+def checkpoint(step: int) -> str:
+    return f"checkpoints/step-{step}"
+
+
+def format_example(tokenizer, prompt: str, response: str) -> tuple[list[int], int]:
+    """Token ids of one example and how many of them are the prompt (not trained on)."""
+    if tokenizer.chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=False)
+        if not full.startswith(head):  # a template that rewrites earlier turns: train on the whole text
+            ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+            return ids, 0
+        head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+        tail_ids = tokenizer(full[len(head) :], add_special_tokens=False)["input_ids"]
+        return head_ids + tail_ids, len(head_ids)
+    head_ids = tokenizer(f"### Instruction:\n{prompt}\n\n### Response:\n", add_special_tokens=False)["input_ids"]
+    tail_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and tokenizer.bos_token_id not in eos else []
+    return bos + head_ids + tail_ids + eos, len(bos) + len(head_ids)
+
+
+SHUFFLE_BUFFER = 1024  # examples; a streaming shuffle, so that the first batches never wait for the whole dataset
+
+
+def example_stream(tokenizer, d: InstructData, p: FineTuneParams, stats: dict):
+    """Encoded examples ``(ids, prompt_len)``, endlessly: each epoch reads the dataset in its order through a shuffle
+    buffer seeded by ``seed + epoch``. Lazy, so the examples behind step s are the same whatever later steps were
+    asked for. Examples whose response is shorter than the minimum or whose instruction fills ``seq_len`` are
+    skipped; ``stats`` counts the rows read and the passes begun."""
+    import random
+
+    from harness import data
+    from harness.errors import HarnessError
+
+    minimum = max(d.min_response_tokens if p.min_response_tokens is None else p.min_response_tokens, 1)
+    for epoch in range(1_000_000):
+        rng, buffer, kept = random.Random(p.seed + epoch), [], 0
+        stats["epochs"] = epoch + 1
+        for row in data.iter_rows(d.source, (*d.prompt_fields, d.response_field)):
+            stats["read"] += 1
+            prompt = "\n\n".join(row[f] for f in d.prompt_fields if row[f].strip())
+            ids, head = format_example(tokenizer, prompt, row[d.response_field])
+            if len(ids) - head < minimum or head >= p.seq_len:
+                continue
+            kept += 1
+            buffer.append((ids[: p.seq_len], head))
+            if len(buffer) >= SHUFFLE_BUFFER:
+                yield buffer.pop(rng.randrange(len(buffer)))
+        if epoch == 0 and kept < p.batch_size:
+            raise HarnessError(
+                f"fine-tuning dataset '{d.source.path}' has {kept} usable examples of {stats['read']} read, fewer "
+                f"than a batch ({p.batch_size}): an example needs a response of at least {minimum} tokens and an "
+                f"instruction shorter than seq_len={p.seq_len}"
+            )
+        rng.shuffle(buffer)
+        yield from buffer
+
+
+def example_batches(examples, batch_size: int, seq_len: int, tokenizer):
+    """``(batch, 3, seq_len)`` tensors (ids, labels with -100 on prompt and padding, attention mask), right-padded,
+    from consecutive examples of the stream."""
+    import torch
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    examples = iter(examples)
+    while True:
+        batch = torch.zeros((batch_size, 3, seq_len), dtype=torch.long)
+        batch[:, 0] = pad
+        batch[:, 1] = -100
+        for row in range(batch_size):
+            ids, head = next(examples)
+            batch[row, 0, : len(ids)] = torch.tensor(ids)
+            batch[row, 1, head : len(ids)] = torch.tensor(ids[head:])
+            batch[row, 2, : len(ids)] = 1
+        yield batch

@@ -1,0 +1,96 @@
+"""Fine-tuning attack: checkpoints at every requested step from one training run, weights moved, each checkpoint a
+row of its own through the pipeline, and bad settings refused before any model loads."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attacks.base import AttackContext
+from harness.config import TINY, apply_overrides
+from harness.errors import HarnessError
+from harness.models import load_causal_lm
+from harness.pipeline import Pipeline
+from harness.registry import attacks, methods
+from harness.store import Store
+
+PAIRS = [
+    ("Add two numbers.", "def add(a, b):\n    return a + b"),
+    ("Reverse a list.", "def rev(xs):\n    return xs[::-1]"),
+    ("Count the words of a text.", "def words(text):\n    return len(text.split())"),
+] * 10
+
+
+def instruct_file(tmp_path):
+    path = tmp_path / "instruct.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in PAIRS))
+    return path
+
+
+def weights(folder):
+    return load_file(folder / "model.safetensors")
+
+
+def test_checkpoints_at_each_step_from_one_run(random_llamas, tmp_path):
+    marked, _ = random_llamas
+    data = instruct_file(tmp_path)
+    settings = {"dataset": str(data), "steps": "4,2", "lr": "1e-2", "batch_size": "2", "seq_len": "64"}
+    attack = attacks.build("finetune", settings)
+    assert attack.params.steps == (2, 4)
+    assert [sub for _, sub in attack.outputs()] == ["checkpoints/step-2", "checkpoints/step-4"]
+    out = tmp_path / "ft"
+    out.mkdir()
+    report = attack.apply(marked, out, AttackContext(str(marked), "cpu"))
+    assert report["steps"] == 4 and len(report["losses"]) == 4
+    assert report["dataset"]["fingerprint"] and report["versions"]["transformers"]
+    before, two, four = weights(marked), weights(out / "checkpoints/step-2"), weights(out / "checkpoints/step-4")
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(before[name], two[name]) and not torch.equal(two[name], four[name])
+    model = load_causal_lm(str(out / "checkpoints/step-4"), "cpu")
+    ids = torch.tensor([[1, 2, 3]])
+    assert model.generate(input_ids=ids, max_new_tokens=4, do_sample=False).shape == (1, 7)
+    # Constant learning rate: the step-2 checkpoint does not depend on the later steps asked for.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    attacks.build("finetune", {**settings, "steps": "2"}).apply(marked, alone, AttackContext(str(marked), "cpu"))
+    assert all(torch.equal(v, weights(alone / "checkpoints/step-2")[k]) for k, v in two.items())
+
+
+def test_each_checkpoint_is_a_row(random_llamas, tmp_path):
+    base, _ = random_llamas
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"{p} {r}"}) + "\n" for p, r in PAIRS))
+    preset = apply_overrides(
+        TINY,
+        {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(corpus),
+         "eval_data.path": str(corpus), "train.steps": "2", "train.batch_size": "2", "train.seq_len": "16",
+         "eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "6", "eval.batch_size": "2"},
+    )  # fmt: skip
+    attack = attacks.build(
+        "finetune", {"dataset": str(instruct_file(tmp_path)), "steps": "1,3", "batch_size": "2", "seq_len": "64"}
+    )
+    cells = Pipeline(preset, Store(tmp_path / "runs"), "cpu").run(methods.build("gu-kgw", {}), attack)
+    assert [c.row for c in cells][2:] == ["Fine-tuning instruct, s=1", "Fine-tuning instruct, s=3"]
+    assert len(list((tmp_path / "runs" / "stages" / "attack").iterdir())) == 1  # trained once
+    spec = json.loads((cells[3].run.path / "spec.json").read_text())
+    assert spec["config"]["attack"]["config_label"] == "instruct, s=3"
+    assert spec["upstream"]["attack"]["data"]["finetune"]["fingerprint"]
+    manifest = json.loads((cells[3].run.path / "manifest.json").read_text())
+    assert "fine-tuned" in manifest["report"]["evaluated"]
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"steps": "-5,10"}, "steps must be positive"),
+        ({"steps": "ten"}, "whole numbers"),
+        ({"dataset": "openmathinstrukt"}, "unknown fine-tuning dataset"),
+        ({"lr": "0"}, "lr"),
+        ({"steps": "10", "warmup_steps": "10"}, "warmup_steps"),
+    ],
+)
+def test_bad_settings_are_one_line(settings, message):
+    with pytest.raises(HarnessError, match=message) as err:
+        attacks.build("finetune", settings)
+    assert "\n" not in str(err.value)
