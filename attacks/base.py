@@ -35,6 +35,10 @@ class Attack(Plugin):
     label: ClassVar[str]  # e.g. "SLERP"
     identity: ClassVar[bool] = False  # True only for ``none``: the pipeline then uses the input model as is
 
+    def table_label(self) -> str:
+        """The Method column of tab:robustness (e.g. "SLERP"; fine-tuning names its dataset there)."""
+        return self.label
+
 
 class ModelAttack(Attack, ABC):
     """Base of every model -> model attack (quantization, pruning, merging, fine-tuning)."""
@@ -74,7 +78,9 @@ class CalibrationParams(Params):
     seed: int = 0
 
     def calibration_source(self) -> DataSource:
-        return DataSource(path=self.calib_data, name=self.calib_name, split=self.calib_split, text_field=self.calib_field)
+        return DataSource(
+            path=self.calib_data, name=self.calib_name, split=self.calib_split, text_field=self.calib_field
+        )
 
 
 def calibration_ids(tokenizer, params: CalibrationParams):

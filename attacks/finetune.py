@@ -111,7 +111,7 @@ class FineTuneParams(Params):
 class FineTune(ModelAttack):
     name = "finetune"
     category = "Finetuning"
-    label = "Fine-tuning"  # tables use the dataset's name (e.g. OpenMathInstruct) as the row label
+    label = "Fine-tuning"
     version = "1"
     Params = FineTuneParams
 
@@ -122,11 +122,14 @@ class FineTune(ModelAttack):
     def data_refs(self) -> dict:
         return {"finetune": self.data.source}
 
+    def table_label(self) -> str:
+        return self.data.label  # as the paper's table: the dataset in the Method column, the step in Config
+
     def config_label(self) -> str:
-        return f"{self.data.label}, s={','.join(map(str, self.params.steps))}"
+        return f"s={','.join(map(str, self.params.steps))}"
 
     def outputs(self) -> list[tuple[str, str]]:
-        return [(f"{self.data.label}, s={s}", checkpoint(s)) for s in self.params.steps]
+        return [(f"s={s}", checkpoint(s)) for s in self.params.steps]
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         from harness import data

@@ -198,7 +198,24 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="harness: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for noisy in ("transformers", "mergekit", "accelerate", "datasets", "httpx", "huggingface_hub"):
+    # Libraries' own chatter (torchao, which transformers imports with every model once the quantization extras are
+    # installed, warns about CUDA kernels it cannot load on a CPU); -v shows it.
+    noisy_loggers = (
+        "transformers",
+        "mergekit",
+        "accelerate",
+        "datasets",
+        "httpx",
+        "huggingface_hub",
+        "torchao",
+        "bitsandbytes",
+        "gptqmodel",
+        "llmcompressor",
+        "compressed_tensors",
+        "torch.utils._pytree",
+        "hqq",
+    )
+    for noisy in noisy_loggers:
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.ERROR)
     try:
         if args.command == "list":

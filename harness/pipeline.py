@@ -146,8 +146,13 @@ class Pipeline:
         self.store.build_or_reuse(stage, f"attack {attack.name}", build)
         return [
             # A single model keeps the stage's hash as its id; several are told apart by their sub-folder.
-            Output(attack_row(attack, label), label, stage.path / sub, stage.key if sub == MODEL else f"{stage.key}/{sub}",
-                   stage.spec)
+            Output(
+                attack_row(attack, label),
+                label,
+                stage.path / sub,
+                stage.key if sub == MODEL else f"{stage.key}/{sub}",
+                stage.spec,
+            )
             for label, sub in attack.outputs()
         ]
 
@@ -371,7 +376,7 @@ def attack_info(attack, config_label: str | None = None) -> dict:
     return {
         "name": attack.name,
         "category": attack.category,
-        "label": attack.label,
+        "label": attack.table_label(),
         "params": attack.params.model_dump(),
         "config_label": attack.config_label() if config_label is None else config_label,
     }
@@ -380,7 +385,7 @@ def attack_info(attack, config_label: str | None = None) -> dict:
 def attack_row(attack, config_label: str | None = None) -> str:
     if attack.identity:
         return "Unaltered"
-    return f"{attack.label} {attack.config_label() if config_label is None else config_label}".strip()
+    return f"{attack.table_label()} {attack.config_label() if config_label is None else config_label}".strip()
 
 
 def link(src: Path, dst: Path) -> None:

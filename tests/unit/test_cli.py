@@ -15,13 +15,14 @@ def test_list_shows_methods_attacks_and_planned_entries(harness):
     assert out.returncode == 0, out.stderr
     assert "gu-kgw" in out.stdout and "slerp" in out.stdout and "t=0.5" in out.stdout
     assert "pro" in out.stdout and "delta=" in out.stdout and "planned" in out.stdout
+    for attack in ("gptq", "int8", "hqq", "wanda", "sparsegpt", "finetune", "dipper"):
+        assert f"  {attack} " in out.stdout and f"{attack}: planned" not in out.stdout
 
 
 BAD_INPUTS = {
     "unknown method": (["run", "--method", "gu-kwg"], "unknown method 'gu-kwg'. Did you mean 'gu-kgw'? Valid methods:"),
-    "unknown attack": (["run", "--method", "gu-kgw", "--attack", "merge"], "Valid attacks: none, slerp"),
+    "unknown attack": (["run", "--method", "gu-kgw", "--attack", "merge"], "Valid attacks: dipper, finetune, gptq"),
     "planned method": (["run", "--method", "gu-kth"], "method 'gu-kth' is not implemented yet"),
-    "planned attack": (["run", "--method", "gu-kgw", "--attack", "gptq"], "attack 'gptq' is not implemented yet"),
     "model path": (["run", "--method", "gu-kgw", "--base-model", "./no/such/model"], "does not exist"),
     "data path": (["run", "--method", "gu-kgw", "--set", "train_data.path=/no/data.jsonl"], "does not exist"),
     "malformed arg": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t"], "expected key=value"),
@@ -42,9 +43,12 @@ BAD_INPUTS = {
     "relative data path": (["run", "--method", "gu-kgw", "--set", "eval_data.path=d/missing.jsonl"], "does not exist"),
     "bare data file": (["run", "--method", "gu-kgw", "--set", "train_data.path=missing.jsonl"], "does not exist"),
     "deep model path": (["run", "--method", "gu-kgw", "--base-model", "a/b/c"], "does not exist"),
-    "tiny split": (["run", "--method", "gu-kgw", "--set", "eval_data.split=test"], "has splits 'train' and"),
-    "tiny field": (["run", "--method", "gu-kgw", "--set", "eval_data.text_field=body"], "has one field 'text'"),
-    "tiny name": (["run", "--method", "gu-kgw", "--set", "train_data.name=en"], "has one field 'text'"),
+    "tiny split": (
+        ["run", "--method", "gu-kgw", "--set", "eval_data.split=test"],
+        "has splits train, heldout, not 'test'",
+    ),
+    "tiny field": (["run", "--method", "gu-kgw", "--set", "eval_data.text_field=body"], "has fields text and no"),
+    "tiny name": (["run", "--method", "gu-kgw", "--set", "train_data.name=en"], "has fields text and no"),
     "no planned hint": (["run", "--method", "gu-kt"], "Did you mean 'gu-kgw'?"),
     "pro delta": (["run", "--method", "pro", "--method-arg", "delta=0"], "delta: Input should be greater than 0"),
     "pro n": (["run", "--method", "pro", "--method-arg", "n=0"], "n: Input should be greater than or equal to 1"),
@@ -52,6 +56,28 @@ BAD_INPUTS = {
     "pro beta": (["run", "--method", "pro", "--method-arg", "beta=-0.5"], "beta: Input should be greater"),
     "pro embedding": (["run", "--method", "pro", "--method-arg", "embedding_model=./no/encoder"], "does not exist"),
     "pro embedding id": (["run", "--method", "pro", "--method-arg", "embedding_model=a/b/c"], "does not exist"),
+    "gptq 3 bits": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=3"], "bits: Input should"),
+    "gptq 16 bits": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=16"], "bits: Input"),
+    "sparsity 1": (["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", "sparsity=1"], "sparsity: Input"),
+    "sparsity < 0": (
+        ["run", "--method", "gu-kgw", "--attack", "sparsegpt", "--attack-arg", "sparsity=-0.2"],
+        "sparsity",
+    ),
+    "negative steps": (
+        ["run", "--method", "gu-kgw", "--attack", "finetune", "--attack-arg", "steps=-300,600"],
+        "steps must be positive",
+    ),
+    "ft dataset": (
+        ["run", "--method", "gu-kgw", "--attack", "finetune", "--attack-arg", "dataset=openmath"],
+        "unknown fine-tuning dataset 'openmath'",
+    ),
+    "dipper lexical": (["run", "--method", "gu-kgw", "--attack", "dipper", "--attack-arg", "lexical=30"], "lexical"),
+    "dipper order": (["run", "--method", "gu-kgw", "--attack", "dipper", "--attack-arg", "order=120"], "order"),
+    "int8 threshold": (["run", "--method", "gu-kgw", "--attack", "int8", "--attack-arg", "threshold=-1"], "threshold"),
+    "calibration path": (
+        ["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "calib_data=./no.jsonl"],
+        "dataset path './no.jsonl' does not exist",
+    ),
     "unknown command": (["fly"], "invalid choice"),
     "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
 }
@@ -194,3 +220,17 @@ def test_listing_and_validation_import_no_heavy_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("attack, module, extra", [("gptq", "gptqmodel", "quant"), ("wanda", "llmcompressor", "prune")])
+def test_missing_extra_is_one_line_naming_it(attack, module, extra, monkeypatch):
+    """An attack whose library is not installed fails before any work, saying which extra installs it."""
+    import importlib.util
+
+    from harness.errors import HarnessError
+    from harness.registry import attacks
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+    with pytest.raises(HarnessError, match=rf"needs the Python package '{module}'.*watermark-harness\[{extra}\]"):
+        attacks.build(attack, {})

@@ -71,10 +71,10 @@ def test_each_checkpoint_is_a_row(random_llamas, tmp_path):
         "finetune", {"dataset": str(instruct_file(tmp_path)), "steps": "1,3", "batch_size": "2", "seq_len": "64"}
     )
     cells = Pipeline(preset, Store(tmp_path / "runs"), "cpu").run(methods.build("gu-kgw", {}), attack)
-    assert [c.row for c in cells][2:] == ["Fine-tuning instruct, s=1", "Fine-tuning instruct, s=3"]
+    assert [c.row for c in cells][2:] == ["instruct s=1", "instruct s=3"]
     assert len(list((tmp_path / "runs" / "stages" / "attack").iterdir())) == 1  # trained once
     spec = json.loads((cells[3].run.path / "spec.json").read_text())
-    assert spec["config"]["attack"]["config_label"] == "instruct, s=3"
+    assert spec["config"]["attack"]["config_label"] == "s=3"
     assert spec["upstream"]["attack"]["data"]["finetune"]["fingerprint"]
     manifest = json.loads((cells[3].run.path / "manifest.json").read_text())
     assert "fine-tuned" in manifest["report"]["evaluated"]
