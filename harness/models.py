@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 from fnmatch import fnmatch
 from pathlib import Path
@@ -151,15 +152,22 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
     """Load a causal LM for inference (eval mode) on ``device`` (default: CUDA if available, else CPU)."""
     from transformers import AutoModelForCausalLM
 
+    device = device or default_device()
+    quantized = False  # a quantized model (e.g. bitsandbytes int8) is placed by device_map, never moved by .to()
     if Path(path_or_id).is_dir():
         check_weights(Path(path_or_id), path_or_id)
+        config = Path(path_or_id) / "config.json"
+        quantized = config.exists() and "quantization_config" in json.loads(config.read_text())
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path_or_id, dtype=dtype, use_safetensors=None if pickle_allowed() else True
+            path_or_id,
+            dtype=dtype,
+            use_safetensors=None if pickle_allowed() else True,
+            **({"device_map": device} if quantized else {}),
         )
     except (OSError, ValueError) as err:
         raise _load_error(path_or_id, err) from None
-    return model.to(device or default_device()).eval().requires_grad_(False)
+    return (model if quantized else model.to(device)).eval().requires_grad_(False)
 
 
 def check_device(device: str, origin: str = "device") -> None:

@@ -1,0 +1,306 @@
+"""Quantization of the watermarked model: GPTQ (gptqmodel), LLM.int8 (bitsandbytes) and HQQ (hqq).
+
+GPTQ goes through gptqmodel, auto-gptq's maintained successor: auto-gptq 0.7.1 (the design card's library) does not
+import with transformers 5 and refuses to quantize without CUDA. HQQ goes through the ``hqq`` package directly
+(transformers' ``HqqConfig`` path is not implemented in 5.17). LLM.int8 goes through bitsandbytes'
+``BitsAndBytesConfig(load_in_8bit=True)``, which runs on CPU too.
+
+What is evaluated (``out_dir/model``, also named in the report under ``"evaluated"``):
+
+* GPTQ and HQQ are weight-only schemes whose packed formats need kernels that do not all run on CPU. The library's
+  native output is kept in ``out_dir/quantized`` (safetensors) and the evaluated model is a float32 copy made by the
+  library's own dequantization (gptqmodel's ``dequantize_model``; hqq's ``HQQLinear.dequantize``): every quantized
+  weight is exactly ``scale * (q - zero)``, so the copy computes what the quantized model computes.
+* LLM.int8 also decomposes activations at run time (outlier columns above ``threshold`` stay in 16 bit), which a
+  dequantized copy would not reproduce, so the evaluated model is the bitsandbytes 8-bit model itself (int8 weights
+  and their scales in safetensors), which transformers reloads as ``Linear8bitLt`` layers on CPU or GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from attacks.base import MODEL, AttackContext, CalibrationParams, ModelAttack, calibration_ids, versions
+from harness.errors import HarnessError
+from harness.plugins import Params
+
+QUANTIZED = "quantized"  # sub-folder of the stage with the library's native (packed) output
+
+
+def _group_label(bits: int, group_size: int, default_group: int) -> str:
+    label = f"{bits} bits"
+    if group_size != default_group:
+        label += ", no groups" if group_size == -1 else f", group {group_size}"
+    return label
+
+
+def _config_dtype(model_dir: Path):
+    """The dtype a model folder's config.json declares (float32 when it declares none)."""
+    import torch
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise HarnessError(f"model '{model_dir}' declares dtype '{name}', which is not a float dtype")
+    return dtype
+
+
+# --- GPTQ ----------------------------------------------------------------------------------------------------------
+
+
+class GPTQParams(CalibrationParams):
+    """GPTQ settings. Calibration defaults to wikitext-2 (Gloaguen et al. calibrate GPTQ on it). The algorithm's
+    settings default to auto-gptq's, the library the paper names (gptqmodel is its maintained successor, whose own
+    defaults differ): ``sym`` on, ``desc_act`` off, damping 0.01 (gptqmodel: 0.05), and no group-aware reordering
+    (``act_group_aware``, a gptqmodel step that auto-gptq lacks)."""
+
+    calib_data: str = "Salesforce/wikitext"
+    calib_name: str | None = "wikitext-2-raw-v1"
+    bits: int = 4
+    group_size: int = Field(128, ge=-1)
+    sym: bool = True
+    desc_act: bool = False
+    damp: float = Field(0.01, gt=0, lt=1)
+    act_group_aware: bool = False
+
+    @field_validator("bits")
+    @classmethod
+    def _paper_bits(cls, value: int) -> int:
+        if value not in (4, 8):
+            raise ValueError(f"GPTQ bits must be 4 or 8 (the paper's settings), not {value}")
+        return value
+
+    @field_validator("group_size")
+    @classmethod
+    def _group(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("group_size must be positive, or -1 for one group per output row")
+        return value
+
+
+class GPTQ(ModelAttack):
+    name = "gptq"
+    category = "Quantization"
+    label = "GPTQ"
+    version = "1"
+    Params = GPTQParams
+    requires = {"gptqmodel": "quant"}
+
+    def config_label(self) -> str:
+        return _group_label(self.params.bits, self.params.group_size, 128)
+
+    def data_refs(self) -> dict:
+        return {"calibration": self.params.calibration_source()}
+
+    def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
+        # gptqmodel's default CPU worker count is (cores + 1) // 2, i.e. 1 on a 2-core machine; 2 is the setting
+        # tested there. An explicit GPTQMODEL_CPU_WORKERS wins.
+        os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, min(12, ((os.cpu_count() or 1) + 1) // 2))))
+        import torch
+        from gptqmodel import GPTQModel, QuantizeConfig
+        from gptqmodel.utils.model_dequant import dequantize_model
+
+        from harness import data
+        from harness.models import load_tokenizer
+
+        p = self.params
+        tokenizer = load_tokenizer(str(model_dir))
+        ids = calibration_ids(tokenizer, p)
+        calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
+
+        # The model's own dtype: gptqmodel would otherwise down-cast a float32 model to bfloat16 (on CPU, always), which
+        # would change the layers GPTQ leaves alone (embeddings, norms, lm_head) too.
+        dtype = _config_dtype(model_dir)
+        offload = out_dir / "offload"  # gptqmodel's layer offload; removed once the model is saved
+        config = QuantizeConfig(
+            bits=p.bits,
+            group_size=p.group_size,
+            sym=p.sym,
+            desc_act=p.desc_act,
+            damp_percent=p.damp,
+            act_group_aware=p.act_group_aware,
+            offload_to_disk_path=str(offload),
+        )
+        quantized = out_dir / QUANTIZED
+        try:
+            model = GPTQModel.load(str(model_dir), config, device=ctx.device, dtype=dtype)
+            model.quantize(calibration, batch_size=1, calibration_sort=None)
+            model.save(str(quantized))
+            del model
+        finally:
+            shutil.rmtree(offload, ignore_errors=True)
+        # gptqmodel's own dequantization of the saved checkpoint (scale * (q - zero) per group) into plain float32.
+        dequantize_model(quantized, out_dir / MODEL, target_dtype=torch.float32)
+        for leftover in ("quantize_config.json", "quant_log.csv"):  # copied over as "aux" files; not the model's
+            (out_dir / MODEL / leftover).unlink(missing_ok=True)
+
+        stored = json.loads((quantized / "quantize_config.json").read_text())
+        stored.get("meta", {}).pop("offload_to_disk_path", None)  # a scratch path, not a setting
+        return {
+            "bits": p.bits,
+            "group_size": p.group_size,
+            "sym": p.sym,
+            "desc_act": p.desc_act,
+            "damp_percent": p.damp,
+            "act_group_aware": p.act_group_aware,
+            "compute_dtype": str(dtype).removeprefix("torch."),
+            "calibration": {
+                "source": p.calibration_source().model_dump(),
+                "fingerprint": data.fingerprint(p.calibration_source()),
+                "samples": p.calib_samples,
+                "length": p.calib_len,
+                "seed": p.seed,
+            },
+            "quantize_config": stored,
+            "versions": versions("gptqmodel"),
+            "evaluated": (
+                f"float32 copy of the GPTQ {p.bits}-bit model in {QUANTIZED}/, dequantized by gptqmodel's "
+                "dequantize_model"
+            ),
+        }
+
+
+# --- LLM.int8 ------------------------------------------------------------------------------------------------------
+
+
+class Int8Params(Params):
+    """``threshold`` is bitsandbytes' ``llm_int8_threshold``: 0.6 as Gloaguen et al. (the library default is 6.0)."""
+
+    threshold: float = Field(0.6, ge=0)
+
+
+class Int8(ModelAttack):
+    name = "int8"
+    category = "Quantization"
+    label = "INT8"
+    version = "1"
+    Params = Int8Params
+    requires = {"bitsandbytes": "quant"}
+
+    def config_label(self) -> str:
+        label = "8 bits"
+        return label if self.params.threshold == 0.6 else f"{label}, threshold {self.params.threshold:g}"
+
+    def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        from harness.models import load_tokenizer
+
+        config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=self.params.threshold)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), quantization_config=config, device_map=ctx.device, dtype="auto", use_safetensors=True
+        )
+        int8_layers = sum(1 for m in model.modules() if type(m).__name__ == "Linear8bitLt")
+        if int8_layers == 0:
+            raise HarnessError(f"bitsandbytes quantized no layer of '{model_dir}' to int8")
+        model.save_pretrained(out_dir / MODEL, safe_serialization=True)
+        load_tokenizer(str(model_dir)).save_pretrained(out_dir / MODEL)
+        stored = json.loads((out_dir / MODEL / "config.json").read_text())["quantization_config"]
+        return {
+            "threshold": self.params.threshold,
+            "int8_layers": int8_layers,
+            "quantization_config": stored,
+            "versions": versions("bitsandbytes"),
+            "evaluated": (
+                f"the bitsandbytes LLM.int8 model itself ({int8_layers} Linear8bitLt layers, int8 weights in "
+                f"safetensors, outlier threshold {self.params.threshold:g}), run by bitsandbytes at evaluation"
+            ),
+        }
+
+
+# --- HQQ -----------------------------------------------------------------------------------------------------------
+
+
+class HQQParams(Params):
+    """HQQ settings, as ``hqq.core.quantize.hqq_base_quant_config`` takes them (``axis`` 1: groups of
+    ``group_size`` consecutive input columns of each output row, the library's default)."""
+
+    bits: Literal[8, 4, 3, 2, 1] = 4
+    group_size: int = Field(64, gt=0)
+    axis: Literal[0, 1] = 1
+
+    @field_validator("bits", "axis", mode="before")
+    @classmethod
+    def _number(cls, value):
+        return int(value) if isinstance(value, str) and value.strip().lstrip("-").isdigit() else value
+
+    @field_validator("group_size")
+    @classmethod
+    def _multiple_of_8(cls, value: int) -> int:
+        if value % 8:
+            raise ValueError(f"HQQ group_size must be a multiple of 8, not {value}")
+        return value
+
+
+class HQQ(ModelAttack):
+    name = "hqq"
+    category = "Quantization"
+    label = "HQQ"
+    version = "1"
+    Params = HQQParams
+    requires = {"hqq": "quant"}
+
+    def config_label(self) -> str:
+        return _group_label(self.params.bits, self.params.group_size, 64)
+
+    def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
+        import torch
+        from hqq.core.quantize import HQQLinear, hqq_base_quant_config
+        from safetensors.torch import save_file
+
+        from harness.models import load_causal_lm, load_tokenizer
+
+        p = self.params
+        model = load_causal_lm(str(model_dir), ctx.device, dtype="float32")
+        layers = [
+            (name, module)
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] != "lm_head"  # as hqq's HF models
+        ]
+        along = {0: "out_features", 1: "in_features"}[p.axis]
+        for name, module in layers:
+            if getattr(module, along) % p.group_size:
+                raise HarnessError(
+                    f"HQQ group_size {p.group_size} does not divide the {along} ({getattr(module, along)}) of {name}"
+                )
+        quant_config = hqq_base_quant_config(nbits=p.bits, group_size=p.group_size, axis=p.axis)
+        tensors, meta = {}, {}
+        for name, module in layers:
+            hqq_layer = HQQLinear(module, quant_config, del_orig=False, compute_dtype=torch.float32, device=ctx.device)
+            with torch.no_grad():
+                module.weight.copy_(hqq_layer.dequantize().reshape(module.weight.shape))
+            tensors[f"{name}.W_q"] = hqq_layer.W_q.data
+            tensors[f"{name}.scale"] = hqq_layer.meta["scale"]
+            tensors[f"{name}.zero"] = hqq_layer.meta["zero"]
+            if module.bias is not None:
+                tensors[f"{name}.bias"] = module.bias.data
+            meta[name] = {
+                k: (list(v) if k == "shape" else v)
+                for k, v in hqq_layer.meta.items()
+                if k in ("nbits", "group_size", "axis", "shape", "packing", "view_as_float")
+            }
+        quantized = out_dir / QUANTIZED
+        quantized.mkdir()
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, quantized / "model.safetensors")
+        (quantized / "hqq_meta.json").write_text(json.dumps({"quant_config": quant_config, "layers": meta}, indent=1))
+        model.save_pretrained(out_dir / MODEL, safe_serialization=True)
+        load_tokenizer(str(model_dir)).save_pretrained(out_dir / MODEL)
+        return {
+            "bits": p.bits,
+            "group_size": p.group_size,
+            "axis": p.axis,
+            "quant_config": quant_config,
+            "quantized_layers": len(layers),
+            "versions": versions("hqq"),
+            "evaluated": (
+                f"float32 copy of the HQQ {p.bits}-bit model in {QUANTIZED}/ (packed W_q, scale, zero of each "
+                "layer), dequantized by hqq's HQQLinear.dequantize"
+            ),
+        }
