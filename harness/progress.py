@@ -22,6 +22,7 @@ class Progress:
         self._bar = None
         self._start = self._last = time.monotonic()
         self._postfix: dict = {}
+        self._logged = -1  # ``done`` at the last log line
 
     def __enter__(self) -> Progress:
         if self.tty:
@@ -41,6 +42,7 @@ class Progress:
             self._log()
 
     def _log(self) -> None:
+        self._logged = self.done
         self._last = now = time.monotonic()
         elapsed = now - self._start
         rate = self.done / elapsed if elapsed > 0 else 0.0
@@ -61,5 +63,5 @@ class Progress:
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.close()
-        elif exc[0] is None:
+        elif exc[0] is None and self._logged != self.done:  # the closing line, unless the last update just logged it
             self._log()

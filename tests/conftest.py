@@ -101,3 +101,34 @@ def _fake_run(store, method_config: str, category: str, label: str, config: str,
 def fake_run():
     """``fake_run(store, method_config, category, label, config, auc)``: a finished run with made-up metrics."""
     return _fake_run
+
+
+GU_KGW_SLERP = ("run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.5")
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory, harness):
+    """One run store of the tiny preset shared by the smoke tests: Gu-KGW trained once under SLERP t=0.5, so every
+    attack's cell reuses the trained model and the base and unaltered rows. Returns (root, the CLI's output)."""
+    root = tmp_path_factory.mktemp("tiny-store") / "runs"
+    out = harness(*GU_KGW_SLERP, "--results", str(root), timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root, out
+
+
+def _runs_by_row(root, attack: str | None = None) -> dict:
+    """``{row: (spec, metrics)}`` of the finished runs in ``root`` (of one attack's command if ``attack`` is given:
+    its rows plus the base and unaltered ones)."""
+    found = {}
+    for done in root.glob("*/DONE"):
+        spec = json.loads((done.parent / "spec.json").read_text())
+        name = spec["config"]["attack"]["name"]
+        if attack is None or name in (None, "none", attack):
+            found[spec["row"]] = (spec, json.loads((done.parent / "metrics.json").read_text()))
+    return found
+
+
+@pytest.fixture(scope="session")
+def runs_by_row():
+    """``runs_by_row(root, attack=None)``: ``{row: (spec, metrics)}`` of the finished runs in a store."""
+    return _runs_by_row
