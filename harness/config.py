@@ -99,8 +99,13 @@ TINY = Preset(
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
         # Scaled from the paper by the ratio of the watermark trainings: it fine-tunes for 300..1,500 steps (6% to 30%
         # of 5,000 training steps) at 2x the watermark lr; here 9..45 of 150 steps at 2x 1e-3.
-        "finetune": {"dataset": "tiny-code-instruct", "steps": "9,18,27,36,45", "lr": 2e-3, "batch_size": 8,
-                     "seq_len": 128},
+        "finetune": {
+            "dataset": "tiny-code-instruct",
+            "steps": "9,18,27,36,45",
+            "lr": 2e-3,
+            "batch_size": 8,
+            "seq_len": 128,
+        },
         "dipper": {"model": "builtin:tiny-paraphraser", "tokenizer": None},
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
