@@ -29,7 +29,15 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from attacks.base import MODEL, AttackContext, CalibrationParams, ModelAttack, calibration_ids, versions
+from attacks.base import (
+    MODEL,
+    AttackContext,
+    CalibrationParams,
+    ModelAttack,
+    calibration_ids,
+    library_output,
+    versions,
+)
 
 TOKENIZER_FILES = (
     "tokenizer*",
@@ -102,7 +110,7 @@ class _Prune(ModelAttack):
         start = time.perf_counter()
         settings: dict = {"sparsity": p.sparsity, "note": "sparsity 0: the model is saved unchanged"}
         if p.sparsity > 0:
-            settings = self._oneshot(model, tokenizer, ids, layer_classes)
+            settings = self._oneshot(model, tokenizer, ids, layer_classes, out_dir / "llmcompressor.log")
         seconds = time.perf_counter() - start
         params = dict(model.named_parameters())
         changed = [n for n, t in kept.items() if not torch.equal(params[n], t)]
@@ -144,7 +152,7 @@ class _Prune(ModelAttack):
             "evaluated": "the pruned model (dense weights with zeros)",
         }
 
-    def _oneshot(self, model, tokenizer, ids, layer_classes: list[str]) -> dict:
+    def _oneshot(self, model, tokenizer, ids, layer_classes: list[str], log_file: Path) -> dict:
         """Prune ``model`` in place with a fresh modifier and a reset session; return the settings used."""
         from compressed_tensors.offload import remove_dispatch
         from datasets import Dataset
@@ -162,8 +170,9 @@ class _Prune(ModelAttack):
             "pipeline": "sequential",
         }
         reset_session()
-        try:
-            oneshot(model=model, tokenizer=tokenizer, recipe=modifier, dataset=dataset, **call)
+        try:  # llm-compressor's progress bars and per-layer logs go to a file in the stage
+            with library_output(log_file):
+                oneshot(model=model, tokenizer=tokenizer, recipe=modifier, dataset=dataset, **call)
         finally:
             reset_session()
             remove_dispatch(model)

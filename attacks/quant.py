@@ -19,6 +19,7 @@ What is evaluated (``out_dir/model``, also named in the report under ``"evaluate
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -26,9 +27,19 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from attacks.base import MODEL, AttackContext, CalibrationParams, ModelAttack, calibration_ids, versions
+from attacks.base import (
+    MODEL,
+    AttackContext,
+    CalibrationParams,
+    ModelAttack,
+    calibration_ids,
+    library_output,
+    versions,
+)
 from harness.errors import HarnessError
 from harness.plugins import Params
+
+log = logging.getLogger(__name__)
 
 QUANTIZED = "quantized"  # sub-folder of the stage with the library's native (packed) output
 
@@ -100,47 +111,17 @@ class GPTQ(ModelAttack):
         return {"calibration": self.params.calibration_source()}
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
-        # gptqmodel's default CPU worker count is (cores + 1) // 2, i.e. 1 on a 2-core machine; 2 is the setting
-        # tested there. An explicit GPTQMODEL_CPU_WORKERS wins.
-        os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, min(12, ((os.cpu_count() or 1) + 1) // 2))))
-        import torch
-        from gptqmodel import GPTQModel, QuantizeConfig
-        from gptqmodel.utils.model_dequant import dequantize_model
-
         from harness import data
-        from harness.models import load_tokenizer
 
         p = self.params
-        tokenizer = load_tokenizer(str(model_dir))
-        ids = calibration_ids(tokenizer, p)
-        calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
-
         # The model's own dtype: gptqmodel would otherwise down-cast a float32 model to bfloat16 (on CPU, always), which
         # would change the layers GPTQ leaves alone (embeddings, norms, lm_head) too.
         dtype = _config_dtype(model_dir)
-        offload = out_dir / "offload"  # gptqmodel's layer offload; removed once the model is saved
-        config = QuantizeConfig(
-            bits=p.bits,
-            group_size=p.group_size,
-            sym=p.sym,
-            desc_act=p.desc_act,
-            damp_percent=p.damp,
-            act_group_aware=p.act_group_aware,
-            offload_to_disk_path=str(offload),
-        )
+        # gptqmodel prints a banner, progress bars and per-layer tables: they go to gptqmodel.log in the stage.
+        with library_output(out_dir / "gptqmodel.log"):
+            _gptq_quantize(self, model_dir, out_dir, ctx, dtype)
+        log.info("GPTQ %d-bit done (gptqmodel's own output is in %s)", p.bits, out_dir / "gptqmodel.log")
         quantized = out_dir / QUANTIZED
-        try:
-            model = GPTQModel.load(str(model_dir), config, device=ctx.device, dtype=dtype)
-            model.quantize(calibration, batch_size=1, calibration_sort=None)
-            model.save(str(quantized))
-            del model
-        finally:
-            shutil.rmtree(offload, ignore_errors=True)
-        # gptqmodel's own dequantization of the saved checkpoint (scale * (q - zero) per group) into plain float32.
-        dequantize_model(quantized, out_dir / MODEL, target_dtype=torch.float32)
-        for leftover in ("quantize_config.json", "quant_log.csv"):  # copied over as "aux" files; not the model's
-            (out_dir / MODEL / leftover).unlink(missing_ok=True)
-
         stored = json.loads((quantized / "quantize_config.json").read_text())
         stored.get("meta", {}).pop("offload_to_disk_path", None)  # a scratch path, not a setting
         return {
@@ -168,6 +149,45 @@ class GPTQ(ModelAttack):
 
 
 # --- LLM.int8 ------------------------------------------------------------------------------------------------------
+
+
+def _gptq_quantize(attack: GPTQ, model_dir: Path, out_dir: Path, ctx: AttackContext, dtype) -> None:
+    """Quantize into ``out_dir/quantized`` with gptqmodel, then dequantize into ``out_dir/model``."""
+    # gptqmodel's default CPU worker count is (cores + 1) // 2, i.e. 1 on a 2-core machine; 2 is the setting
+    # tested there. An explicit GPTQMODEL_CPU_WORKERS wins.
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, min(12, ((os.cpu_count() or 1) + 1) // 2))))
+    import torch
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from gptqmodel.utils.model_dequant import dequantize_model
+
+    from harness.models import load_tokenizer
+
+    p = attack.params
+    tokenizer = load_tokenizer(str(model_dir))
+    ids = calibration_ids(tokenizer, p)
+    calibration = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
+    offload = out_dir / "offload"  # gptqmodel's layer offload; removed once the model is saved
+    config = QuantizeConfig(
+        bits=p.bits,
+        group_size=p.group_size,
+        sym=p.sym,
+        desc_act=p.desc_act,
+        damp_percent=p.damp,
+        act_group_aware=p.act_group_aware,
+        offload_to_disk_path=str(offload),
+    )
+    quantized = out_dir / QUANTIZED
+    try:
+        model = GPTQModel.load(str(model_dir), config, device=ctx.device, dtype=dtype)
+        model.quantize(calibration, batch_size=1, calibration_sort=None)
+        model.save(str(quantized))
+        del model
+    finally:
+        shutil.rmtree(offload, ignore_errors=True)
+    # gptqmodel's own dequantization of the saved checkpoint (scale * (q - zero) per group) into plain float32.
+    dequantize_model(quantized, out_dir / MODEL, target_dtype=torch.float32)
+    for leftover in ("quantize_config.json", "quant_log.csv"):  # copied over as "aux" files; not the model's
+        (out_dir / MODEL / leftover).unlink(missing_ok=True)
 
 
 class Int8Params(Params):
