@@ -19,7 +19,7 @@ from harness.config import Preset
 from harness.generation import completion_perplexity, sample
 from harness.registry import attacks
 from harness.store import Stage, Store
-from methods.base import TrainContext
+from methods.base import DetectContext, TrainContext
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +101,34 @@ class Pipeline:
 
         def build(out: Path) -> dict:
             texts = data.iter_texts(self.preset.train_data)
-            ctx = TrainContext(self.base["path"], texts, self.preset.train, self.device, extra)
+            ctx = TrainContext(
+                self.base["path"], texts, self.preset.train, self.device, extra, self.aux_stage, self.train_other
+            )
             return method.train(ctx, out)
 
         self.store.build_or_reuse(stage, f"training of {method.name}", build)
         return stage
+
+    def aux_stage(self, kind: str, spec: dict, build, what: str) -> Path:
+        """A stage a method builds for itself (teacher texts, reference statistics), shared by every run whose
+        inputs match: keyed by ``spec`` plus the base model and the training data, which such stages read."""
+        if kind in ("train", "attack", "generate", "text-attack", "run"):
+            raise ValueError(f"'{kind}' is a pipeline stage, not a method's own")
+        full = {
+            "stage": kind,
+            **spec,
+            "base_model": {k: self.base[k] for k in ("ref", "fingerprint")},
+            "train_data": source_spec(self.preset.train_data),
+        }
+        stage = self.store.stage(kind, full)
+        self.store.build_or_reuse(stage, what, build)
+        return stage.path
+
+    def train_other(self, name: str, settings: dict) -> Path:
+        """The train stage of method ``name`` with ``settings`` (the preset's for it, overridden), trained or reused."""
+        from harness.registry import methods
+
+        return self.train(methods.build(name, {**self.preset.methods.get(name, {}), **settings})).path
 
     @staticmethod
     def refs(plugin, spec: dict) -> dict[str, str]:
@@ -273,7 +296,7 @@ class Pipeline:
 
         def build(out: Path) -> dict:
             gens = read_jsonl(generated.path / "generations.jsonl")
-            detector = method.detector(trained.path, self.tokenizer)
+            detector = method.detector(trained.path, self.tokenizer, self.detect_context())
             pos = detector.score(self.detector_input(gens, "completion"))
             neg = detector.score(self.detector_input(gens, "human"))
             ppl = self.perplexities(gens, f"perplexity ({row})")
@@ -306,6 +329,14 @@ class Pipeline:
 
         reused = self.store.build_or_reuse(run, f"scoring of '{row}'", build)
         return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
+
+    def detect_context(self) -> DetectContext:
+        return DetectContext(
+            stage=self.aux_stage,
+            reference_texts=lambda n: data.load_texts(self.preset.train_data, limit=n),
+            new_tokens=self.preset.eval.new_tokens,
+            device=self.device,
+        )
 
     def detector_input(self, gens: list[dict], field: str) -> list[list[int]]:
         """What a detector reads: by default the decoded text tokenized again with the base tokenizer, as a user

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -21,6 +21,24 @@ class TrainContext:
     settings: TrainSettings
     device: str  # "cpu", "cuda", ...
     models: dict[str, str] | None = None  # the method's other models (``model_refs``), resolved to folders or ids
+    # ``stage(kind, spec, build, what) -> folder``: build (or reuse) a stage of the run store that other runs can share,
+    # e.g. Gu-KTH's teacher texts; the pipeline adds the base model's and the training data's fingerprints to ``spec``.
+    stage: Callable[[str, dict, Callable[[Path], dict], str], Path] | None = None
+    # ``train_method(name, settings) -> folder``: another method's train stage, trained or reused (Gloaguen-KGW starts
+    # from the Gu-KGW student of the same settings).
+    train_method: Callable[[str, dict], Path] | None = None
+
+
+@dataclass(frozen=True)
+class DetectContext:
+    """What a detector may use besides its key: a stage of its own (e.g. Gu-KTH's reference statistics, computed once
+    per key and data), human texts that are not the evaluation's negatives (from the training data) and the length
+    of the evaluated completions."""
+
+    stage: Callable[[str, dict, Callable[[Path], dict], str], Path]
+    reference_texts: Callable[[int], list[str]]  # the first N documents of the training data
+    new_tokens: int
+    device: str
 
 
 class Detector(ABC):
@@ -43,6 +61,7 @@ class WatermarkMethod(Plugin, ABC):
         """Train the watermarked student into ``out``; return a training report for the manifest."""
 
     @abstractmethod
-    def detector(self, key_dir: Path, tokenizer) -> Detector:
+    def detector(self, key_dir: Path, tokenizer, ctx: DetectContext | None = None) -> Detector:
         """The detector for the key that ``train`` wrote into ``key_dir`` (detection needs no watermarked model;
-        ``tokenizer`` is the base model's, for schemes that read text)."""
+        ``tokenizer`` is the base model's, for schemes that read text; ``ctx`` for schemes that need more, such as a
+        reference distribution)."""

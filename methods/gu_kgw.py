@@ -109,7 +109,7 @@ class GuKGW(WatermarkMethod):
         (out / "key.json").write_text(json.dumps(key, indent=2))
         return report
 
-    def detector(self, key_dir: Path, tokenizer=None) -> Detector:
+    def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         key = json.loads((Path(key_dir) / "key.json").read_text())
         return KGWDetector(key["detector"], key["ignore_repeated_ngrams"])
 

@@ -158,7 +158,7 @@ class PRO(WatermarkMethod):
         report.update(step.report())
         return report
 
-    def detector(self, key_dir: Path, tokenizer=None) -> Detector:
+    def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         from safetensors.torch import load_file
 
         from harness.models import default_device, fingerprint, load_tokenizer, resolve
