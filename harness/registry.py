@@ -19,7 +19,7 @@ from harness.errors import HarnessError
 METHODS: dict[str, str | None] = {
     "gu-kgw": "methods.gu_kgw:GuKGW",
     "gu-kth": None,
-    "gloaguen-kgw": None,
+    "gloaguen-kgw": "methods.gloaguen_kgw:GloaguenKGW",
     "pro": "methods.pro:PRO",
 }
 

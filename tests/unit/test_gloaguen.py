@@ -1,0 +1,75 @@
+"""Gloaguen-KGW: stage 1 is the stored Gu-KGW student, stage 2 a fine-tuning stage of its own, and stage 3 changes
+only the stable parameters (the others stay bit-identical to stage 1's)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from harness.config import TINY, apply_overrides
+from harness.errors import HarnessError
+from harness.pipeline import Pipeline
+from harness.registry import attacks, methods
+from harness.store import Store
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
+    "Return the number of items in the list, or raise an error if it is empty; lists are ordered.",
+    "A watermark is a hidden signal in generated text that a detector can find with a secret key.",
+] * 8
+
+
+def preset(tmp_path, base):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    return apply_overrides(
+        TINY,
+        {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(corpus),
+         "eval_data.path": str(corpus), "train.steps": "3", "train.batch_size": "2", "train.seq_len": "16",
+         "train.lr": "1e-2", "eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "6",
+         "eval.batch_size": "2"},
+    )  # fmt: skip
+
+
+def test_stage3_changes_only_stable_parameters(random_llamas, tmp_path):
+    from harness.models import load_causal_lm
+    from methods.gloaguen_kgw import stable_masks
+
+    base, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    settings = {"k": "1", "delta": "2", "stable_fraction": "0.3", "ft_steps": "3", "ft_lr": "1e-2", "ft_warmup": "0"}
+    cells = Pipeline(preset(tmp_path, base), store, "cpu").run(
+        methods.build("gloaguen-kgw", settings), attacks.build("none", {})
+    )
+    assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered"]
+    trained = {
+        json.loads((p / "spec.json").read_text())["method"]: p for p in (tmp_path / "runs/stages/train").iterdir()
+    }
+    assert set(trained) == {"gu-kgw", "gloaguen-kgw"}  # stage 1 is a Gu-KGW train stage of its own
+    report = json.loads((trained["gloaguen-kgw"] / "manifest.json").read_text())["report"]
+    assert report["stage1"] == trained["gu-kgw"].name
+    stage2 = tmp_path / "runs/stages/gloaguen-finetune" / report["stage2"]
+    one = load_file(trained["gu-kgw"] / "model/model.safetensors")
+    three = load_file(trained["gloaguen-kgw"] / "model/model.safetensors")
+    masks = stable_masks(
+        load_causal_lm(str(trained["gu-kgw"] / "model"), "cpu"), load_causal_lm(str(stage2 / "finetuned"), "cpu"), 0.3
+    )
+    moved = 0
+    for name, mask in masks.items():
+        frozen = ~mask.bool()
+        assert torch.equal(three[name][frozen], one[name][frozen]), name  # outside the mask: bit-identical
+        moved += int((three[name][mask.bool()] != one[name][mask.bool()]).sum())
+        assert abs(mask.float().mean().item() - 0.3) < 0.05 or mask.numel() < 20, name
+    assert moved > 0  # inside it, stage 3 did train
+    key = json.loads((trained["gloaguen-kgw"] / "key.json").read_text())
+    assert (
+        key["method"] == "gloaguen-kgw"
+        and key["detector"] == json.loads((trained["gu-kgw"] / "key.json").read_text())["detector"]
+    )
+
+
+@pytest.mark.parametrize("fraction", ["0", "1.5", "-0.2"])
+def test_stable_fraction_outside_0_1_is_refused(fraction):
+    with pytest.raises(HarnessError, match="stable_fraction"):
+        methods.build("gloaguen-kgw", {"stable_fraction": fraction})
