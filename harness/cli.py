@@ -166,7 +166,7 @@ def cmd_run(args) -> None:
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)
     for plugin in plugins:
-        plugin.validate()
+        plugin.validate(preset.base_model)
     for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
         data.check(source)
     cells = Pipeline(preset, store, args.device).run(method, attack)

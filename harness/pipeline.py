@@ -341,6 +341,7 @@ class Pipeline:
         return DetectContext(
             stage=self.aux_stage,
             reference_texts=lambda n: data.load_texts(self.preset.train_data, limit=n),
+            prompt_tokens=self.preset.eval.prompt_tokens,
             new_tokens=self.preset.eval.new_tokens,
             device=self.device,
         )

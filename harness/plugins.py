@@ -40,9 +40,10 @@ class Plugin:
         into the stage hashes."""
         return {}
 
-    def validate(self) -> None:
-        """Deeper checks of the settings against the machine (e.g. that a model is the right kind), run before any
-        work; raise ``HarnessError`` with one line. The references of ``model_refs`` are checked already."""
+    def validate(self, base_model: str | None = None) -> None:
+        """Deeper checks of the settings against the machine and the base model (e.g. that a model is the right kind,
+        that a key covers the base model's vocabulary), run before any work; raise ``HarnessError`` with one line.
+        The references of ``model_refs`` are checked already."""
 
     def config_label(self) -> str:
         """Short settings label for tables, e.g. ``t=0.5``."""

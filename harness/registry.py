@@ -18,7 +18,7 @@ from harness.errors import HarnessError
 # One line per plugin. Planned entries (None) say which piece of work will add them.
 METHODS: dict[str, str | None] = {
     "gu-kgw": "methods.gu_kgw:GuKGW",
-    "gu-kth": None,
+    "gu-kth": "methods.gu_kth:GuKTH",
     "gloaguen-kgw": "methods.gloaguen_kgw:GloaguenKGW",
     "pro": "methods.pro:PRO",
 }

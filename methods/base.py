@@ -38,6 +38,7 @@ class DetectContext:
 
     stage: Callable[[str, dict, Callable[[Path], dict], str], Path]
     reference_texts: Callable[[int], list[str]]  # the first N documents of the training data
+    prompt_tokens: int
     new_tokens: int
     device: str
 

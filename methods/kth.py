@@ -184,6 +184,8 @@ def _costs(table: np.ndarray, tokens: np.ndarray, width: int) -> np.ndarray:
     per_token = table[tokens]  # (B, T, m)
     if width <= m:
         return per_token[..., :width]
+    if width <= 2 * m:
+        return np.concatenate([per_token, per_token[..., : width - m]], axis=-1)
     return per_token[..., np.arange(width) % m]
 
 

@@ -92,7 +92,7 @@ class PRO(WatermarkMethod):
     def model_refs(self) -> dict[str, str]:
         return {"embedding_model": self.params.embedding_model}
 
-    def validate(self) -> None:
+    def validate(self, base_model: str | None = None) -> None:
         from harness.models import resolve
         from methods.pro_policy import is_sentence_encoder, pooling_of
 

@@ -1,0 +1,206 @@
+"""Gu-KTH (Gu et al., "On the Learnability of Watermarks for Language Models"): the KTH watermark distilled into the
+weights by sampling distillation. The frozen base model writes training texts with KTH decoding (a stage of its
+own, reused by every student of the same key and data), and the student is fine-tuned on them with cross-entropy.
+
+As Gu et al.: prompts are the first ``prompt_tokens`` (50) tokens of training documents, each continuation is
+exactly ``seq_len`` tokens of KTH decoding starting at one of the key's ``s`` shifts, and the student trains on the
+decoded continuations tokenized again and packed into ``seq_len`` blocks. Detection scores the completion against
+every key offset (``methods.kth``); its p-value compares the statistic with those of ``reference_texts`` human
+texts of the training data (not the evaluation's negatives), computed once per key and data and stored as a stage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from harness import data
+from harness.errors import HarnessError
+from harness.plugins import Params
+from methods.base import DetectContext, Detector, TrainContext, WatermarkMethod
+
+
+class GuKTHParams(Params):
+    s: int = Field(1, ge=1)  # number of distinct key shifts (paper: 4, 2, 1)
+    m: int = Field(256, ge=1)  # key length (Gu et al.: 256)
+    seed: int = 42  # key seed (Gu et al.: 42)
+    vocab_size: int | None = Field(None, ge=2)  # key columns; None: len(tokenizer) of the base model, as Gu et al.
+    prompt_tokens: int = Field(50, gt=0)  # teacher prompts (Gu et al.: 50)
+    batch_size: int | None = Field(None, gt=0)  # None: the preset's train.batch_size (paper: 128 for KTH)
+    seq_len: int | None = Field(None, gt=1)  # None: the preset's train.seq_len (paper: 256 for KTH)
+    generate_batch: int = Field(64, gt=0)  # teacher texts per generate call (speed only... and the shift draw)
+    statistic: Literal["levenshtein", "min-offset"] = "levenshtein"  # Gu et al.'s detector is the alignment one
+    gamma: float = Field(0.0, ge=0)  # insertion/deletion cost of the alignment (Gu et al.: 0)
+    reference_texts: int = Field(10_000, gt=0)  # Gu et al.: 10,000 human texts
+
+    @model_validator(mode="after")
+    def _shifts_fit_the_key(self) -> GuKTHParams:
+        if self.s > self.m:
+            raise ValueError(f"s (shifts) must be in 1..m={self.m}, got {self.s}")
+        return self
+
+
+class KTHDetector(Detector):
+    def __init__(self, key, statistic: str, gamma: float, reference: list[float]):
+        self.key, self.statistic, self.gamma, self.reference = key, statistic, gamma, reference
+
+    def score(self, sequences: list[list[int]]) -> list[dict]:
+        from methods.kth import p_values, statistics
+
+        stats = statistics(self.key, sequences, self.statistic, self.gamma)
+        pvals = p_values(stats, self.reference)
+        # Higher score = more watermarked (the statistic is lower for watermarked text).
+        return [{"score": -d, "statistic": d, "p_value": p} for d, p in zip(stats, pvals, strict=True)]
+
+
+class GuKTH(WatermarkMethod):
+    name = "gu-kth"
+    label = "Gu-KTH"
+    version = "1"
+    Params = GuKTHParams
+
+    def config_label(self) -> str:
+        return f"s={self.params.s}"
+
+    def validate(self, base_model: str | None = None) -> None:
+        if self.params.vocab_size is None or base_model is None:
+            return
+        from harness.models import load_tokenizer, resolve
+
+        found = len(load_tokenizer(resolve(base_model)))
+        if found != self.params.vocab_size:
+            raise HarnessError(
+                f"gu-kth key vocab_size={self.params.vocab_size} differs from the base model's vocabulary ({found} "
+                "tokens): a key must cover exactly the model's tokens"
+            )
+
+    def key(self, tokenizer):
+        from methods.kth import KTHKey
+
+        p = self.params
+        return KTHKey(vocab_size=p.vocab_size or len(tokenizer), key_len=p.m, seed=p.seed, num_shifts=p.s)
+
+    def settings(self, s):
+        p = self.params
+        return s.model_copy(update={"batch_size": p.batch_size or s.batch_size, "seq_len": p.seq_len or s.seq_len})
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        from harness.models import load_causal_lm, load_tokenizer
+        from harness.training import loss_step, train
+
+        if ctx.stage is None:
+            raise RuntimeError("Gu-KTH trains through the pipeline (its teacher texts are a stage)")
+        p, s = self.params, self.settings(ctx.settings)
+        tokenizer = load_tokenizer(ctx.base_model)
+        key = self.key(tokenizer)
+        count = -(-s.tokens // s.seq_len)  # one teacher text per training sequence
+        spec = {"key": key.to_dict(), "texts": count, "prompt_tokens": p.prompt_tokens, "new_tokens": s.seq_len,
+                "generate_batch": p.generate_batch}  # fmt: skip
+        teacher = ctx.stage(
+            "kth-teacher-texts",
+            spec,
+            lambda folder: teacher_texts(ctx, key, count, p.prompt_tokens, s.seq_len, p.generate_batch, folder),
+            f"KTH teacher texts (s={p.s})",
+        )
+        texts = (json.loads(line)["text"] for line in (teacher / "texts.jsonl").read_text().splitlines())
+        stream = data.token_stream(tokenizer, texts, max_tokens=s.tokens)
+        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
+        student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
+        step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
+        report = train(student, step, batches, s, desc="train Gu-KTH (sampling distillation)", device=ctx.device)
+        student.save_pretrained(out / "model", safe_serialization=True)
+        tokenizer.save_pretrained(out / "model")
+        detector = {"statistic": p.statistic, "gamma": p.gamma, "reference_texts": p.reference_texts}
+        (out / "key.json").write_text(json.dumps({"method": self.name, "key": key.to_dict(), **detector}, indent=2))
+        report["teacher_texts"] = teacher.name
+        return report
+
+    def detector(self, key_dir: Path, tokenizer=None, ctx: DetectContext | None = None) -> Detector:
+        from methods.kth import KTHKey
+
+        saved = json.loads((Path(key_dir) / "key.json").read_text())
+        key = KTHKey.from_dict(saved["key"])
+        if ctx is None:
+            raise RuntimeError("the Gu-KTH detector needs its reference statistics (a DetectContext)")
+        spec = {
+            "key": key.to_dict(),
+            "statistic": saved["statistic"],
+            "gamma": saved["gamma"],
+            "texts": saved["reference_texts"],
+            "prompt_tokens": ctx.prompt_tokens,
+            "new_tokens": ctx.new_tokens,
+        }
+        folder = ctx.stage(
+            "kth-reference",
+            spec,
+            lambda out: reference_statistics(key, saved, tokenizer, ctx, out),
+            "KTH reference statistics",
+        )
+        reference = json.loads((folder / "reference.json").read_text())["statistics"]
+        return KTHDetector(key, saved["statistic"], saved["gamma"], reference)
+
+
+def teacher_texts(ctx: TrainContext, key, count: int, prompt_tokens: int, new_tokens: int, batch: int, out: Path):
+    """``count`` KTH-decoded continuations of exactly ``new_tokens`` tokens by the frozen base model, from the first
+    ``prompt_tokens`` tokens of training documents; one shift per text, drawn as Gu et al. (``random.Random(seed)``)."""
+    import torch
+
+    from harness.models import load_causal_lm, load_tokenizer
+    from harness.progress import Progress
+    from methods.kth import KTHLogitsProcessor, draw_shifts, key_gumbel
+
+    tokenizer = load_tokenizer(ctx.base_model)
+    model = load_causal_lm(ctx.base_model, ctx.device)
+    prompts = []
+    for ids in (tokenizer(t, add_special_tokens=True)["input_ids"] for t in data.iter_texts(ctx.train_data)):
+        if len(ids) >= prompt_tokens:
+            prompts.append(ids[:prompt_tokens])
+            if len(prompts) == count:
+                break
+    if not prompts:
+        raise HarnessError(f"no training document has {prompt_tokens} tokens for a KTH teacher prompt")
+    prompts = [prompts[i % len(prompts)] for i in range(count)]  # a small corpus is cycled through
+    gumbel = key_gumbel(key)
+    shifts = draw_shifts(key, count)
+    with open(out / "texts.jsonl", "w") as fh, Progress(count, "KTH teacher texts", unit="text") as bar:
+        for start in range(0, count, batch):
+            ids = torch.tensor(prompts[start : start + batch], device=model.device)
+            processor = KTHLogitsProcessor(key, shifts[start : start + len(ids)], gumbel=gumbel)
+            with torch.no_grad():
+                gen = model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    do_sample=False,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    logits_processor=[processor],
+                    pad_token_id=tokenizer.eos_token_id,
+                )
+            for row, shift in zip(gen[:, ids.shape[1] :].tolist(), shifts[start : start + len(ids)], strict=True):
+                fh.write(json.dumps({"shift": shift, "text": tokenizer.decode(row, skip_special_tokens=True)}) + "\n")
+            bar.update(len(ids))
+    return {"texts": count, "distinct_prompts": len(set(map(tuple, prompts))), "shifts": sorted(set(shifts))}
+
+
+def reference_statistics(key, saved: dict, tokenizer, ctx: DetectContext, out: Path) -> dict:
+    """The statistic of up to ``reference_texts`` human texts shaped as the evaluation's negatives: the
+    ``new_tokens`` tokens after a ``prompt_tokens`` prompt of a training document, decoded and tokenized again."""
+    from methods.kth import statistics
+
+    want = saved["reference_texts"]
+    windows = []
+    for ids in tokenizer(ctx.reference_texts(4 * want), add_special_tokens=False)["input_ids"]:
+        if len(ids) >= ctx.prompt_tokens + ctx.new_tokens:
+            windows.append(ids[ctx.prompt_tokens : ctx.prompt_tokens + ctx.new_tokens])
+            if len(windows) == want:
+                break
+    if len(windows) < 10:
+        raise HarnessError(f"only {len(windows)} training documents are long enough for KTH reference statistics")
+    texts = tokenizer.batch_decode(windows, skip_special_tokens=True)
+    sequences = [s for s in tokenizer(texts, add_special_tokens=False)["input_ids"] if s]
+    stats = statistics(key, sequences, saved["statistic"], saved["gamma"])
+    (out / "reference.json").write_text(json.dumps({"statistics": stats}))
+    return {"texts": len(stats), "asked": want}

@@ -1,0 +1,79 @@
+"""Gu-KTH through the pipeline: the teacher texts are a stage of their own (shared by students of the same key and
+data), the detector's reference statistics another (shared by every run of the key), p-values are Gu et al.'s, and
+bad settings are refused before any training."""
+
+import json
+
+import pytest
+
+from harness.config import TINY, apply_overrides
+from harness.errors import HarnessError
+from harness.pipeline import Pipeline, read_jsonl
+from harness.registry import attacks, methods
+from harness.store import Store
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
+    "Return the number of items in the list, or raise an error if it is empty; lists are ordered.",
+    "A watermark is a hidden signal in generated text that a detector can find with a secret key.",
+] * 8
+
+
+def preset(tmp_path, base, **extra):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    return apply_overrides(
+        TINY,
+        {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(corpus),
+         "eval_data.path": str(corpus), "train.steps": "2", "train.batch_size": "2", "train.seq_len": "12",
+         "eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "8", "eval.batch_size": "2", **extra},
+    )  # fmt: skip
+
+
+SETTINGS = {"s": "2", "m": "16", "prompt_tokens": "4", "reference_texts": "20", "generate_batch": "3"}
+
+
+def test_teacher_texts_and_reference_are_shared_stages(random_llamas, tmp_path):
+    base, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    cells = Pipeline(preset(tmp_path, base), store, "cpu").run(
+        methods.build("gu-kth", SETTINGS), attacks.build("none", {})
+    )
+    stages = tmp_path / "runs" / "stages"
+    (teacher,) = list((stages / "kth-teacher-texts").iterdir())
+    texts = read_jsonl(teacher / "texts.jsonl")
+    assert len(texts) == 2 * 2  # one text per training sequence (steps x batch)
+    assert {t["shift"] for t in texts} <= {0, 8}  # s = 2 evenly spaced shifts of m = 16
+    (reference,) = list((stages / "kth-reference").iterdir())
+    ref = json.loads((reference / "reference.json").read_text())["statistics"]
+    assert 10 <= len(ref) <= 20
+    for cell in cells:
+        for s in read_jsonl(cell.run.path / "scores.jsonl"):
+            assert s["score"] == -s["statistic"]
+            assert 1 / (len(ref) + 1) <= s["p_value"] <= 1
+    # Another student of the same key and data (another learning rate) reuses both stages.
+    other = preset(tmp_path, base, **{"train.lr": "2e-3"})
+    Pipeline(other, store, "cpu").run(methods.build("gu-kth", SETTINGS), attacks.build("none", {}))
+    assert len(list((stages / "train").iterdir())) == 2
+    assert len(list((stages / "kth-teacher-texts").iterdir())) == 1
+    assert len(list((stages / "kth-reference").iterdir())) == 1
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [({"s": "0"}, "s: Input should be greater"), ({"s": "300"}, "must be in 1..m=256"), ({"m": "0"}, "m: Input"),
+     ({"statistic": "hamming"}, "statistic")],
+)  # fmt: skip
+def test_bad_settings_are_refused(settings, message):
+    with pytest.raises(HarnessError, match=message):
+        methods.build("gu-kth", settings)
+
+
+def test_key_vocabulary_must_match_the_model(random_llamas):
+    from harness.models import load_tokenizer
+
+    base, _ = random_llamas
+    size = len(load_tokenizer(str(base)))
+    methods.build("gu-kth", {"vocab_size": str(size)}).validate(str(base))
+    with pytest.raises(HarnessError, match="differs from the base model's vocabulary"):
+        methods.build("gu-kth", {"vocab_size": str(size + 1)}).validate(str(base))
