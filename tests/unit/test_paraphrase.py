@@ -1,0 +1,132 @@
+"""DIPPER: the inputs it gives the paraphraser (format, prefix, windows, batching), its sentence splitter, its
+settings' validation, and (slow) that the tiny paraphraser built here really rewrites held-out text."""
+
+import pytest
+
+from attacks.base import AttackContext
+from attacks.paraphrase import Dipper, split_sentences
+from harness.errors import HarnessError
+from harness.registry import attacks
+
+SENTENCES = ["The cat sat on the mat.", "It was warm there!", "Why did it leave?", "Nobody knows.", "The end."]
+
+
+@pytest.fixture(scope="module")
+def random_t5(tmp_path_factory):
+    """A tiny random T5 with a tokenizer of the tiny paraphraser's kind, saved as a model folder."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from harness.paraphraser import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("t5")
+    tokenizer = build_tokenizer([" ".join(SENTENCES)] * 20 + ["Prompt one. Prompt two. Lexical order."] * 5)
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    T5ForConditionalGeneration(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_dipper(folder, texts, prompts, monkeypatch, **settings):
+    """Run DIPPER on ``texts``, recording each generate call's inputs and outputs."""
+    calls = []
+    original = Dipper.generate
+
+    def recording(self, model, tokenizer, inputs):
+        outputs = original(self, model, tokenizer, inputs)
+        calls.append((inputs, outputs))
+        return outputs
+
+    monkeypatch.setattr(Dipper, "generate", recording)
+    attack = attacks.build("dipper", {"model": str(folder), "tokenizer": None, "max_length": 12, **settings})
+    ctx = AttackContext(base_model="x", device="cpu", models={"paraphraser": str(folder)}, prompts=prompts)
+    return attack.apply_texts(texts, ctx), calls
+
+
+def test_dipper_inputs_follow_the_reference_format(random_t5, monkeypatch):
+    texts = [" ".join(SENTENCES), "  Short one.\n\nSecond   sentence here. ", ""]
+    prompts = ["Prompt\none.", "Prompt two", "Prompt three"]
+    out, calls = run_dipper(random_t5, texts, prompts, monkeypatch)
+
+    assert len(out) == 3 and out[2] == ""  # one text per input, in order; nothing to paraphrase in an empty one
+    assert len(calls) == 2  # window 0 of both texts in one batch, then window 1 of the first text
+    (first, first_out), (second, second_out) = calls
+    assert first == [
+        "lexical = 40, order = 100 Prompt one. <sent> The cat sat on the mat. It was warm there! Why did it leave?"
+        " </sent>",
+        "lexical = 40, order = 100 Prompt two <sent> Short one. Second sentence here. </sent>",
+    ]
+    # The second window sees the prompt and the first window's paraphrase as its prefix.
+    prefix = " ".join(f"Prompt one. {first_out[0]}".split())
+    assert second == [f"lexical = 40, order = 100 {prefix} <sent> Nobody knows. The end. </sent>"]
+    assert out[0] == " ".join(f"{first_out[0]} {second_out[0]}".split())
+    assert out[1] == " ".join(first_out[1].split())
+
+
+def test_dipper_codes_sampling_is_seeded_and_no_prompts(random_t5, monkeypatch):
+    texts = [" ".join(SENTENCES), "One sentence."]
+    out_a, calls = run_dipper(random_t5, texts, None, monkeypatch, lexical=0, order=80, sent_interval=2, seed=3)
+    assert calls[0][0][1] == "lexical = 100, order = 20 <sent> One sentence. </sent>"  # no prompt: no prefix
+    assert [len(inputs) for inputs, _ in calls] == [2, 1, 1]  # 3 windows of 2 sentences, 1 window
+    out_b, _ = run_dipper(random_t5, texts, None, monkeypatch, lexical=0, order=80, sent_interval=2, seed=3)
+    assert out_a == out_b
+
+
+def test_dipper_settings():
+    attack = attacks.build("dipper", {})
+    assert (attack.params.lexical, attack.params.order) == (60, 0)
+    assert attack.config_label() == "lex=60, order=0"
+    assert attack.model_refs() == {
+        "paraphraser": "kalpeshk2011/dipper-paraphraser-xxl", "tokenizer": "google/t5-v1_1-xxl"
+    }  # fmt: skip
+    assert attacks.build("dipper", {"model": "builtin:tiny-paraphraser", "tokenizer": None}).model_refs() == {
+        "paraphraser": "builtin:tiny-paraphraser"
+    }
+    assert attacks.build("dipper", {"lexical": "20", "order": "100"}).config_label() == "lex=20, order=100"
+
+
+@pytest.mark.parametrize("settings", [{"lexical": "30"}, {"order": 120}, {"lexical": -20}, {"temperature": 1}])
+def test_dipper_refuses_bad_settings(settings):
+    with pytest.raises(HarnessError, match="dipper"):
+        attacks.build("dipper", settings)
+
+
+def test_dipper_refuses_off_grid_code_with_clear_message():
+    with pytest.raises(HarnessError, match=r"lexical: .*must be one of 0, 20, 40, 60, 80, 100"):
+        attacks.build("dipper", {"lexical": "30"})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", []),
+        ("   ", []),
+        ("One sentence without a full stop", ["One sentence without a full stop"]),
+        ("First one. Second one!  Third?\nFourth.", ["First one.", "Second one!", "Third?", "Fourth."]),
+        ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
+        ("Use e.g. Python. Mr. Smith and J. Doe came.", ["Use e.g. Python.", "Mr. Smith and J. Doe came."]),
+        ("Version 3.5 is out. Call os.path.join() now. (See below.) 42 is the answer.",
+         ["Version 3.5 is out.", "Call os.path.join() now.", "(See below.)", "42 is the answer."]),
+    ],
+)  # fmt: skip
+def test_split_sentences(text, expected):
+    assert split_sentences(text) == expected
+
+
+@pytest.mark.slow
+def test_tiny_paraphraser_rewrites_heldout_text():
+    """Builds the tiny paraphraser if this machine has none (a few minutes). On held-out text, DIPPER-1's setting
+    must change words (overlap < 0.9) yet keep much of the meaning: a mean MiniLM cosine at least 0.4 and 0.25 above
+    that of unrelated held-out texts (each original paired with the next one's paraphrase)."""
+    from harness.paraphraser import measure
+
+    result = measure(texts=40)
+    print(result)
+    assert result["mean_unigram_overlap"] < 0.9
+    assert result["mean_embedding_cosine"] > 0.4
+    assert result["mean_embedding_cosine"] > result["unrelated_embedding_cosine"] + 0.25
