@@ -14,15 +14,14 @@ def test_list_shows_methods_attacks_and_planned_entries(harness):
     out = harness("list")
     assert out.returncode == 0, out.stderr
     assert "gu-kgw" in out.stdout and "slerp" in out.stdout and "t=0.5" in out.stdout
-    assert "pro" in out.stdout and "delta=" in out.stdout and "planned" in out.stdout
-    for attack in ("gptq", "int8", "hqq", "wanda", "sparsegpt", "finetune", "dipper"):
+    assert "pro" in out.stdout and "delta=" in out.stdout and "planned" not in out.stdout
+    for attack in ("gu-kth", "gloaguen-kgw", "gptq", "int8", "hqq", "wanda", "sparsegpt", "finetune", "dipper"):
         assert f"  {attack} " in out.stdout and f"{attack}: planned" not in out.stdout
 
 
 BAD_INPUTS = {
     "unknown method": (["run", "--method", "gu-kwg"], "unknown method 'gu-kwg'. Did you mean 'gu-kgw'? Valid methods:"),
     "unknown attack": (["run", "--method", "gu-kgw", "--attack", "merge"], "Valid attacks: dipper, finetune, gptq"),
-    "planned method": (["run", "--method", "gu-kth"], "method 'gu-kth' is not implemented yet"),
     "model path": (["run", "--method", "gu-kgw", "--base-model", "./no/such/model"], "does not exist"),
     "data path": (["run", "--method", "gu-kgw", "--set", "train_data.path=/no/data.jsonl"], "does not exist"),
     "malformed arg": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t"], "expected key=value"),
@@ -49,15 +48,21 @@ BAD_INPUTS = {
     ),
     "tiny field": (["run", "--method", "gu-kgw", "--set", "eval_data.text_field=body"], "has fields text and no"),
     "tiny name": (["run", "--method", "gu-kgw", "--set", "train_data.name=en"], "has fields text and no"),
-    "no planned hint": (["run", "--method", "gu-kt"], "Did you mean 'gu-kgw'?"),
+    "close name": (["run", "--method", "gu-kt"], "Did you mean 'gu-kth'?"),
+    "kth shifts": (["run", "--method", "gu-kth", "--method-arg", "s=0"], "s: Input should be greater than or equal"),
+    "kth s > m": (["run", "--method", "gu-kth", "--method-arg", "s=9", "--method-arg", "m=8"], "must be in 1..m=8"),
+    "kth m": (["run", "--method", "gu-kth", "--method-arg", "m=0"], "m: Input should be greater than or equal to 1"),
+    "kth vocab": (["run", "--method", "gu-kth", "--method-arg", "vocab_size=32000"], "differs from the base model's"),
+    "stable fraction": (["run", "--method", "gloaguen-kgw", "--method-arg", "stable_fraction=0"], "stable_fraction"),
+    "stable fraction > 1": (["run", "--method", "gloaguen-kgw", "--method-arg", "stable_fraction=1.2"], "stable_fr"),
     "pro delta": (["run", "--method", "pro", "--method-arg", "delta=0"], "delta: Input should be greater than 0"),
     "pro n": (["run", "--method", "pro", "--method-arg", "n=0"], "n: Input should be greater than or equal to 1"),
     "pro alpha": (["run", "--method", "pro", "--method-arg", "alpha=-1"], "alpha: Input should be greater"),
     "pro beta": (["run", "--method", "pro", "--method-arg", "beta=-0.5"], "beta: Input should be greater"),
     "pro embedding": (["run", "--method", "pro", "--method-arg", "embedding_model=./no/encoder"], "does not exist"),
     "pro embedding id": (["run", "--method", "pro", "--method-arg", "embedding_model=a/b/c"], "does not exist"),
-    "gptq 3 bits": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=3"], "bits: Input should"),
-    "gptq 16 bits": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=16"], "bits: Input"),
+    "gptq 3 bits": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=3"], "must be 4 or 8"),
+    "gptq 16 bits": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=16"], "not 16"),
     "sparsity 1": (["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", "sparsity=1"], "sparsity: Input"),
     "sparsity < 0": (
         ["run", "--method", "gu-kgw", "--attack", "sparsegpt", "--attack-arg", "sparsity=-0.2"],
@@ -234,3 +239,16 @@ def test_missing_extra_is_one_line_naming_it(attack, module, extra, monkeypatch)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
     with pytest.raises(HarnessError, match=rf"needs the Python package '{module}'.*watermark-harness\[{extra}\]"):
         attacks.build(attack, {})
+
+
+def test_planned_entry_is_refused_by_name(monkeypatch):
+    """A name registered as planned (None) is listed and refused with one line, and never suggested."""
+    from harness import registry
+    from harness.errors import HarnessError
+
+    monkeypatch.setitem(registry.METHODS, "future-mark", None)
+    with pytest.raises(HarnessError, match="method 'future-mark' is not implemented yet"):
+        registry.methods.build("future-mark", {})
+    with pytest.raises(HarnessError) as err:
+        registry.methods.build("future-marx", {})
+    assert "Did you mean 'future-mark'" not in str(err.value)
