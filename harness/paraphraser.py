@@ -44,14 +44,19 @@ from harness.config import DataSource, TrainSettings
 log = logging.getLogger(__name__)
 
 RECIPE = {
-    "version": 1,
+    "version": 2,
     "vocab_size": 4096,
     "neighbours": {"min_count": 5, "window": 2, "dims": 64, "top": 6, "min_cosine": 0.35},
     "pairs": {"count": 12000, "max_words": 40, "max_prefix_words": 16, "max_input_tokens": 96,
               "max_target_tokens": 64, "seed": 0},
     "model": {"d_model": 128, "d_kv": 32, "d_ff": 512, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
               "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0, "tie_word_embeddings": True},
-    "train": {"steps": 600, "batch_size": 16, "seq_len": 128, "lr": 3e-3, "warmup_frac": 0.05, "seed": 0},
+    # Stage 1: copy random token strings in DIPPER's format without a prefix (a from-scratch T5 needs this curriculum:
+    # on real text it stays a language model for thousands of steps, while random strings, which no language model
+    # predicts, teach it copying in about 600 steps; a random prefix, indistinguishable from the window, stops it from
+    # learning anything). Stage 2: the rewrite pairs, with DIPPER's prefix.
+    "copy": {"steps": 800, "batch_size": 64, "max_tokens": 24, "lr": 3e-3, "seed": 1},
+    "train": {"steps": 1000, "batch_size": 32, "seq_len": 128, "lr": 1e-3, "warmup_frac": 0.05, "seed": 0},
 }  # fmt: skip
 PAD, EOS, UNK, SENT, END_SENT = "<pad>", "</s>", "<unk>", "<sent>", "</sent>"  # ids 0..4; T5: pad 0, eos 1
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "DONE")
@@ -237,6 +242,32 @@ def pair_batches(tokenizer, pairs: list[tuple[str, str]], batch_size: int, seed:
                                  "labels": pad([targets[i] for i in pick], -100)})  # fmt: skip
 
 
+def copy_batches(tokenizer):
+    """Endless batches that teach copying: DIPPER inputs (random codes, no prefix) whose window is a random string of
+    non-special tokens, and that string as the target."""
+    import torch
+    from transformers import BatchEncoding
+
+    c = RECIPE["copy"]
+    rng = random.Random(c["seed"])
+    specials = set(tokenizer.all_special_ids)
+    ordinary = [i for i in range(len(tokenizer)) if i not in specials]
+    sent, end, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in (SENT, END_SENT, EOS, PAD))
+    codes = {(lex, order): tokenizer(f"lexical = {lex}, order = {order}", add_special_tokens=False)["input_ids"]
+             for lex in range(0, 101, 20) for order in range(0, 101, 20)}  # fmt: skip
+    while True:
+        sources, targets = [], []
+        for _ in range(c["batch_size"]):
+            window = rng.choices(ordinary, k=rng.randint(1, c["max_tokens"]))
+            head = codes[(rng.randrange(0, 101, 20), rng.randrange(0, 101, 20))]
+            sources.append(head + [sent] + window + [end, eos])
+            targets.append(window + [eos])
+        width_s, width_t = max(map(len, sources)), max(map(len, targets))
+        ids = torch.tensor([r + [pad] * (width_s - len(r)) for r in sources])
+        labels = torch.tensor([r + [-100] * (width_t - len(r)) for r in targets])
+        yield BatchEncoding({"input_ids": ids, "attention_mask": (ids != pad).long(), "labels": labels})
+
+
 def build(out: Path) -> dict:
     """Train the tokenizer and the paraphraser into ``out``; return what was measured."""
     import time
@@ -260,9 +291,16 @@ def build(out: Path) -> dict:
         decoder_start_token_id=tokenizer.pad_token_id, **RECIPE["model"],
     )  # fmt: skip
     model = T5ForConditionalGeneration(config)
+    step = loss_step(lambda m, b: m(**b).loss)
+    c = RECIPE["copy"]
+    copy_settings = TrainSettings(steps=c["steps"], batch_size=c["batch_size"], seq_len=c["max_tokens"], lr=c["lr"],
+                                  warmup_frac=0.0, schedule="constant", seed=c["seed"])  # fmt: skip
+    copy_log = train(
+        model, step, copy_batches(tokenizer), copy_settings, desc="tiny paraphraser: copying", device="cpu"
+    )
     settings = TrainSettings(**RECIPE["train"])
     batches = pair_batches(tokenizer, pairs, settings.batch_size, settings.seed)
-    log_ = train(model, loss_step(lambda m, b: m(**b).loss), batches, settings, desc="tiny paraphraser")
+    log_ = train(model, step, batches, settings, desc="tiny paraphraser: rewriting", device="cpu")
     model.save_pretrained(out, safe_serialization=True)
     return {
         "recipe": RECIPE,
@@ -271,6 +309,8 @@ def build(out: Path) -> dict:
         "swappable_words": sum(1 for v in near.values() if v),
         "parameters": sum(p.numel() for p in model.parameters()),
         "prepare_seconds": round(prepared, 1),
+        "copy_loss_last_10": copy_log["loss_last_10"],
+        "copy_seconds": copy_log["seconds"],
         "torch": torch.__version__,
         **{k: v for k, v in log_.items() if k != "losses"},
         "build_seconds": round(time.perf_counter() - start, 1),
