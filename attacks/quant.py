@@ -18,6 +18,7 @@ What is evaluated (``out_dir/model``, also named in the report under ``"evaluate
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -118,7 +119,9 @@ class GPTQ(ModelAttack):
         # would change the layers GPTQ leaves alone (embeddings, norms, lm_head) too.
         dtype = _config_dtype(model_dir)
         # gptqmodel prints a banner, progress bars and per-layer tables: they go to gptqmodel.log in the stage.
-        with library_output(out_dir / "gptqmodel.log"):
+        # ... and per-layer logs under ./logs/ of the working directory: run it from the stage folder.
+        model_dir, out_dir = Path(model_dir).resolve(), Path(out_dir).resolve()
+        with library_output(out_dir / "gptqmodel.log"), contextlib.chdir(out_dir):
             _gptq_quantize(self, model_dir, out_dir, ctx, dtype)
         log.info("GPTQ %d-bit done (gptqmodel's own output is in %s)", p.bits, out_dir / "gptqmodel.log")
         quantized = out_dir / QUANTIZED
