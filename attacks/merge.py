@@ -42,4 +42,9 @@ class Slerp(ModelAttack):
             cuda=ctx.device.startswith("cuda"), copy_tokenizer=True, write_model_card=False, quiet=True
         )
         run_merge(MergeConfiguration.model_validate(config), str(out_dir / MODEL), options)
-        return {"mergekit_config": config, "t_is_weight_of": "unwatermarked base", "versions": versions("mergekit")}
+        return {
+            "mergekit_config": config,
+            "t_is_weight_of": "unwatermarked base",
+            "versions": versions("mergekit"),
+            "evaluated": "the merged model (float32)",
+        }
