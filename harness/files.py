@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -126,6 +126,33 @@ def locked(lock_file: Path, what: str) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def build_once(folder: Path, ready_files: tuple[str, ...], what: str, build: Callable[[Path], dict]) -> Path:
+    """``folder`` (under the cache), building it first with ``build(partial_folder) -> report`` if this machine has
+    none: one process builds while others wait on a lock beside it; the report goes to ``build.json``; the folder is
+    published by rename only when complete (``DONE`` last), so an interrupted build leaves nothing behind."""
+    ready = lambda: all((folder / f).exists() for f in (*ready_files, "DONE"))  # noqa: E731
+    if ready():
+        return folder
+    with locked(folder.with_name(f"{folder.name}.lock"), what):
+        if ready():  # built by the process we waited for
+            return folder
+        remove_partials(folder)
+        if folder.exists():
+            log.warning("the cached %s in %s is incomplete; building it again", what, folder)
+            shutil.rmtree(folder)
+        log.info("building %s once for this machine in %s", what, folder)
+        partial = folder.with_name(f".{folder.name}.partial-{owner_tag()}")
+        partial.mkdir(parents=True)
+        try:
+            report = build(partial)
+            (partial / "build.json").write_text(json.dumps(report, indent=2))
+            (partial / "DONE").write_text("")
+            partial.rename(folder)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return folder
 
 
 def try_lock(lock_file: Path):

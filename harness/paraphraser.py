@@ -34,7 +34,6 @@ import json
 import logging
 import random
 import re
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -59,7 +58,7 @@ RECIPE = {
     "train": {"steps": 1000, "batch_size": 32, "seq_len": 128, "lr": 1e-3, "warmup_frac": 0.05, "seed": 0},
 }  # fmt: skip
 PAD, EOS, UNK, SENT, END_SENT = "<pad>", "</s>", "<unk>", "<sent>", "</sent>"  # ids 0..4; T5: pad 0, eos 1
-FILES = ("config.json", "model.safetensors", "tokenizer.json", "DONE")
+FILES = ("config.json", "model.safetensors", "tokenizer.json")
 WORD = re.compile(r"[A-Za-z]+")
 # Function words are never swapped (their corpus neighbours are other function words, and swapping them breaks the
 # syntax); only content words are, for content words.
@@ -83,27 +82,7 @@ def tiny_paraphraser() -> Path:
     """Folder of the tiny paraphraser and its tokenizer, building it first if this machine has none. One process
     builds it while others wait (a lock per recipe); an interrupted build leaves nothing behind."""
     folder = files.cache_root() / f"tiny-paraphraser-{recipe_hash()}"
-    ready = lambda: all((folder / f).exists() for f in FILES)  # noqa: E731
-    if ready():
-        return folder
-    with files.locked(folder.with_name(f"{folder.name}.lock"), "the tiny paraphraser"):
-        if ready():  # built by the process we waited for
-            return folder
-        files.remove_partials(folder)
-        if folder.exists():
-            log.warning("the cached tiny paraphraser in %s is incomplete; building it again", folder)
-            shutil.rmtree(folder)
-        log.info("building the tiny paraphraser once for this machine in %s", folder)
-        partial = folder.with_name(f".{folder.name}.partial-{files.owner_tag()}")
-        partial.mkdir(parents=True)
-        try:
-            report = build(partial)
-            (partial / "build.json").write_text(json.dumps(report, indent=2))
-            (partial / "DONE").write_text("")
-            partial.rename(folder)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
-    return folder
+    return files.build_once(folder, FILES, "the tiny paraphraser", build)
 
 
 def build_tokenizer(texts: list[str]):

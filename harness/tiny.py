@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 from pathlib import Path
 
 from harness import data, files
@@ -41,35 +40,14 @@ def recipe_hash() -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-TINY_FILES = ("config.json", "model.safetensors", "tokenizer.json", "DONE")
+TINY_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
 def tiny_lm() -> Path:
     """Folder of the tiny model and tokenizer, building it first if this machine has none. One process builds it
     while others wait for it (a lock per recipe); an interrupted build leaves nothing behind."""
     folder = files.cache_root() / f"tiny-lm-{recipe_hash()}"
-    ready = lambda: all((folder / f).exists() for f in TINY_FILES)  # noqa: E731
-    if ready():
-        return folder
-    lock = folder.with_name(f"{folder.name}.lock")
-    with files.locked(lock, "the tiny base model"):
-        if ready():  # built by the process we waited for
-            return folder
-        files.remove_partials(folder)
-        if folder.exists():
-            log.warning("the cached tiny base model in %s is incomplete; building it again", folder)
-            shutil.rmtree(folder)
-        log.info("building the tiny base model once for this machine in %s", folder)
-        partial = folder.with_name(f".{folder.name}.partial-{files.owner_tag()}")
-        partial.mkdir(parents=True)
-        try:
-            report = build(partial)
-            (partial / "build.json").write_text(json.dumps(report, indent=2))
-            (partial / "DONE").write_text("")
-            partial.rename(folder)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
-    return folder
+    return files.build_once(folder, TINY_FILES, "the tiny base model", build)
 
 
 def build_tokenizer(texts: list[str]):
