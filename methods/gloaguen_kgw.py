@@ -27,7 +27,7 @@ from pydantic import Field
 from harness import data
 from harness.config import TrainSettings
 from methods.base import TrainContext
-from methods.gu_kgw import GuKGW, GuKGWParams
+from methods.gu_kgw import GuKGW, GuKGWParams, distill
 
 FINETUNED = "finetuned"
 
@@ -55,8 +55,7 @@ class GloaguenKGW(GuKGW):
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from harness.models import load_causal_lm, load_tokenizer
-        from methods.distill import logit_distill
-        from methods.kgw import GreenLists, KGWKey, watermark_logits
+        from methods.kgw import KGWKey
 
         if ctx.train_method is None or ctx.stage is None:
             raise RuntimeError("Gloaguen-KGW trains through the pipeline (it reuses stages)")
@@ -70,7 +69,6 @@ class GloaguenKGW(GuKGW):
         )
         tokenizer = load_tokenizer(str(stage1 / "model"))
         key = json.loads((stage1 / "key.json").read_text())
-        greens = GreenLists(KGWKey.from_dict(key["teacher"]))
         teacher = load_causal_lm(ctx.base_model, ctx.device, dtype="float32")
         student = load_causal_lm(str(stage1 / "model"), ctx.device, dtype="float32").requires_grad_(True)
         tuned = load_causal_lm(str(finetuned / FINETUNED), "cpu", dtype="float32")
@@ -79,17 +77,8 @@ class GloaguenKGW(GuKGW):
         for name, param in student.named_parameters():
             mask = masks[name].to(param.device)
             param.register_hook(lambda grad, mask=mask: grad * mask)
-        stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
-        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
-        report = logit_distill(
-            student,
-            teacher,
-            lambda ids, logits: watermark_logits(greens, ids, logits),
-            batches,
-            s,
-            "distill Gloaguen-KGW (stable parameters)",
-            ctx.device,
-        )
+        teacher_key = KGWKey.from_dict(key["teacher"])
+        report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gloaguen-KGW (stable parameters)")
         student.save_pretrained(out / "model", safe_serialization=True)
         tokenizer.save_pretrained(out / "model")
         (out / "key.json").write_text(json.dumps({**key, "method": self.name}, indent=2))

@@ -79,25 +79,12 @@ class GuKGW(WatermarkMethod):
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from harness.models import load_causal_lm, load_tokenizer
-        from methods.kgw import GreenLists, watermark_logits
 
         tokenizer = load_tokenizer(ctx.base_model)
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
-        greens = GreenLists(teacher_key)
         teacher = load_causal_lm(ctx.base_model, ctx.device, dtype="float32")
         student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
-        s = ctx.settings
-        stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
-        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
-        report = logit_distill(
-            student,
-            teacher,
-            lambda ids, logits: watermark_logits(greens, ids, logits),
-            batches,
-            s,
-            "distill Gu-KGW",
-            ctx.device,
-        )
+        report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gu-KGW")
         student.save_pretrained(out / "model", safe_serialization=True)
         tokenizer.save_pretrained(out / "model")
         key = {
@@ -115,3 +102,17 @@ class GuKGW(WatermarkMethod):
 
     def config_label(self) -> str:
         return f"k={self.params.k}, delta={self.params.delta:g}"
+
+
+def distill(student, teacher, key, tokenizer, ctx: TrainContext, desc: str) -> dict:
+    """Distil the KGW teacher (``teacher``'s logits + delta on ``key``'s green lists) into ``student`` over the
+    training stream of ``ctx``; return the training report."""
+    from methods.kgw import GreenLists, watermark_logits
+
+    greens = GreenLists(key)
+    s = ctx.settings
+    stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
+    batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
+    return logit_distill(
+        student, teacher, lambda ids, logits: watermark_logits(greens, ids, logits), batches, s, desc, ctx.device
+    )
