@@ -116,13 +116,15 @@ def tiny_store(tmp_path_factory, harness):
     return root, out
 
 
-def _runs_by_row(root, attack: str | None = None) -> dict:
-    """``{row: (spec, metrics)}`` of the finished runs in ``root`` (of one attack's command if ``attack`` is given:
-    its rows plus the base and unaltered ones)."""
+def _runs_by_row(root, attack: str | None = None, method: str = "gu-kgw") -> dict:
+    """``{row: (spec, metrics)}`` of one method's finished runs in ``root`` (of one attack's command if ``attack`` is
+    given: its rows plus the base and unaltered ones). Rows are named alike across methods, hence the filter."""
     found = {}
     for done in root.glob("*/DONE"):
         spec = json.loads((done.parent / "spec.json").read_text())
         name = spec["config"]["attack"]["name"]
+        if spec["config"]["method"]["name"] != method:
+            continue
         if attack is None or name in (None, "none", attack):
             found[spec["row"]] = (spec, json.loads((done.parent / "metrics.json").read_text()))
     return found
@@ -130,5 +132,5 @@ def _runs_by_row(root, attack: str | None = None) -> dict:
 
 @pytest.fixture(scope="session")
 def runs_by_row():
-    """``runs_by_row(root, attack=None)``: ``{row: (spec, metrics)}`` of the finished runs in a store."""
+    """``runs_by_row(root, attack=None, method="gu-kgw")``: ``{row: (spec, metrics)}`` of a method's runs in a store."""
     return _runs_by_row

@@ -11,9 +11,7 @@ def check_cell(root, harness, runs_by_row, method: str):
     out = harness("run", "--method", method, "--attack", "slerp", "--attack-arg", "t=0.5", "--results", str(root),
                   timeout=2400)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = {
-        row: m for row, (spec, m) in runs_by_row(root, "slerp").items() if spec["config"]["method"]["name"] == method
-    }
+    rows = {row: m for row, (_, m) in runs_by_row(root, "slerp", method).items()}
     assert set(rows) == {"Unwatermarked base", "Unaltered", "SLERP t=0.5"}, sorted(rows)
     assert rows["Unaltered"]["auc"] >= 0.9, rows
     assert 0.40 <= rows["Unwatermarked base"]["auc"] <= 0.60, rows
@@ -23,11 +21,8 @@ def check_cell(root, harness, runs_by_row, method: str):
 
 def test_gloaguen_kgw(tiny_store, harness, runs_by_row):
     root, _ = tiny_store
-    check_cell(root, harness, runs_by_row, "gloaguen-kgw")
-    assert (
-        "reusing training of gu-kgw"
-        in harness("run", "--method", "gloaguen-kgw", "--attack", "none", "--results", str(root)).stderr
-    )  # stage 1 is the Gu-KGW student
+    out = check_cell(root, harness, runs_by_row, "gloaguen-kgw")
+    assert "reusing training of gu-kgw" in out.stderr  # stage 1 is the Gu-KGW student of the same settings
 
 
 @pytest.mark.slow  # the base model writes 4,800 KTH teacher texts first (minutes on 2 cores)

@@ -34,8 +34,9 @@ def test_run_folder_holds_everything(store, runs_by_row):
     root, _ = store
     mine = {spec["row"] for spec, _ in runs_by_row(root, "slerp").values()}
     for run in (p.parent for p in root.glob("*/DONE")):
-        if json.loads((run / "spec.json").read_text())["row"] not in mine:
-            continue  # another smoke test's attack in the shared store
+        spec = json.loads((run / "spec.json").read_text())
+        if spec["row"] not in mine or spec["config"]["method"]["name"] != "gu-kgw":
+            continue  # another smoke test's method or attack in the shared store
         for name in ("spec.json", "manifest.json", "generations.jsonl", "scores.jsonl", "metrics.json"):
             assert (run / name).is_file(), (run, name)
         manifest = json.loads((run / "manifest.json").read_text())
@@ -43,10 +44,14 @@ def test_run_folder_holds_everything(store, runs_by_row):
         gens = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
         assert len(gens) == 200 and all(len(g["completion_ids"]) == 64 for g in gens)
         assert all(len(g["human_ids"]) == 64 for g in gens)
-    trained = list((root / "stages" / "train").glob("*/model/model.safetensors"))
-    keys = list((root / "stages" / "train").glob("*/key.json"))
-    assert len(trained) == 1 and len(keys) == 1
-    assert json.loads(keys[0].read_text())["detector"]["seeding_scheme"] == "simple_1"
+    # One Gu-KGW student (other smoke tests add other methods' to the shared store), its key beside the model.
+    gu_kgw = [
+        p.parent
+        for p in (root / "stages" / "train").glob("*/spec.json")
+        if json.loads(p.read_text())["method"] == "gu-kgw"
+    ]
+    assert len(gu_kgw) == 1 and (gu_kgw[0] / "model" / "model.safetensors").is_file()
+    assert json.loads((gu_kgw[0] / "key.json").read_text())["detector"]["seeding_scheme"] == "simple_1"
 
 
 def test_second_run_reuses_every_stage(store, harness):
