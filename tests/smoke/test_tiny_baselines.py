@@ -19,6 +19,7 @@ def check_cell(root, harness, runs_by_row, method: str):
     return out
 
 
+@pytest.mark.slow  # stage 2 and stage 3 train for minutes; tests/unit/test_gloaguen.py covers the mechanics in CI
 def test_gloaguen_kgw(tiny_store, harness, runs_by_row):
     root, _ = tiny_store
     out = check_cell(root, harness, runs_by_row, "gloaguen-kgw")
