@@ -329,6 +329,9 @@ class Pipeline:
             # Where the model and key are: paths stay out of the hash, so a moved store still matches.
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
             report = {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
+            # Texts too short for the detector to score any position (scored neutrally: no evidence).
+            report["unscored_texts"] = {"generated": sum(s.get("scored") == 0 for s in pos),
+                                        "human": sum(s.get("scored") == 0 for s in neg)}  # fmt: skip
             if attack_spec is not None:  # what the evaluated folder holds (e.g. a dequantized copy), from its stage
                 attack_stage = self.store.stage("attack", attack_spec)
                 report["evaluated"] = attack_stage.manifest()["report"].get("evaluated", "the attack's output")

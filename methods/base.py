@@ -52,6 +52,17 @@ class Detector(ABC):
         """One dict per sequence with at least ``score``; ``p_value`` where the scheme has one."""
 
 
+def score_long_enough(sequences: list[list[int]], minimum: int, score: Callable, neutral: dict) -> list[dict]:
+    """``score`` (a batch function) on the sequences of at least ``minimum`` tokens; the shorter ones, which hold no
+    position to score (e.g. a paraphrase that came out nearly empty), get ``neutral``, the result of no evidence for
+    a watermark, with ``scored: 0``, so that one short text never stops a run."""
+    keep = [i for i, seq in enumerate(sequences) if len(seq) >= minimum]
+    out = [{**neutral, "scored": 0} for _ in sequences]
+    for i, result in zip(keep, score([sequences[i] for i in keep]) if keep else [], strict=True):
+        out[i] = result
+    return out
+
+
 class WatermarkMethod(Plugin, ABC):
     """Base of every method: ``train`` writes ``out/model`` (weights + tokenizer, what is released) and the detection
     key beside it (``out/key.json`` and any files it names), never inside ``out/model``."""

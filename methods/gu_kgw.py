@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from harness import data
 from harness.plugins import Params
-from methods.base import Detector, TrainContext, WatermarkMethod
+from methods.base import Detector, TrainContext, WatermarkMethod, score_long_enough
 from methods.distill import logit_distill
 
 
@@ -45,16 +45,20 @@ class KGWDetector(Detector):
     def score(self, sequences: list[list[int]]) -> list[dict]:
         from methods.kgw import score_sequences
 
-        return [
-            {
-                "score": s.z_score,
-                "p_value": s.p_value,
-                "p_value_gu": s.p_value_gu,
-                "green": s.num_green,
-                "scored": s.num_scored,
-            }
-            for s in score_sequences(self.greens, sequences, self.ignore_repeated_ngrams)
-        ]
+        def batch(seqs: list[list[int]]) -> list[dict]:
+            return [
+                {
+                    "score": s.z_score,
+                    "p_value": s.p_value,
+                    "p_value_gu": s.p_value_gu,
+                    "green": s.num_green,
+                    "scored": s.num_scored,
+                }
+                for s in score_sequences(self.greens, seqs, self.ignore_repeated_ngrams)
+            ]
+
+        neutral = {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0}  # no position: no evidence
+        return score_long_enough(sequences, self.greens.key.context_width + 1, batch, neutral)
 
 
 class GuKGW(WatermarkMethod):

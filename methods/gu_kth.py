@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 from harness import data
 from harness.errors import HarnessError
 from harness.plugins import Params
-from methods.base import DetectContext, Detector, TrainContext, WatermarkMethod
+from methods.base import DetectContext, Detector, TrainContext, WatermarkMethod, score_long_enough
 
 
 class GuKTHParams(Params):
@@ -50,10 +50,14 @@ class KTHDetector(Detector):
     def score(self, sequences: list[list[int]]) -> list[dict]:
         from methods.kth import p_values, statistics
 
-        stats = statistics(self.key, sequences, self.statistic, self.gamma)
-        pvals = p_values(stats, self.reference)
-        # Higher score = more watermarked (the statistic is lower for watermarked text).
-        return [{"score": -d, "statistic": d, "p_value": p} for d, p in zip(stats, pvals, strict=True)]
+        def batch(seqs: list[list[int]]) -> list[dict]:
+            stats = statistics(self.key, seqs, self.statistic, self.gamma)
+            pvals = p_values(stats, self.reference)
+            # Higher score = more watermarked (the statistic is lower for watermarked text).
+            return [{"score": -d, "statistic": d, "p_value": p} for d, p in zip(stats, pvals, strict=True)]
+
+        # An empty text sums no cost: statistic 0, above every reference statistic, so p = 1.
+        return score_long_enough(sequences, 1, batch, {"score": 0.0, "statistic": 0.0, "p_value": 1.0})
 
 
 class GuKTH(WatermarkMethod):

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from harness import data
 from harness.errors import HarnessError
 from harness.plugins import Params
-from methods.base import Detector, TrainContext, WatermarkMethod
+from methods.base import Detector, TrainContext, WatermarkMethod, score_long_enough
 
 # The paper's delta grid per base model (Section 4.1).
 PAPER_DELTAS = {
@@ -80,7 +80,12 @@ class PRODetector(Detector):
         from methods.pro_policy import detection_scores
 
         with Progress(len(sequences), "PRO detect", unit="text") as bar:
-            return detection_scores(self.policy, self.embedder, self.tokenizer, sequences, self.n, progress=bar)
+            return score_long_enough(
+                sequences,
+                self.n + 1,
+                lambda seqs: detection_scores(self.policy, self.embedder, self.tokenizer, seqs, self.n, progress=bar),
+                {"score": 0.0},  # M's logits lie in [-1, 1] around 0: no position, no evidence
+            )
 
 
 class PRO(WatermarkMethod):

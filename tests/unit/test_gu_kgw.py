@@ -49,3 +49,17 @@ def test_k1_drops_special_tokens_from_the_teacher_only(random_llamas, tmp_path):
     detector = method.detector(tmp_path, tok)
     scores = detector.score([[1, 2, 3, 4, 5]])
     assert scores[0]["scored"] == 4 and set(scores[0]) >= {"score", "p_value", "green"}
+
+
+def test_text_too_short_to_score_is_neutral_not_an_error():
+    """A text with no position to score (e.g. a paraphrase that came out as one token) carries no evidence: z = 0,
+    p = 1, scored = 0; the others in the batch are scored as usual."""
+    from methods.base import score_long_enough
+    from methods.gu_kgw import KGWDetector
+
+    key = {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "simple_1", "vocab_size": 100}
+    detector = KGWDetector(key, ignore_repeated_ngrams=False)
+    out = detector.score([[5], list(range(1, 30)), []])
+    assert out[0] == out[2] == {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0, "scored": 0}
+    assert out[1]["scored"] == 28
+    assert score_long_enough([[1], [2]], 3, lambda seqs: 1 / 0, {"score": 0.0}) == [{"score": 0.0, "scored": 0}] * 2
