@@ -135,12 +135,6 @@ def library_output(log_file: Path) -> Iterator[None]:
 
 def versions(*distributions: str) -> dict[str, str | None]:
     """Installed versions of the libraries an attack used, for its report."""
-    from importlib.metadata import PackageNotFoundError, version
+    from harness.store import package_versions
 
-    found: dict[str, str | None] = {}
-    for dist in ("torch", "transformers", *distributions):
-        try:
-            found[dist] = version(dist)
-        except PackageNotFoundError:
-            found[dist] = None
-    return found
+    return package_versions(("torch", "transformers", *distributions))

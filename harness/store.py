@@ -40,14 +40,19 @@ def spec_hash(spec: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def versions() -> dict:
-    found = {"python": platform.python_version()}
-    for name in TRACKED_PACKAGES:
+def package_versions(names) -> dict[str, str | None]:
+    """Installed version of each distribution in ``names`` (None where it is not installed)."""
+    found: dict[str, str | None] = {}
+    for name in names:
         try:
             found[name] = version(name)
         except PackageNotFoundError:
             found[name] = None
     return found
+
+
+def versions() -> dict:
+    return {"python": platform.python_version(), **package_versions(TRACKED_PACKAGES)}
 
 
 def git_sha() -> str | None:
