@@ -212,13 +212,14 @@ def example_stream(tokenizer, d: InstructData, p: FineTuneParams, stats: dict):
     buffer seeded by ``seed + epoch``. Lazy, so the examples behind step s are the same whatever later steps were
     asked for. Examples whose response is shorter than the minimum or whose instruction fills ``seq_len`` are
     skipped; ``stats`` counts the rows read and the passes begun."""
+    import itertools
     import random
 
     from harness import data
     from harness.errors import HarnessError
 
     minimum = max(d.min_response_tokens if p.min_response_tokens is None else p.min_response_tokens, 1)
-    for epoch in range(1_000_000):
+    for epoch in itertools.count():
         rng, buffer, kept = random.Random(p.seed + epoch), [], 0
         stats["epochs"] = epoch + 1
         for row in data.iter_rows(d.source, (*d.prompt_fields, d.response_field)):

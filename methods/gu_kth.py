@@ -31,7 +31,7 @@ class GuKTHParams(Params):
     prompt_tokens: int = Field(50, gt=0)  # teacher prompts (Gu et al.: 50)
     batch_size: int | None = Field(None, gt=0)  # None: the preset's train.batch_size (paper: 128 for KTH)
     seq_len: int | None = Field(None, gt=1)  # None: the preset's train.seq_len (paper: 256 for KTH)
-    generate_batch: int = Field(64, gt=0)  # teacher texts per generate call (speed only... and the shift draw)
+    generate_batch: int = Field(64, gt=0)  # teacher texts per generate call (greedy, equal-length prompts)
     statistic: Literal["levenshtein", "min-offset"] = "levenshtein"  # Gu et al.'s detector is the alignment one
     gamma: float = Field(0.0, ge=0)  # insertion/deletion cost of the alignment (Gu et al.: 0)
     reference_texts: int = Field(10_000, gt=0)  # Gu et al.: 10,000 human texts
