@@ -17,25 +17,17 @@ import gzip
 import json
 import pathlib
 import sys
-import sysconfig
 
-SKIP_TOP = {"site-packages", "test", "idlelib", "lib2to3", "tkinter", "turtledemo", "ensurepip"}
+from make_tiny_corpus import stdlib_trees  # this folder is on sys.path when the script runs
+
 MIN_DOC, MAX_CODE, MIN_CODE = 40, 1500, 120  # characters
 OUT = pathlib.Path(__file__).resolve().parent.parent / "harness" / "data" / "tiny_code_instruct.jsonl.gz"
 
 
 def examples() -> list[dict]:
     """``{"source", "prompt", "response"}`` records, one per documented function, duplicates removed."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
     out, seen = [], set()
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).parts
-        if rel[0] in SKIP_TOP or "tests" in rel:
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
+    for rel, tree in stdlib_trees():
         for node in ast.walk(tree):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
                 continue

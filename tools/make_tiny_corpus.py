@@ -22,20 +22,27 @@ SKIP_TOP = {"site-packages", "test", "idlelib", "lib2to3", "tkinter", "turtledem
 OUT = pathlib.Path(__file__).resolve().parent.parent / "harness" / "data" / "tiny_corpus.jsonl.gz"
 
 
-def documents() -> list[dict]:
-    """Return the corpus as ``{"source", "text"}`` records in a fixed order."""
-    import pydoc_data.topics as topics
-
+def stdlib_trees():
+    """``(path parts, ast)`` of every module of the pure-Python standard library (the folders in SKIP_TOP and test
+    suites left out), in a fixed order; read with ``ast``, never imported. tools/make_tiny_code_instruct.py uses it
+    too."""
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    docs = [{"source": f"pydoc:{k}", "text": topics.topics[k].strip()} for k in sorted(topics.topics)]
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).parts
         if rel[0] in SKIP_TOP or "tests" in rel:
             continue
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
+            yield rel, ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
             continue
+
+
+def documents() -> list[dict]:
+    """Return the corpus as ``{"source", "text"}`` records in a fixed order."""
+    import pydoc_data.topics as topics
+
+    docs = [{"source": f"pydoc:{k}", "text": topics.topics[k].strip()} for k in sorted(topics.topics)]
+    for rel, tree in stdlib_trees():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
