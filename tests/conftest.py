@@ -134,3 +134,27 @@ def _runs_by_row(root, attack: str | None = None, method: str = "gu-kgw") -> dic
 def runs_by_row():
     """``runs_by_row(root, attack=None, method="gu-kgw")``: ``{row: (spec, metrics)}`` of a method's runs in a store."""
     return _runs_by_row
+
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
+    "Return the number of items in the list, or raise an error if it is empty; lists are ordered.",
+    "A watermark is a hidden signal in generated text that a detector can find with a secret key.",
+] * 8
+
+
+def _small_preset(folder, base, texts=None, **settings):
+    """The tiny preset on a local model folder ``base`` (also the oracle) and a little JSONL corpus written into
+    ``folder`` (``texts``, default CORPUS) for training and evaluation; ``settings`` are ``--set`` overrides."""
+    from harness.config import TINY, apply_overrides
+
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts or CORPUS))
+    paths = {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(corpus)}
+    return apply_overrides(TINY, {**paths, "eval_data.path": str(corpus), **settings})
+
+
+@pytest.fixture(scope="session")
+def small_preset():
+    """``small_preset(folder, base, texts=None, **settings)``: see ``_small_preset``."""
+    return _small_preset

@@ -8,7 +8,6 @@ import torch
 from safetensors.torch import load_file
 
 from attacks.base import AttackContext
-from harness.config import TINY, apply_overrides
 from harness.errors import HarnessError
 from harness.models import load_causal_lm
 from harness.pipeline import Pipeline
@@ -57,16 +56,11 @@ def test_checkpoints_at_each_step_from_one_run(random_llamas, tmp_path):
     assert all(torch.equal(v, weights(alone / "checkpoints/step-2")[k]) for k, v in two.items())
 
 
-def test_each_checkpoint_is_a_row(random_llamas, tmp_path):
+def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset):
     base, _ = random_llamas
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"{p} {r}"}) + "\n" for p, r in PAIRS))
-    preset = apply_overrides(
-        TINY,
-        {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(corpus),
-         "eval_data.path": str(corpus), "train.steps": "2", "train.batch_size": "2", "train.seq_len": "16",
-         "eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "6", "eval.batch_size": "2"},
-    )  # fmt: skip
+    settings = {"train.steps": "2", "train.batch_size": "2", "train.seq_len": "16", "eval.num_prompts": "4",
+                "eval.prompt_tokens": "4", "eval.new_tokens": "6", "eval.batch_size": "2"}  # fmt: skip
+    preset = small_preset(tmp_path, base, [f"{p} {r}" for p, r in PAIRS], **settings)
     attack = attacks.build(
         "finetune", {"dataset": str(instruct_file(tmp_path)), "steps": "1,3", "batch_size": "2", "seq_len": "64"}
     )

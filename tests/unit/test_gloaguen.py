@@ -7,39 +7,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.config import TINY, apply_overrides
 from harness.errors import HarnessError
 from harness.pipeline import Pipeline
 from harness.registry import attacks, methods
 from harness.store import Store
 
-TEXTS = [
-    "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
-    "Return the number of items in the list, or raise an error if it is empty; lists are ordered.",
-    "A watermark is a hidden signal in generated text that a detector can find with a secret key.",
-] * 8
+SETTINGS = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", "train.lr": "1e-2",
+            "eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "6",
+            "eval.batch_size": "2"}  # fmt: skip
 
 
-def preset(tmp_path, base):
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    return apply_overrides(
-        TINY,
-        {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(corpus),
-         "eval_data.path": str(corpus), "train.steps": "3", "train.batch_size": "2", "train.seq_len": "16",
-         "train.lr": "1e-2", "eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "6",
-         "eval.batch_size": "2"},
-    )  # fmt: skip
-
-
-def test_stage3_changes_only_stable_parameters(random_llamas, tmp_path):
+def test_stage3_changes_only_stable_parameters(random_llamas, tmp_path, small_preset):
     from harness.models import load_causal_lm
     from methods.gloaguen_kgw import stable_masks
 
     base, _ = random_llamas
     store = Store(tmp_path / "runs")
     settings = {"k": "1", "delta": "2", "stable_fraction": "0.3", "ft_steps": "3", "ft_lr": "1e-2", "ft_warmup": "0"}
-    cells = Pipeline(preset(tmp_path, base), store, "cpu").run(
+    cells = Pipeline(small_preset(tmp_path, base, **SETTINGS), store, "cpu").run(
         methods.build("gloaguen-kgw", settings), attacks.build("none", {})
     )
     assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered"]

@@ -6,37 +6,22 @@ import json
 
 import pytest
 
-from harness.config import TINY, apply_overrides
 from harness.errors import HarnessError
 from harness.pipeline import Pipeline, read_jsonl
 from harness.registry import attacks, methods
 from harness.store import Store
 
-TEXTS = [
-    "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
-    "Return the number of items in the list, or raise an error if it is empty; lists are ordered.",
-    "A watermark is a hidden signal in generated text that a detector can find with a secret key.",
-] * 8
-
-
-def preset(tmp_path, base, **extra):
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    return apply_overrides(
-        TINY,
-        {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(corpus),
-         "eval_data.path": str(corpus), "train.steps": "2", "train.batch_size": "2", "train.seq_len": "12",
-         "eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "8", "eval.batch_size": "2", **extra},
-    )  # fmt: skip
+PRESET = {"train.steps": "2", "train.batch_size": "2", "train.seq_len": "12", "eval.num_prompts": "4",
+          "eval.prompt_tokens": "4", "eval.new_tokens": "8", "eval.batch_size": "2"}  # fmt: skip
 
 
 SETTINGS = {"s": "2", "m": "16", "prompt_tokens": "4", "reference_texts": "20", "generate_batch": "3"}
 
 
-def test_teacher_texts_and_reference_are_shared_stages(random_llamas, tmp_path):
+def test_teacher_texts_and_reference_are_shared_stages(random_llamas, tmp_path, small_preset):
     base, _ = random_llamas
     store = Store(tmp_path / "runs")
-    cells = Pipeline(preset(tmp_path, base), store, "cpu").run(
+    cells = Pipeline(small_preset(tmp_path, base, **PRESET), store, "cpu").run(
         methods.build("gu-kth", SETTINGS), attacks.build("none", {})
     )
     stages = tmp_path / "runs" / "stages"
@@ -52,7 +37,7 @@ def test_teacher_texts_and_reference_are_shared_stages(random_llamas, tmp_path):
             assert s["score"] == -s["statistic"]
             assert 1 / (len(ref) + 1) <= s["p_value"] <= 1
     # Another student of the same key and data (another learning rate) reuses both stages.
-    other = preset(tmp_path, base, **{"train.lr": "2e-3"})
+    other = small_preset(tmp_path, base, **PRESET, **{"train.lr": "2e-3"})
     Pipeline(other, store, "cpu").run(methods.build("gu-kth", SETTINGS), attacks.build("none", {}))
     assert len(list((stages / "train").iterdir())) == 2
     assert len(list((stages / "kth-teacher-texts").iterdir())) == 1
