@@ -32,8 +32,9 @@ SENTENCES = [
 ] * 20
 
 
-def make_random_llama(folder, seed: int, tokenizer=None):
-    """A 2-layer random Llama (and its tokenizer) saved to ``folder``; returns the folder."""
+def make_random_llama(folder, seed: int, tokenizer=None, **config):
+    """A 2-layer random Llama (and its tokenizer) saved to ``folder``; ``config`` overrides its LlamaConfig (e.g.
+    ``hidden_size=40``); returns the folder."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -41,7 +42,7 @@ def make_random_llama(folder, seed: int, tokenizer=None):
 
     tokenizer = tokenizer or build_tokenizer(SENTENCES)
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    settings = dict(
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
@@ -54,9 +55,15 @@ def make_random_llama(folder, seed: int, tokenizer=None):
         bos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id,
     )
-    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    LlamaForCausalLM(LlamaConfig(**{**settings, **config})).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def llama_builder():
+    """``make_random_llama(folder, seed, tokenizer=None, **config)``, for tests that need other dimensions."""
+    return make_random_llama
 
 
 @pytest.fixture(scope="session")

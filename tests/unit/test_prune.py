@@ -27,30 +27,13 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
+def llama(tmp_path_factory, llama_builder):
     """A random Llama whose rows are 40 or 80 wide (20% and 50% of a row are whole numbers), and a JSONL corpus."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from harness.tiny import build_tokenizer
 
     root = tmp_path_factory.mktemp("prune")
-    tokenizer = build_tokenizer(SENTENCES)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=40,
-        intermediate_size=80,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(root / "model", safe_serialization=True)
-    tokenizer.save_pretrained(root / "model")
+    dims = {"hidden_size": 40, "intermediate_size": 80, "num_hidden_layers": LAYERS, "max_position_embeddings": 64}
+    llama_builder(root / "model", 0, build_tokenizer(SENTENCES), **dims)
     corpus = root / "calib.jsonl"
     corpus.write_text("".join(json.dumps({"text": s}) + "\n" for s in SENTENCES))
     return root / "model", corpus
