@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from harness.errors import HarnessError
@@ -79,13 +80,52 @@ def build_parser() -> Parser:
         help="also load models whose weights are pickles (pytorch_model.bin), which can run code: only ones you trust",
     )
 
+    grid = sub.add_parser(
+        "grid",
+        help="run every cell of a grid spec (YAML) through the run store",
+        description="Expand a grid spec (see grids/tiny.yaml) into method x attack cells, validate all of it, and run "
+        "each cell as 'harness run' would: stored stages are reused, a failed cell is reported and the others go on, "
+        "and a grid started again computes only what is missing.",
+    )
+    grid.add_argument("spec", type=Path, help="grid spec, e.g. grids/tiny.yaml")
+    grid.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    grid.add_argument("--dry-run", action="store_true", help="list the cells and which are stored; run nothing")
+    grid.add_argument("--shard", metavar="I/N", help="run shard I of N (1 <= I <= N): whole trainings per shard")
+    grid.add_argument(
+        "--executor",
+        default="inline",
+        help="inline (default: this process, one cell after another), local (submitit jobs on this machine) or "
+        "slurm (submitit jobs on a Slurm cluster; the run store must be on a shared file system)",
+    )
+    grid.add_argument("--jobs-dir", type=Path, help="submitit's job folders (default <results>/jobs)")
+    grid.add_argument("--partition", help="Slurm partition")
+    grid.add_argument("--account", help="Slurm account")
+    grid.add_argument("--gpus", type=int, help="GPUs per job")
+    grid.add_argument("--cpus", type=int, help="CPUs per job")
+    grid.add_argument("--mem-gb", type=int, help="memory per job (GB)")
+    grid.add_argument("--time-min", type=int, default=240, help="time limit per job in minutes (default 240)")
+    grid.add_argument("--max-parallel", type=int, help="Slurm jobs running at once")
+    grid.add_argument("--device", help="torch device for inline cells (default as for 'harness run')")
+    grid.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")
+
     tables = sub.add_parser(
         "tables",
-        help="rebuild tab:robustness (CSV + LaTeX) from stored runs",
-        description="Read every finished run in the store; load no model.",
+        help="rebuild every table (CSV + LaTeX) and figure (PNG + PDF) of the paper from stored runs",
+        description="Read every finished run in the store; load no model. A cell that is not stored is shown as "
+        "missing.",
     )
     tables.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
     tables.add_argument("--out", type=Path, default=Path("results/tables"), help="output folder")
+    tables.add_argument("--ci", action="store_true", help="add the bootstrap 95%% interval of each AUC as columns")
+    tables.add_argument("--no-figures", action="store_true", help="tables only")
+
+    rescore = sub.add_parser(
+        "rescore",
+        help="recompute stored runs' metrics from their per-text scores after the metric code changed",
+        description="Bring every run whose metrics were computed by older metric code up to date from its stored "
+        "scores; load no model and detect nothing again.",
+    )
+    rescore.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
 
     sub.add_parser(
         "doctor",
@@ -136,8 +176,8 @@ def format_cells(cells) -> str:
 
 
 def cmd_run(args) -> None:
-    from harness import config, data, models
-    from harness.pipeline import Pipeline
+    from harness import config, models
+    from harness.pipeline import Pipeline, check_inputs
     from harness.plugins import parse_assignments
     from harness.registry import attacks, methods
     from harness.store import Store
@@ -154,21 +194,10 @@ def cmd_run(args) -> None:
     preset = preset.model_copy(update=updates)
     if args.allow_pickle:
         os.environ[models.ALLOW_PICKLE_ENV] = "1"
-    if args.device:
-        models.check_device(args.device)
-        os.environ["HARNESS_DEVICE"] = args.device  # every default_device() in this run (detectors too) agrees
-    elif os.environ.get("HARNESS_DEVICE"):
-        models.check_device(os.environ["HARNESS_DEVICE"], "HARNESS_DEVICE")
+    _device_env(args)
     store = Store(args.results)
     store.check_writable()
-    plugins = (method, attack)
-    refs = [ref for p in plugins for ref in p.model_refs().values()]
-    for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
-        models.check(ref)
-    for plugin in plugins:
-        plugin.validate(preset.base_model)
-    for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
-        data.check(source)
+    check_inputs(preset, (method, attack))
     cells = Pipeline(preset, store, args.device).run(method, attack)
     print(f"\n{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model})")
     print(format_cells(cells))
@@ -177,21 +206,98 @@ def cmd_run(args) -> None:
 
 def cmd_tables(args) -> None:
     from harness.store import Store
-    from harness.tables import collect, robustness, write_tables
+    from harness.tables import collect, collect_attribution, robustness, setups, write_tables
 
     store = Store(args.results)
     if not store.root.is_dir():
-        raise HarnessError(f"no run store at '{store.root}': run 'harness run' first")
+        raise HarnessError(f"no run store at '{store.root}': run 'harness run' or 'harness grid' first")
     if args.out.exists() and not args.out.is_dir():
         raise HarnessError(f"tables folder '{args.out}' is a file, not a folder")
     df = collect(store)
-    written = write_tables(df, args.out)
+    written = write_tables(df, args.out, ci=args.ci, attributions=collect_attribution(store))
     if not written:
         raise HarnessError(f"no finished runs in '{store.root}' that could be read")
-    for preset, part in df.groupby("preset"):
-        print(f"tab:robustness, preset '{preset}':")
-        print(robustness(part).round(3).to_string(na_rep="--"), end="\n\n")
-    print("wrote " + ", ".join(str(p) for p in written))
+    if not args.no_figures:
+        from harness.figures import write_figures
+
+        written += write_figures(df, store, args.out)
+    for name, part in setups(df).items():
+        table = robustness(part)
+        if table.empty:
+            continue
+        print(f"tab:robustness ({name}, {part['base_model'].iloc[0]}), AUC:")
+        auc = table.xs("AUC", axis=1, level=1)
+        print(auc.to_string(na_rep="missing", float_format=lambda v: f"{v:.3f}"), end="\n\n")
+    folders = sorted({p.parent for p in written if p.parent != args.out})
+    print(f"wrote {len(written)} files: {args.out / 'runs.csv'}, and in " + ", ".join(str(f) for f in folders))
+
+
+def _device_env(args) -> None:
+    """--device (else $HARNESS_DEVICE) for every stage of this process, checked first."""
+    from harness import models
+
+    if args.device:
+        models.check_device(args.device)
+        os.environ["HARNESS_DEVICE"] = args.device  # every default_device() in this run (detectors too) agrees
+    elif os.environ.get("HARNESS_DEVICE"):
+        models.check_device(os.environ["HARNESS_DEVICE"], "HARNESS_DEVICE")
+
+
+def cmd_grid(args) -> int:
+    from harness import grid, models
+
+    spec = grid.load(args.spec)
+    shard = grid.parse_shard(args.shard) if args.shard else None
+    if args.executor not in grid.EXECUTORS:
+        raise HarnessError(f"unknown executor '{args.executor}'. Valid executors: {', '.join(grid.EXECUTORS)}")
+    if args.allow_pickle:
+        os.environ[models.ALLOW_PICKLE_ENV] = "1"
+    _device_env(args)
+    cells = list(spec.cells) if shard is None else grid.shard(spec.cells, *shard)
+    part = f" (shard {shard[0]}/{shard[1]}: {len(cells)} of {len(spec.cells)} cells)" if shard else ""
+    if args.dry_run:
+        print(f"{args.spec}: {len(cells)} cells{part}, {len({c.training for c in cells})} trained models")
+        stored = 0
+        for k, cell in enumerate(cells, 1):
+            try:
+                rows = grid.plan(cell, args.results, args.device)
+                done = sum(s for _, s in rows)
+                state = "stored" if done == len(rows) else f"{done}/{len(rows)} runs stored"
+                stored += done == len(rows)
+            except HarnessError as err:
+                state = f"cannot tell ({err})"
+            print(f"  {k:3d}  {cell.name(spec.several_seeds):60s} {state}")
+        print(f"{stored} of {len(cells)} cells stored; {len(cells) - stored} to compute")
+        return 0
+    resources = grid.Resources(
+        args.partition, args.account, args.gpus, args.cpus, args.mem_gb, args.time_min, args.max_parallel
+    )
+    start = time.time()
+    summary = grid.run(spec, args.results, args.device, args.executor, shard, args.jobs_dir, resources)
+    minutes, seconds = divmod(round(time.time() - start), 60)
+    print(
+        f"\n{args.spec}{part}: {summary['cells']} cells: {summary['reused']} reused, {summary['computed']} computed, "
+        f"{summary['failed']} failed"
+        + (f"; attribution {summary['attribution']}" if "attribution" in summary else "")
+        + f" ({minutes} min {seconds} s)"
+    )
+    for name, error, trace in summary["failures"]:
+        print(f"  failed: {name}: {error} (traceback: {trace})")
+    if shard is not None and spec.attribution:
+        print("attribution runs once every shard is done: run the grid again without --shard (every cell is reused)")
+    print("'harness tables' rebuilds every table and figure from the store")
+    return 1 if summary["failures"] else 0
+
+
+def cmd_rescore(args) -> None:
+    from harness.pipeline import rescore_store
+    from harness.store import Store
+
+    store = Store(args.results)
+    if not store.root.is_dir():
+        raise HarnessError(f"no run store at '{store.root}'")
+    changed, total = rescore_store(store)
+    print(f"{changed} of {total} stored runs rescored (the others were up to date)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,8 +330,14 @@ def main(argv: list[str] | None = None) -> int:
             if not args.verbose:
                 _quiet_transformers()
             cmd_run(args)
+        elif args.command == "grid":
+            if not args.verbose:
+                _quiet_transformers()
+            return cmd_grid(args)
         elif args.command == "tables":
             cmd_tables(args)
+        elif args.command == "rescore":
+            cmd_rescore(args)
         elif args.command == "doctor":
             from harness.doctor import report
 

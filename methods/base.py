@@ -68,6 +68,9 @@ class WatermarkMethod(Plugin, ABC):
     key beside it (``out/key.json`` and any files it names), never inside ``out/model``."""
 
     label: ClassVar[str]  # name in tables, e.g. "Gu-KGW"
+    # The settings the paper varies to trade detection for quality (tab:watermark-config, the AUC-PPL figure): tables
+    # take a configuration that differs from the preset's only in these as one point of that trade-off.
+    tradeoff_settings: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def train(self, ctx: TrainContext, out: Path) -> dict:

@@ -64,6 +64,7 @@ class KGWDetector(Detector):
 class GuKGW(WatermarkMethod):
     name = "gu-kgw"
     label = "Gu-KGW"
+    tradeoff_settings = ("k", "delta")
     version = "1"
     Params = GuKGWParams
 

@@ -63,6 +63,7 @@ class KTHDetector(Detector):
 class GuKTH(WatermarkMethod):
     name = "gu-kth"
     label = "Gu-KTH"
+    tradeoff_settings = ("s",)
     version = "1"
     Params = GuKTHParams
 

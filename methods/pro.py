@@ -91,6 +91,7 @@ class PRODetector(Detector):
 class PRO(WatermarkMethod):
     name = "pro"
     label = "PRO"
+    tradeoff_settings = ("delta",)
     version = "1"
     Params = PROParams
 
@@ -110,14 +111,10 @@ class PRO(WatermarkMethod):
             pooling_of(folder)  # a sentence-transformers pooling PRO does not implement is a one-line error here
 
     def config_label(self) -> str:
+        # alpha and beta always: presets scale alpha, so "the default" differs between presets.
         p = self.params
-        label = f"delta={p.delta:g}, n={p.n}"
-        if not p.fpl_on:
-            return label + ", CAWP only"
-        defaults = PROParams()
-        if (p.alpha, p.beta) != (defaults.alpha, defaults.beta):
-            label += f", alpha={p.alpha:g}, beta={p.beta:g}"
-        return label
+        label = f"delta={p.delta:g}, n={p.n}, alpha={p.alpha:g}, beta={p.beta:g}"
+        return label if p.fpl else label + ", no FPL"
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         import torch

@@ -85,28 +85,70 @@ def other_tokenizer_llama(tmp_path_factory):
     return make_random_llama(tmp_path_factory.mktemp("oracle"), 3, tokenizer)
 
 
-def _fake_run(store, method_config: str, category: str, label: str, config: str, auc: float) -> None:
+def _fake_run(
+    store,
+    method: str,
+    method_settings: dict,
+    attack: str,
+    attack_settings: dict,
+    auc: float,
+    seed: int = 0,
+    preset=None,
+    output: int = 0,
+    n: int = 60,
+) -> Path:
+    """A finished run as the pipeline writes it (labels from the real plugins, per-text scores drawn so that the AUC
+    is about ``auc``, metrics from the real metric code), with no model: for tests of what reads the store.
+    ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is."""
+    import numpy as np
+    from scipy.stats import norm
+
+    from harness.config import TINY
+    from harness.pipeline import _jsonl, attack_info, attack_row, run_metrics
+    from harness.registry import attacks, methods
+
+    preset = preset or TINY
+    preset = preset.model_copy(update={"train": preset.train.model_copy(update={"seed": seed})})
+    m = methods.build(method, {**preset.methods.get(method, {}), **method_settings})
+    a = attacks.build(attack, {**preset.attacks.get(attack, {}), **attack_settings}) if attack != "base" else None
+    label = None if a is None or a.identity or not hasattr(a, "outputs") else a.outputs()[output][0]
     cfg = {
-        "preset": {"base_model": "builtin:tiny-lm"},
-        "method": {"label": "Gu-KGW", "config_label": method_config},
-        "attack": {"category": category, "label": label, "config_label": config},
+        "preset": preset.model_dump(exclude={"eval": {"ppl_batch_size"}}),
+        "method": {"name": m.name, "label": m.label, "params": m.params.model_dump(), "config_label": m.config_label()},
+        "attack": attack_info(a, label),
     }
-    metrics = {
-        "auc": auc,
-        "auc_ci95": [auc - 0.01, auc],
-        "tpr@0.05": auc / 2,
-        "tpr@0.01": 0.1,
-        "median_ppl": 5.0,
-        "n_pos": 10,
-        "n_neg": 10,
-    }
-    stage = store.stage("run", {"preset": "tiny", "config": cfg})
-    stage.build(lambda out: (out / "metrics.json").write_text(json.dumps(metrics)) and {})
+    row = "Unwatermarked base" if a is None else attack_row(a, label)
+    rng = np.random.default_rng(abs(hash((method, str(method_settings), attack, str(attack_settings), seed))) % 2**32)
+    shift = np.sqrt(2) * norm.ppf(min(max(auc, 1e-3), 1 - 1e-3))
+    scores = [
+        {
+            "i": i,
+            "label": 1,
+            "score": float(rng.normal(shift)),
+            "green": int(rng.integers(20, 60)),
+            "scored": 63,
+            "ppl": float(rng.uniform(5, 9)),
+        }
+        for i in range(n)
+    ]
+    scores += [{"i": i, "label": 0, "score": float(rng.normal()), "green": int(rng.integers(5, 30)), "scored": 63}
+               for i in range(n)]  # fmt: skip
+    stage = store.stage("run", {"preset": preset.name, "row": row, "config": cfg})
+
+    def build(out):
+        _jsonl(out / "scores.jsonl", scores)
+        _jsonl(out / "generations.jsonl", [{"i": i} for i in range(n)])
+        (out / "metrics.json").write_text(json.dumps(run_metrics(out)))
+        return {}
+
+    stage.build(build)
+    return stage.path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def fake_run():
-    """``fake_run(store, method_config, category, label, config, auc)``: a finished run with made-up metrics."""
+    """``fake_run(store, method, method_settings, attack, attack_settings, auc, seed=0, preset=None, output=0)``: a
+    finished run with made-up scores; attack ``"base"`` is the unwatermarked base's row."""
     return _fake_run
 
 

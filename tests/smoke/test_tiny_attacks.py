@@ -53,7 +53,7 @@ def test_tables_hold_every_attack(tiny_store, harness, tmp_path):
     root, _ = tiny_store
     out = harness("tables", "--results", str(root), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    csv = (tmp_path / "robustness-tiny.csv").read_text()
+    csv = (tmp_path / "tiny" / "robustness.csv").read_text()
     for label in ("GPTQ", "INT8", "HQQ", "Wanda", "SparseGPT", "SLERP", "StdlibCodeInstruct"):
         assert label in csv, (label, csv)
     assert "s=9" in csv and "s=45" in csv and "8 bits" in csv and "rho=0.5" in csv

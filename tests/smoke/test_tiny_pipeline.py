@@ -67,7 +67,7 @@ def test_tables_from_the_store(store, harness, tmp_path):
     root, _ = store
     out = harness("tables", "--results", str(root), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    csv = (tmp_path / "robustness-tiny.csv").read_text()
+    csv = (tmp_path / "tiny" / "robustness.csv").read_text()
     assert "SLERP" in csv and "Unaltered" in csv and "Gu-KGW" in csv
-    tex = (tmp_path / "robustness-tiny.tex").read_text()
+    tex = (tmp_path / "tiny" / "robustness.tex").read_text()
     assert r"\cellcolor{green!25}" in tex and r"\begin{tabular}" in tex

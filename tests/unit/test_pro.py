@@ -186,9 +186,9 @@ def test_validate_checks_the_embedding_model(random_llamas, tmp_path):
 
 
 def test_config_label_and_refs():
-    assert methods.build("pro", {}).config_label() == "delta=1, n=4"
-    assert methods.build("pro", {"fpl": "false"}).config_label() == "delta=1, n=4, CAWP only"
-    assert methods.build("pro", {"alpha": "0"}).config_label().endswith("CAWP only")
+    assert methods.build("pro", {}).config_label() == "delta=1, n=4, alpha=0.1, beta=5"
+    assert methods.build("pro", {"fpl": "false"}).config_label() == "delta=1, n=4, alpha=0.1, beta=5, no FPL"
+    assert methods.build("pro", {"alpha": "0"}).config_label() == "delta=1, n=4, alpha=0, beta=5"
     assert methods.build("pro", {"beta": "10", "delta": "0.5"}).config_label() == "delta=0.5, n=4, alpha=0.1, beta=10"
     assert methods.build("pro", {}).model_refs() == {"embedding_model": EMB}
 

@@ -177,15 +177,18 @@ def test_tables_skip_a_damaged_run_and_write_the_rest(tmp_path, caplog, fake_run
     from harness.tables import collect, write_tables
 
     store = Store(tmp_path / "runs")
-    fake_run(store, "k=1, delta=2", "Unaltered", "", "", 0.99)
-    fake_run(store, "k=1, delta=2", "Merging", "SLERP", "t=0.5", 0.75)
-    fake_run(store, "k=1, delta=2", "Merging", "SLERP", "t=0.3", 0.85)
-    runs = store.runs()
+    runs = [
+        fake_run(store, "gu-kgw", {}, "none", {}, 0.99),
+        fake_run(store, "gu-kgw", {}, "slerp", {"t": 0.5}, 0.75),
+        fake_run(store, "gu-kgw", {}, "slerp", {"t": 0.3}, 0.85),
+    ]
     metrics = runs[1] / "metrics.json"
     metrics.write_text(metrics.read_text()[:20])  # truncated
     edited = runs[2] / "metrics.json"
-    edited.write_text(edited.read_text().replace("0.85", "0.95"))  # same size, other number
+    text = edited.read_text()
+    edited.write_text(text.replace('"auc": 0.', '"auc": 1.', 1))  # same size, other number
+    assert edited.read_text() != text
     df = collect(store)
-    assert sorted(df["attack_config"]) == [""]
+    assert list(df["category"]) == ["Unaltered"]
     assert str(runs[1]) in caplog.text and str(runs[2]) in caplog.text
     assert write_tables(df, tmp_path / "tables")

@@ -1,32 +1,107 @@
-"""Tables are rebuilt from stored runs alone, in the paper's layout and colour rule."""
+"""Tables and figures are rebuilt from stored runs alone: the paper's layouts and colour rule, stable bytes, missing
+cells shown as missing, and no number carried over from another setup."""
 
+import pytest
+
+from harness import tables
+from harness.cli import main
+from harness.config import TINY, apply_overrides
 from harness.store import Store
-from harness.tables import collect, robustness, to_latex, write_tables
 
 
-def test_robustness_layout_and_colours(tmp_path, fake_run):
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, fake_run):
+    """A small grid's worth of runs: four methods, several attacks, configurations and an ablation."""
+    store = Store(tmp_path_factory.mktemp("tables") / "runs")
+    for method, auc in (("gu-kth", 0.95), ("gu-kgw", 0.99), ("gloaguen-kgw", 0.99), ("pro", 0.995)):
+        fake_run(store, method, {}, "base", {}, 0.5)
+        fake_run(store, method, {}, "none", {}, auc)
+        fake_run(store, method, {}, "gptq", {"bits": 8}, auc - 0.01)
+        fake_run(store, method, {}, "finetune", {"steps": "9,18"}, 0.75, output=0)
+        fake_run(store, method, {}, "finetune", {"steps": "9,18"}, 0.6 if method != "pro" else 0.8, output=1)
+        fake_run(store, method, {}, "dipper", {"lexical": 60, "order": 0}, 0.7)
+        if method != "pro":  # PRO's merged cell is missing
+            fake_run(store, method, {}, "slerp", {"t": 0.5}, 0.75)
+    fake_run(store, "gu-kgw", {"k": 0, "delta": 1}, "none", {}, 0.9)
+    for alpha in (0, 0.05):
+        fake_run(store, "pro", {"alpha": alpha}, "none", {}, 0.98)
+        fake_run(store, "pro", {"alpha": alpha}, "slerp", {"t": 0.5}, 0.8)
+    fake_run(store, "pro", {"beta": 10}, "none", {}, 0.97)
+    fake_run(store, "pro", {"delta": 0.5}, "none", {}, 0.9)
+    return store
+
+
+def test_tables_are_byte_identical_when_rebuilt_and_show_missing_cells(store, tmp_path):
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        assert main(["tables", "--results", str(store.root), "--out", str(out), "--ci"]) == 0
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    names = {p.name for p in files}
+    for table in ("robustness", "fpr_tpr", "dipper", "ft_steps", "ablation", "embedding", "watermark_config"):
+        assert {f"{table}.csv", f"{table}.tex"} <= names, table
+    for figure in ("auc_ppl", "roc", "auc_vs_slerp", "auc_vs_finetune", "green_ratio"):
+        assert {f"{figure}.png", f"{figure}.pdf"} <= names, figure
+    for rel in files:
+        assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
+    csv = (outs[0] / "tiny" / "robustness.csv").read_text().splitlines()
+    merged = next(line for line in csv if line.startswith("Merging,SLERP,t=0.5"))
+    assert merged.endswith("missing,missing,missing,missing,missing")  # PRO's cell (AUC, TPR@5, PPL, CI) is missing
+    tex = (outs[0] / "tiny" / "robustness.tex").read_text()
+    assert "-- & -- & --" in tex
+
+
+def test_robustness_layout_and_colour_rule(store):
+    df = tables.collect(store)
+    table = tables.robustness(df)
+    assert list(dict.fromkeys(table.columns.get_level_values(0))) == ["Gu-KTH", "Gu-KGW", "Gloaguen-KGW", "PRO"]
+    assert [r[0] for r in table.index] == ["Unaltered", "Quantization", "Merging", "Finetuning", "Finetuning"]
+    assert [r[2] for r in table.index][-2:] == ["s=9", "s=18"]
+    assert "Paraphrase" not in table.index.get_level_values(0)  # DIPPER has its own table
+    tex = tables.robustness_tex(table, "caption")
+    for value in table.xs("AUC", axis=1, level=1).stack().dropna():
+        assert f"\\cellcolor{{{tables.colour(value)}!25}}${value:.3f}$" in tex
+    assert tables.colour(0.8) == "green" and tables.colour(0.7) == "yellow" and tables.colour(0.6999) == "red"
+
+
+def test_each_table_takes_the_configurations_it_varies(store):
+    df = tables.collect(store)
+    # The main configurations only, in tab:robustness and tab:fpr_tpr.
+    assert len(tables.fpr_tpr(df)) == 4
+    config = tables.watermark_config(df)
+    assert list(config.loc["Gu-KGW"].index) == ["k=0, delta=1", "k=1, delta=2"]
+    assert list(config.loc["PRO"].index) == ["delta=0.5, n=1, alpha=0.005, beta=5", "delta=1, n=1, alpha=0.005, beta=5"]
+    ablation = tables.ablation(df)
+    assert list(ablation.loc["alpha"].index) == [0, 0.005, 0.05]
+    assert list(ablation.loc["beta"].index) == [5, 10]
+    assert ablation.loc[("alpha", 0.005), "main"] and not ablation.loc[("alpha", 0), "main"]
+    assert ablation["Merge AUC"].isna().tolist() == [False, True, False, True, True]  # the main PRO was not merged
+    steps = tables.ft_steps(df)
+    assert steps["baseline"].iloc[0] != "PRO"
+    assert steps.loc[(steps.index[1]), "AUC vs baseline"] > 0
+    assert len(tables.dipper(df)) == 4 and len(tables.embedding(df)) == 1
+
+
+def test_another_setup_gets_its_own_tables(fake_run, tmp_path):
     store = Store(tmp_path / "runs")
-    fake_run(store, "k=1, delta=2", "Unaltered", "", "", 0.99)
-    fake_run(store, "k=1, delta=2", "Merging", "SLERP", "t=0.5", 0.75)
-    fake_run(store, "k=0, delta=1", "Merging", "SLERP", "t=0.5", 0.65)
-    fake_run(store, "k=0, delta=1", "Reference", "No watermark", "base model", 0.5)
-    fake_run(store, "k=0, delta=1", "Finetuning", "OpenMathInstruct", "s=1200", 0.6)
-    fake_run(store, "k=0, delta=1", "Finetuning", "OpenMathInstruct", "s=300", 0.7)
-    table = robustness(collect(store))
-    assert list(table.index.get_level_values("category")) == [
-        "Reference",
-        "Unaltered",
-        "Merging",
-        "Finetuning",
-        "Finetuning",
-    ]
-    assert list(table.index.get_level_values("attack_config"))[-2:] == ["s=300", "s=1200"]
-    assert table.loc[("Merging", "SLERP", "t=0.5"), ("Gu-KGW (k=1, delta=2)", "AUC")] == 0.75
-    assert table.loc[("Merging", "SLERP", "t=0.5"), ("Gu-KGW (k=0, delta=1)", "AUC")] == 0.65
-    tex = to_latex(table, "caption")
-    assert r"\cellcolor{green!25}$0.990$" in tex  # >= 0.8
-    assert r"\cellcolor{yellow!25}$0.750$" in tex  # in between
-    assert r"\cellcolor{red!25}$0.650$" in tex  # < 0.7
-    assert "--" in tex  # a cell with no run
-    written = write_tables(collect(store), tmp_path / "tables")
-    assert sorted(p.name for p in written) == ["robustness-tiny.csv", "robustness-tiny.tex", "runs.csv"]
+    fake_run(store, "pro", {}, "none", {}, 0.99)
+    other = apply_overrides(TINY, {"eval.new_tokens": "32"})
+    fake_run(store, "pro", {}, "slerp", {"t": 0.5}, 0.9, preset=other)
+    df = tables.collect(store)
+    parts = tables.setups(df)
+    assert len(parts) == 2
+    for part in parts.values():
+        assert part["setup"].nunique() == 1
+    assert sorted(parts) == sorted(f"tiny-{key}" for key in df["setup"].unique())
+    main_setup = next(p for p in parts.values() if (p["category"] == "Unaltered").any())
+    assert ("Merging", "SLERP", "t=0.5") not in tables.robustness(main_setup).index  # not carried over
+
+
+def test_seeds_are_averaged(tmp_path, fake_run):
+    store = Store(tmp_path / "runs")
+    a = fake_run(store, "gu-kgw", {}, "none", {}, 0.9, seed=0)
+    b = fake_run(store, "gu-kgw", {}, "none", {}, 0.7, seed=1)
+    import json
+
+    aucs = [json.loads((p / "metrics.json").read_text())["auc"] for p in (a, b)]
+    table = tables.robustness(tables.collect(store))
+    assert table.loc[("Unaltered", "", ""), ("Gu-KGW", "AUC")] == pytest.approx(sum(aucs) / 2)

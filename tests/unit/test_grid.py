@@ -1,0 +1,136 @@
+"""Grid specs: validated whole before anything runs (errors name the line), expanded into cells that train each
+model once, split into deterministic shards."""
+
+import textwrap
+
+import pytest
+
+from harness import grid
+from harness.cli import main
+from harness.errors import HarnessError
+
+GOOD = """\
+preset: tiny
+groups:
+  robustness:
+    methods:
+      gu-kgw: [{}]
+      pro: [{}]
+    attacks:
+      none: [{}]
+      slerp: [{t: 0.1}, {t: 0.5}]
+  configs:
+    methods:
+      gu-kgw: [{k: 0, delta: 1}, {k: 1, delta: 2}]   # the second is the preset's own: the same cell as above
+attribution: robustness
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "grid.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_cells_are_expanded_deduplicated_and_grouped_by_training(tmp_path):
+    g = grid.load(write(tmp_path, GOOD))
+    names = [c.name() for c in g.cells]
+    assert len(names) == len(set(names)) == 7  # 2 x 3 + the one new configuration
+    assert names[:3] == [
+        "gu-kgw(k=1, delta=2) x none",
+        "gu-kgw(k=1, delta=2) x slerp(t=0.1)",
+        "gu-kgw(k=1, delta=2) x slerp(t=0.5)",
+    ]
+    assert names[-1] == "gu-kgw(k=0, delta=1) x none"
+    trainings = [c.training for c in g.cells]
+    assert len(set(trainings)) == 3
+    # Each training's cells are contiguous: a model is trained once, then all its attacks run.
+    assert all(trainings.index(t) + trainings.count(t) - 1 == len(trainings) - 1 - trainings[::-1].index(t)
+               for t in set(trainings))  # fmt: skip
+    assert [c.method for c in g.attribution] == ["gu-kgw", "pro"]
+
+
+def test_seeds_and_overrides_reach_the_preset(tmp_path):
+    g = grid.load(write(tmp_path, GOOD.replace("preset: tiny", "preset: tiny\nseeds: [3, 4]\noverrides: {train.steps: 7}")))
+    assert {c.seed for c in g.cells} == {3, 4} and len(g.cells) == 14
+    assert {c.preset.train.seed for c in g.cells} == {3, 4}
+    assert {c.preset.train.steps for c in g.cells} == {7}
+    assert g.several_seeds and "seed=3" in g.cells[0].name(True)
+
+
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("preset: tiny\ngroups: {a: {methods: {gu-kgw: [{}]}}\n", 3, "malformed YAML.*starts on line 2"),
+        ("preset: tiny\ngroups:\n\ta: 1\n", 3, "malformed YAML"),
+        ("preset: tiny\ncolour: red\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n", 2, "unknown key"),
+        ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    atacks: {none: [{}]}\n", 5, "unknown key"),
+        ("preset: nano\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n", 1, "unknown preset"),
+        ("preset: tiny\ngroups:\n  a:\n    methods:\n      gu-kgx: [{}]\n", 5, "unknown method 'gu-kgx'"),
+        ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    attacks:\n      slerp: [{t: 0.5}]\n"
+         "      merge: [{}]\n", 7, "unknown attack 'merge'"),
+        ("preset: tiny\ngroups:\n  a:\n    methods:\n      gu-kgw:\n        - {}\n        - {kk: 1}\n", 7,
+         "bad settings for method 'gu-kgw'"),
+        ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    attacks: {slerp: [{t: 2}]}\n", 5,
+         "bad settings for attack 'slerp'"),
+        ("preset: tiny\noverrides: {train.stepz: 3}\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n", 2,
+         "unknown setting"),
+        ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\nattribution: b\n", 5, "no group 'b'"),
+        ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [3]}\n", 4, "valid dictionary"),
+        ("- just\n- a list\n", 1, "a grid spec is a mapping"),
+        ("preset: tiny\n", 1, "groups"),
+    ],
+)
+def test_a_bad_spec_is_refused_whole_naming_the_line(tmp_path, capsys, text, line, words):
+    path = write(tmp_path, text)
+    with pytest.raises(HarnessError, match=words) as err:
+        grid.load(path)
+    assert str(err.value).startswith(f"{path}:{line}:"), str(err.value)
+    assert main(["grid", str(path), "--results", str(tmp_path / "runs")]) == 2
+    out = capsys.readouterr()
+    assert len(out.err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("text", ["3/2", "0/0", "0/2", "1/0", "a/b", "1", "1/2/3", "-1/2"])
+def test_bad_shards_are_one_line_errors(tmp_path, capsys, text):
+    assert main(["grid", str(write(tmp_path, GOOD)), f"--shard={text}", "--dry-run"]) == 2
+    assert "bad shard" in capsys.readouterr().err
+
+
+def test_unknown_or_missing_executors_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    spec = str(write(tmp_path, GOOD))
+    assert main(["grid", spec, "--executor", "kubernetes"]) == 2
+    assert "unknown executor 'kubernetes'" in capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch
+    assert main(["grid", spec, "--executor", "slurm", "--results", str(tmp_path / "runs")]) == 2
+    assert "sbatch" in capsys.readouterr().err
+    monkeypatch.setitem(__import__("sys").modules, "submitit", None)  # not installed
+    assert main(["grid", spec, "--executor", "local", "--results", str(tmp_path / "runs")]) == 2
+    assert "pip install 'watermark-harness[cluster]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_shards_split_whole_trainings_deterministically(tmp_path, n):
+    g = grid.load(write(tmp_path, GOOD.replace("[{t: 0.1}, {t: 0.5}]", "[{t: 0.1}, {t: 0.3}, {t: 0.5}, {t: 0.7}]")))
+    shards = [grid.shard(g.cells, i, n) for i in range(1, n + 1)]
+    assert shards == [grid.shard(g.cells, i, n) for i in range(1, n + 1)]  # the same split every time
+    flat = [c for s in shards for c in s]
+    assert sorted(map(str, flat)) == sorted(map(str, g.cells)) and len(flat) == len(g.cells)  # each cell once
+    for a in range(n):
+        for b in range(a + 1, n):
+            assert not {c.training for c in shards[a]} & {c.training for c in shards[b]}  # no model trained twice
+
+
+def test_the_shipped_grids_are_valid():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "grids"
+    tiny = grid.load(root / "tiny.yaml")
+    paper = grid.load(root / "paper.yaml")
+    for g in (tiny, paper):
+        methods = {c.method for c in g.cells}
+        assert methods == {"gu-kgw", "gu-kth", "gloaguen-kgw", "pro"}
+        attacks = {c.attack for c in g.cells}
+        assert attacks == {"none", "gptq", "int8", "hqq", "wanda", "sparsegpt", "slerp", "finetune", "dipper"}
+    assert {c.preset.name for c in tiny.cells} == {"tiny"} and {c.preset.name for c in paper.cells} == {"paper"}
+    assert len({c.preset.base_model for c in paper.cells}) == 2  # tab:embedding is on LLaMA-3.2-3B
