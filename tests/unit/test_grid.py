@@ -51,7 +51,9 @@ def test_cells_are_expanded_deduplicated_and_grouped_by_training(tmp_path):
 
 
 def test_seeds_and_overrides_reach_the_preset(tmp_path):
-    g = grid.load(write(tmp_path, GOOD.replace("preset: tiny", "preset: tiny\nseeds: [3, 4]\noverrides: {train.steps: 7}")))
+    g = grid.load(
+        write(tmp_path, GOOD.replace("preset: tiny", "preset: tiny\nseeds: [3, 4]\noverrides: {train.steps: 7}"))
+    )
     assert {c.seed for c in g.cells} == {3, 4} and len(g.cells) == 14
     assert {c.preset.train.seed for c in g.cells} == {3, 4}
     assert {c.preset.train.steps for c in g.cells} == {7}
@@ -67,14 +69,27 @@ def test_seeds_and_overrides_reach_the_preset(tmp_path):
         ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    atacks: {none: [{}]}\n", 5, "unknown key"),
         ("preset: nano\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n", 1, "unknown preset"),
         ("preset: tiny\ngroups:\n  a:\n    methods:\n      gu-kgx: [{}]\n", 5, "unknown method 'gu-kgx'"),
-        ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    attacks:\n      slerp: [{t: 0.5}]\n"
-         "      merge: [{}]\n", 7, "unknown attack 'merge'"),
-        ("preset: tiny\ngroups:\n  a:\n    methods:\n      gu-kgw:\n        - {}\n        - {kk: 1}\n", 7,
-         "bad settings for method 'gu-kgw'"),
-        ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    attacks: {slerp: [{t: 2}]}\n", 5,
-         "bad settings for attack 'slerp'"),
-        ("preset: tiny\noverrides: {train.stepz: 3}\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n", 2,
-         "unknown setting"),
+        (
+            "preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    attacks:\n      slerp: [{t: 0.5}]\n"
+            "      merge: [{}]\n",
+            7,
+            "unknown attack 'merge'",
+        ),
+        (
+            "preset: tiny\ngroups:\n  a:\n    methods:\n      gu-kgw:\n        - {}\n        - {kk: 1}\n",
+            7,
+            "bad settings for method 'gu-kgw'",
+        ),
+        (
+            "preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    attacks: {slerp: [{t: 2}]}\n",
+            5,
+            "bad settings for attack 'slerp'",
+        ),
+        (
+            "preset: tiny\noverrides: {train.stepz: 3}\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n",
+            2,
+            "unknown setting",
+        ),
         ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\nattribution: b\n", 5, "no group 'b'"),
         ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [3]}\n", 4, "valid dictionary"),
         ("- just\n- a list\n", 1, "a grid spec is a mapping"),

@@ -1,0 +1,138 @@
+"""`harness grid` end to end on a random 2-layer Llama: every cell runs once, a second run reuses all, a grid killed
+part-way and started again ends with the same tables byte for byte, a failed cell does not stop the others, and
+submitit's local executor runs the same cells as jobs."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from harness import grid
+
+SPEC = """\
+preset: tiny
+overrides:
+  base_model: {base}
+  oracle_model: {base}
+  train_data.path: {corpus}
+  eval_data.path: {corpus}
+  train.steps: 3
+  train.batch_size: 2
+  train.seq_len: 16
+  eval.num_prompts: 6
+  eval.prompt_tokens: 4
+  eval.new_tokens: 8
+  eval.batch_size: 3
+groups:
+  robustness:
+    methods:
+      gu-kgw: [{{}}]
+    attacks:
+      none: [{{}}]
+      slerp: [{{t: 0.3}}, {{t: 0.7}}]
+  configs:
+    methods:
+      gu-kgw: [{{k: 0, delta: 1}}]
+attribution: robustness
+"""
+
+
+@pytest.fixture(scope="module")
+def grid_spec(tmp_path_factory, random_llamas):
+    import json
+
+    folder = tmp_path_factory.mktemp("grid")
+    corpus = folder / "corpus.jsonl"
+    texts = [
+        "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
+        "Return the number of items in the list, or raise an error if it is empty; lists are ordered.",
+        "A watermark is a hidden signal in generated text that a detector can find with a secret key.",
+    ] * 8
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    path = folder / "grid.yaml"
+    path.write_text(SPEC.format(base=random_llamas[1], corpus=corpus))
+    return path
+
+
+def files_of(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(grid_spec, harness, tmp_path_factory):
+    root = tmp_path_factory.mktemp("uninterrupted") / "runs"
+    first = harness("grid", str(grid_spec), "--results", str(root), timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    tables = root.parent / "tables"
+    out = harness("tables", "--results", str(root), "--out", str(tables))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return root, first, tables
+
+
+def test_grid_runs_every_cell_once_then_reuses_them(uninterrupted, grid_spec, harness):
+    root, first, tables = uninterrupted
+    assert "4 cells: 0 reused, 4 computed, 0 failed; attribution ok" in first.stdout
+    assert len(list((root / "stages" / "train").glob("*/DONE"))) == 2  # two configurations, each trained once
+    again = harness("grid", str(grid_spec), "--results", str(root), timeout=600)
+    assert again.returncode == 0 and "4 cells: 4 reused, 0 computed, 0 failed" in again.stdout, again.stdout
+    assert "computing" not in again.stderr
+    dry = harness("grid", str(grid_spec), "--results", str(root), "--dry-run")
+    assert dry.returncode == 0 and "4 of 4 cells stored; 0 to compute" in dry.stdout, dry.stdout
+    names = {p.name for p in tables.rglob("*")}
+    assert {"robustness.csv", "attribution.csv", "watermark_config.csv", "auc_vs_slerp.png"} <= names
+    attribution = (next(tables.rglob("attribution.csv"))).read_text()
+    assert "Unwatermarked base" in attribution and "Gu-KGW (k=1, delta=2)" in attribution
+
+
+def test_a_killed_grid_resumes_to_the_same_tables(uninterrupted, grid_spec, harness, tmp_path):
+    _, _, want = uninterrupted
+    root = tmp_path / "runs"
+    command = [harness("--help").args[0], "grid", str(grid_spec), "--results", str(root)]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and not list(root.glob("*/DONE")):  # the first finished run: part-way
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = len(list(root.glob("*/DONE")))
+    assert finished >= 1
+    again = harness("grid", str(grid_spec), "--results", str(root), timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 failed" in again.stdout
+    out = harness("tables", "--results", str(root), "--out", str(tmp_path / "tables"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert files_of(tmp_path / "tables") == files_of(want)
+
+
+def test_a_failed_cell_is_reported_and_the_others_go_on(grid_spec, tmp_path, monkeypatch):
+    from harness.pipeline import Pipeline
+
+    real = Pipeline.run
+
+    def flaky(self, method, attack):
+        if attack.name == "slerp" and attack.params.t == 0.7:
+            raise RuntimeError("out of memory (simulated)")
+        return real(self, method, attack)
+
+    monkeypatch.setattr(Pipeline, "run", flaky)
+    summary = grid.run(grid.load(grid_spec), tmp_path / "runs", "cpu")
+    assert (summary["computed"], summary["failed"]) == (3, 1)
+    ((name, error, trace),) = summary["failures"]
+    assert name == "gu-kgw(k=1, delta=2) x slerp(t=0.7)" and "out of memory" in error
+    assert "RuntimeError" in trace.read_text()
+
+
+def test_submitit_local_executor_runs_the_cells_as_jobs(grid_spec, harness, tmp_path):
+    pytest.importorskip("submitit")
+    spec = tmp_path / "grid.yaml"  # two trainings, two cells: each a job of its own
+    spec.write_text(grid_spec.read_text().replace("[{t: 0.3}, {t: 0.7}]", "[]").replace("none: [{}]", "none: [{}]\n"))
+    spec.write_text(spec.read_text().replace("      slerp: []\n", ""))
+    root = tmp_path / "runs"
+    out = harness("grid", str(spec), "--results", str(root), "--executor", "local", "--time-min", "20",
+                  timeout=1200)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "2 cells: 0 reused, 2 computed, 0 failed; attribution ok" in out.stdout
+    assert len(list((root / "jobs").iterdir())) >= 5  # 2 trainings, 2 cells, 1 attribution
+    assert len(list((root / "stages" / "train").glob("*/DONE"))) == 2
