@@ -169,13 +169,15 @@ class _Prune(ModelAttack):
             "batch_size": 1,
             "pipeline": "sequential",
         }
-        reset_session()
-        try:  # llm-compressor's progress bars and per-layer logs go to a file in the stage
-            with library_output(log_file):
-                oneshot(model=model, tokenizer=tokenizer, recipe=modifier, dataset=dataset, **call)
-        finally:
+        # llm-compressor's progress bars and logs (its session resets' too) go to a file in the stage.
+        with library_output(log_file):
             reset_session()
-            remove_dispatch(model)
+            try:
+                oneshot(model=model, tokenizer=tokenizer, recipe=modifier, dataset=dataset, **call)
+                device = str(get_main_device())  # it warns when it finds no accelerator
+            finally:
+                reset_session()
+                remove_dispatch(model)
         return {
             **modifier.model_dump(
                 include={
@@ -191,7 +193,7 @@ class _Prune(ModelAttack):
                 }
             ),
             "oneshot": call,
-            "device": str(get_main_device()),
+            "device": device,
         }
 
 
