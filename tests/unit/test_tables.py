@@ -105,3 +105,26 @@ def test_seeds_are_averaged(tmp_path, fake_run):
     aucs = [json.loads((p / "metrics.json").read_text())["auc"] for p in (a, b)]
     table = tables.robustness(tables.collect(store))
     assert table.loc[("Unaltered", "", ""), ("Gu-KGW", "AUC")] == pytest.approx(sum(aucs) / 2)
+
+
+def test_rescore_recomputes_metrics_from_stored_scores(tmp_path, fake_run, monkeypatch, capsys):
+    import json
+
+    from harness import pipeline
+    from harness.store import Stage
+
+    store = Store(tmp_path / "runs")
+    run = fake_run(store, "gu-kgw", {}, "none", {}, 0.9)
+    before = json.loads((run / "metrics.json").read_text())
+    assert main(["rescore", "--results", str(store.root)]) == 0
+    assert "0 of 1 stored runs rescored" in capsys.readouterr().out  # up to date: nothing to do
+    monkeypatch.setattr(pipeline, "METRICS_VERSION", "999")  # the metric code changed
+    assert main(["rescore", "--results", str(store.root)]) == 0
+    assert "1 of 1 stored runs rescored" in capsys.readouterr().out
+    after = json.loads((run / "metrics.json").read_text())
+    assert after["metrics_version"] == "999" and after["auc"] == before["auc"]
+    assert Stage("run", {}, run.name, run, store.root).problem() is None  # republished: it still verifies
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["rescored"][-1]["to"] == "999"
+    df = tables.collect(store)
+    assert list(df["metrics_version"]) == ["999"]
