@@ -36,10 +36,11 @@ class GuKGWParams(Params):
 
 
 class KGWDetector(Detector):
-    def __init__(self, key: dict, ignore_repeated_ngrams: bool):
-        from methods.kgw import GreenLists, KGWKey
+    def __init__(self, key: dict, ignore_repeated_ngrams: bool, ctx=None):
+        from methods.kgw import KGWKey, green_lists
 
-        self.greens = GreenLists(KGWKey.from_dict(key))
+        stage, device = (ctx.stage, ctx.device) if ctx is not None else (None, "cpu")
+        self.greens = green_lists(KGWKey.from_dict(key), stage, device)
         self.ignore_repeated_ngrams = ignore_repeated_ngrams
 
     def score(self, sequences: list[list[int]]) -> list[dict]:
@@ -103,7 +104,7 @@ class GuKGW(WatermarkMethod):
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         key = json.loads((Path(key_dir) / "key.json").read_text())
-        return KGWDetector(key["detector"], key["ignore_repeated_ngrams"])
+        return KGWDetector(key["detector"], key["ignore_repeated_ngrams"], ctx)
 
     def config_label(self) -> str:
         return f"k={self.params.k}, delta={self.params.delta:g}"
@@ -112,9 +113,9 @@ class GuKGW(WatermarkMethod):
 def distill(student, teacher, key, tokenizer, ctx: TrainContext, desc: str) -> dict:
     """Distil the KGW teacher (``teacher``'s logits + delta on ``key``'s green lists) into ``student`` over the
     training stream of ``ctx``; return the training report."""
-    from methods.kgw import GreenLists, watermark_logits
+    from methods.kgw import green_lists, watermark_logits
 
-    greens = GreenLists(key)
+    greens = green_lists(key, ctx.stage, ctx.device)
     s = ctx.settings
     stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
     batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)

@@ -57,14 +57,116 @@ class KGWKey:
         return cls(**{**data, "excluded_ids": tuple(data.get("excluded_ids", ()))})
 
 
-class GreenLists:
-    """Green-list masks of one key, computed on the fly for a batch of contexts and cached by seed."""
+def packable(key: KGWKey) -> bool:
+    """Whether every green list of ``key`` fits one table row per vocabulary id: ``simple_0`` (one list) and
+    ``simple_1`` (the seed depends on the previous id alone); ``simple_2`` keeps the on-the-fly cache."""
+    return key.seeding_scheme in ("simple_0", "simple_1")
 
-    def __init__(self, key: KGWKey, cache_bytes: int = 1 << 30):
+
+def table_rows(key: KGWKey) -> int:
+    return 1 if key.seeding_scheme == "simple_0" else key.vocab_size
+
+
+def _pack_rows(key: KGWKey, path: str, start: int, stop: int) -> None:
+    """Rows ``start:stop`` of the packed table in the ``.npy`` at ``path``: row v holds the list of seed
+    ``hash_key * v`` (``hash_key`` for ``simple_0``), drawn with the CPU ``randperm`` exactly as lm-watermarking."""
+    import numpy as np
+
+    table = np.load(path, mmap_mode="r+")
+    greens = GreenLists(key)
+    row = np.zeros(key.vocab_size, dtype=bool)
+    for v in range(start, stop):
+        seed = key.hash_key if key.seeding_scheme == "simple_0" else key.hash_key * v
+        row[:] = False
+        row[greens.green_ids(seed).numpy()] = True
+        table[v] = np.packbits(row, bitorder="little")
+    table.flush()
+
+
+def build_green_table(key: KGWKey, path, workers: int | None = None, progress=None) -> None:
+    """Write every green list of ``key`` (``packable``) bit-packed to ``path`` (``.npy``, uint8, rows x ceil(V/8);
+    bit i of byte j is id 8j + i; 2 GB for V = 128,256), rows drawn by ``workers`` threads (torch's ``randperm``
+    releases the GIL). Exclusions are not applied: they are the key's, applied at lookup."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    if not packable(key):
+        raise ValueError(f"seeding scheme {key.seeding_scheme} has no table of one list per id")
+    rows = table_rows(key)
+    np.lib.format.open_memmap(str(path), mode="w+", dtype=np.uint8, shape=(rows, (key.vocab_size + 7) // 8)).flush()
+    workers = max(1, min(workers or os.cpu_count() or 1, rows))
+    bounds = [rows * i // (workers * 8) for i in range(workers * 8 + 1)]  # small chunks: a progress line per chunk
+    chunks = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    with ThreadPoolExecutor(workers) as pool:
+        done = pool.map(lambda ab: _pack_rows(key, str(path), *ab), chunks)
+        for (a, b), _ in zip(chunks, done, strict=True):
+            if progress:
+                progress(b - a)
+
+
+def load_green_table(path, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A table of ``build_green_table`` as a uint8 tensor on ``device``."""
+    import numpy as np
+
+    return torch.from_numpy(np.load(str(path))).to(device)
+
+
+TABLE_FILE = "green_table.npy"
+
+
+def green_lists(key: KGWKey, stage=None, device: str = "cpu") -> GreenLists:
+    """The green lists of ``key``: from its bit-packed table where the scheme has one and a store is at hand
+    (``stage``, a ``TrainContext``/``DetectContext`` stage builder: the table is built once per key and shared by
+    training and detection), else computed on the fly."""
+    if stage is None or not packable(key):
+        return GreenLists(key)
+    spec = {k: v for k, v in key.to_dict().items() if k in ("gamma", "seeding_scheme", "vocab_size", "hash_key")}
+
+    def build(out) -> dict:
+        import time
+
+        start = time.time()
+        build_green_table(key, out / TABLE_FILE)
+        return {"rows": table_rows(key), "bytes": (out / TABLE_FILE).stat().st_size, "seconds": time.time() - start}
+
+    folder = stage("kgw-green-table", {"key": spec}, build, f"KGW green lists (V={key.vocab_size})")
+    return GreenLists(key, table=load_green_table(folder / TABLE_FILE, device))
+
+
+class GreenLists:
+    """Green-list masks of one key: looked up in a bit-packed table of all lists when one is given (``table``, from
+    ``build_green_table``; gather + unpack, on the table's device), else computed on the fly and cached by seed."""
+
+    def __init__(self, key: KGWKey, cache_bytes: int = 1 << 30, table: torch.Tensor | None = None):
         self.key = key
         self.cache_size = max(1, cache_bytes // key.vocab_size)  # one byte per vocabulary entry and cached seed
         self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._generator = torch.Generator(device="cpu")
+        if table is not None and (
+            not packable(key) or tuple(table.shape) != (table_rows(key), (key.vocab_size + 7) // 8)
+        ):
+            raise ValueError(f"a green table of shape {tuple(table.shape)} does not fit key {key}")
+        self.table = table
+        self._excluded = torch.tensor(key.excluded_ids, dtype=torch.long)
+
+    def _rows(self, windows: torch.Tensor) -> torch.Tensor:
+        """Table row of each context window ``(..., width)``: its last id (``simple_1``), or 0 (``simple_0``)."""
+        last = windows[..., -1].long()
+        return torch.zeros_like(last) if self.key.seeding_scheme == "simple_0" else last
+
+    def _unpacked(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """Boolean masks ``(..., width)`` of table rows ``rows``: gather the packed rows, then unpack their bits."""
+        table = self.table
+        packed = table[rows.to(table.device).clamp_(0, table.shape[0] - 1)]
+        bits = (packed.unsqueeze(-1) >> torch.arange(8, device=table.device, dtype=torch.uint8)) & 1
+        masks = bits.flatten(-2)[..., : self.key.vocab_size].bool()
+        if self.key.excluded_ids:
+            masks[..., self._excluded.to(table.device)] = False
+        if width > self.key.vocab_size:
+            masks = torch.nn.functional.pad(masks, (0, width - self.key.vocab_size))
+        return masks
 
     def seeds(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Seed of every full context, shape ``(..., T - width + 1)``: column j hashes ids j .. j + width - 1."""
@@ -104,6 +206,9 @@ class GreenLists:
         columns are never green.
         """
         windows = input_ids.long().unfold(-1, self.key.context_width, 1)
+        if self.table is not None:
+            masks = self._unpacked(self._rows(windows), width or self.key.vocab_size).to(input_ids.device)
+            return masks & self._has_list(windows).unsqueeze(-1)
         unique, inverse = torch.unique(self.hash(windows).cpu(), return_inverse=True)
         table = torch.zeros(len(unique), width or self.key.vocab_size, dtype=torch.bool)
         for row, seed in enumerate(unique.tolist()):
@@ -122,6 +227,16 @@ class GreenLists:
         """Whether each ``targets[i]`` is green for the context ending at ``contexts[i]``'s window, for flat 1-D
         tensors of full-context windows ``(N, width)`` and ids ``(N,)``. Looks up one cached list per distinct seed,
         so scoring never builds an ``N x V`` mask."""
+        if self.table is not None:
+            table = self.table
+            targets_on = targets.long().to(table.device)
+            inside = targets_on < self.key.vocab_size
+            safe = torch.where(inside, targets_on, 0)
+            byte = table[self._rows(contexts).to(table.device).clamp_(0, table.shape[0] - 1), safe >> 3]
+            hit = ((byte >> (safe & 7).to(torch.uint8)) & 1).bool() & inside
+            if self.key.excluded_ids:
+                hit &= ~torch.isin(targets_on, self._excluded.to(table.device))
+            return hit.cpu() & self._has_list(contexts)
         seeds = self.hash(contexts)
         out = torch.zeros(len(targets), dtype=torch.bool)
         unique, inverse = torch.unique(seeds, return_inverse=True)

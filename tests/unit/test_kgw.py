@@ -164,3 +164,41 @@ def test_exact_p_value_is_calibrated_where_gus_is_not():
     for level in (0.01, 0.05):
         assert (exact <= level).mean() <= level
         assert (gu <= level).mean() > level  # anti-conservative
+
+
+@pytest.mark.parametrize("scheme", ["simple_0", "simple_1"])
+@pytest.mark.parametrize("excluded", [(), (0, 7, 4095)])
+def test_packed_table_lookup_equals_the_green_lists(tmp_path, scheme, excluded):
+    from methods.kgw import build_green_table, load_green_table
+
+    key = KGWKey(0.25, 2.0, scheme, 4096, excluded_ids=excluded)
+    build_green_table(key, tmp_path / "table.npy", workers=2)
+    table = load_green_table(tmp_path / "table.npy")
+    assert table.shape == (4096 if scheme == "simple_1" else 1, 512) and table.dtype == torch.uint8
+    plain, packed = GreenLists(key), GreenLists(key, table=table)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 4096, (4, 64), generator=g)
+    ids[0, :3] = torch.tensor([0, 7, 4095])  # excluded ids as contexts and as targets
+    assert torch.equal(plain.masks(ids, width=4100), packed.masks(ids, width=4100))  # padded logits never green
+    contexts = torch.randint(0, 4096, (2000, 1), generator=g)
+    targets = torch.randint(0, 4100, (2000,), generator=g)  # some past the vocabulary
+    assert torch.equal(plain.hits(contexts, targets), packed.hits(contexts, targets))
+    assert (packed.masks(ids).sum(-1) <= key.greenlist_size).all()
+
+
+def test_green_table_is_a_stage_shared_by_the_keys_of_one_scheme(tmp_path):
+    from methods.kgw import green_lists
+
+    built = []
+
+    def stage(kind, spec, build, what):
+        folder = tmp_path / kind / str(hash(str(spec)))
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            built.append(build(folder))
+        return folder
+
+    teacher = green_lists(KGWKey(0.25, 2.0, "simple_1", 4096, excluded_ids=(0,)), stage)
+    detector = green_lists(KGWKey(0.25, 2.0, "simple_1", 4096), stage)
+    assert len(built) == 1 and teacher.table is not None and detector.table is not None
+    assert green_lists(KGWKey(0.25, 2.0, "simple_2", 4096), stage).table is None  # k = 2: on the fly
