@@ -254,6 +254,11 @@ class Pipeline:
         return stage
 
     @cached_property
+    def oracle_model(self):
+        """The perplexity oracle, loaded once per pipeline (a command scores several runs with it)."""
+        return models.load_causal_lm(self.oracle["path"], self.device)
+
+    @cached_property
     def similarity_model(self) -> str:
         return models.resolve(SIMILARITY_MODEL)
 
@@ -418,7 +423,7 @@ class Pipeline:
         else:
             prompts = oracle_tok([g["prompt"] for g in gens])["input_ids"]
             completions = oracle_tok([g["completion"] for g in gens], add_special_tokens=False)["input_ids"]
-        oracle = models.load_causal_lm(self.oracle["path"], self.device)
+        oracle = self.oracle_model
         pad = oracle_tok.pad_token_id if oracle_tok.pad_token_id is not None else oracle_tok.eos_token_id
         return completion_perplexity(oracle, prompts, completions, self.preset.eval.ppl_batch_size, pad or 0, desc)
 
