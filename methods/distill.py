@@ -8,14 +8,35 @@ from collections.abc import Callable
 from harness.config import TrainSettings
 from harness.training import loss_step, train
 
+# Positions x vocabulary above which the KL is computed chunk by chunk, each chunk recomputed in the backward pass:
+# no float32 copy of the whole B x T x V tensor is kept (64 x 512 x 128,256 in float32 is 16.8 GB).
+CHUNK_ELEMENTS = 1 << 26
+
 
 def kl_per_token(student_logits, teacher_logits):
-    """Mean over positions of KL(softmax(teacher) || softmax(student)), computed in float32."""
+    """Mean over positions of KL(softmax(teacher) || softmax(student)), computed in float32 (chunked over positions
+    when the logits are large, with the same value)."""
     import torch.nn.functional as F
 
-    s = F.log_softmax(student_logits.float(), dim=-1)
-    t = F.log_softmax(teacher_logits.float(), dim=-1)
-    return F.kl_div(s.flatten(0, -2), t.flatten(0, -2), log_target=True, reduction="batchmean")
+    s, t = student_logits.flatten(0, -2), teacher_logits.flatten(0, -2)
+    rows, vocab = s.shape
+    if rows * vocab <= CHUNK_ELEMENTS:
+        return F.kl_div(F.log_softmax(s.float(), -1), F.log_softmax(t.float(), -1), log_target=True,
+                        reduction="batchmean")  # fmt: skip
+    from torch.utils.checkpoint import checkpoint
+
+    step = max(1, CHUNK_ELEMENTS // vocab)
+    total = sum(
+        checkpoint(_kl_sum, s[i : i + step], t[i : i + step], use_reentrant=False) for i in range(0, rows, step)
+    )
+    return total / rows
+
+
+def _kl_sum(student_logits, teacher_logits):
+    import torch.nn.functional as F
+
+    return F.kl_div(F.log_softmax(student_logits.float(), -1), F.log_softmax(teacher_logits.float(), -1),
+                    log_target=True, reduction="sum")  # fmt: skip
 
 
 def logit_distill(
@@ -30,7 +51,8 @@ def logit_distill(
         if next(teacher.parameters()).device != input_ids.device:
             teacher.to(input_ids.device)
         with torch.no_grad():
-            target = watermark(input_ids, teacher(input_ids=input_ids).logits.float())
+            # In the teacher's own precision: kl_per_token takes each chunk to float32.
+            target = watermark(input_ids, teacher(input_ids=input_ids).logits)
         return kl_per_token(model(input_ids=input_ids).logits, target)
 
     return train(student, loss_step(loss_fn), batches, settings, desc=desc, device=device)

@@ -63,3 +63,21 @@ def test_text_too_short_to_score_is_neutral_not_an_error():
     assert out[0] == out[2] == {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0, "scored": 0}
     assert out[1]["scored"] == 28
     assert score_long_enough([[1], [2]], 3, lambda seqs: 1 / 0, {"score": 0.0}) == [{"score": 0.0, "scored": 0}] * 2
+
+
+def test_chunked_kl_equals_the_whole_kl_with_its_gradient(monkeypatch):
+    import torch
+
+    from methods import distill
+
+    g = torch.Generator().manual_seed(0)
+    student = torch.randn(3, 7, 50, generator=g, requires_grad=True)
+    teacher = torch.randn(3, 7, 50, generator=g)
+    whole = distill.kl_per_token(student, teacher)
+    (grad_whole,) = torch.autograd.grad(whole, student)
+    monkeypatch.setattr(distill, "CHUNK_ELEMENTS", 120)  # chunks of 2 positions
+    chunked = distill.kl_per_token(student, teacher)
+    (grad_chunked,) = torch.autograd.grad(chunked, student)
+    assert torch.allclose(whole, chunked, rtol=1e-6) and torch.allclose(grad_whole, grad_chunked, atol=1e-7)
+    bf16 = distill.kl_per_token(student.bfloat16(), teacher.bfloat16())
+    assert bf16.dtype == torch.float32 and abs(bf16.item() - whole.item()) < 0.05 * whole.item()
