@@ -108,8 +108,8 @@ def _row(run: Path) -> dict:
         "AUC_hi": m["auc_ci95"][1],
         "n_pos": m["n_pos"],
         "n_neg": m["n_neg"],
-        "overlap": (m.get("paraphrase") or {}).get("unigram_overlap_mean"),
-        "cosine": (m.get("paraphrase") or {}).get("embedding_cosine_mean"),
+        "overlap": (m.get("paraphrase") or {}).get("mean_unigram_overlap"),
+        "cosine": (m.get("paraphrase") or {}).get("mean_embedding_cosine"),
         "metrics_version": m.get("metrics_version", "0"),
         "run": run.name,
     }

@@ -137,7 +137,8 @@ def _fake_run(
 
     def build(out):
         _jsonl(out / "scores.jsonl", scores)
-        _jsonl(out / "generations.jsonl", [{"i": i} for i in range(n)])
+        rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if attack == "dipper" else {}
+        _jsonl(out / "generations.jsonl", [{"i": i, **rewritten} for i in range(n)])
         (out / "metrics.json").write_text(json.dumps(run_metrics(out)))
         return {}
 

@@ -79,6 +79,7 @@ def test_each_table_takes_the_configurations_it_varies(store):
     assert steps["baseline"].iloc[0] != "PRO"
     assert steps.loc[(steps.index[1]), "AUC vs baseline"] > 0
     assert len(tables.dipper(df)) == 4 and len(tables.embedding(df)) == 1
+    assert tables.dipper(df).notna().all().all()  # AUC and how much was rewritten and kept, for every method
 
 
 def test_another_setup_gets_its_own_tables(fake_run, tmp_path):
