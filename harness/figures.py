@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from harness.store import Store
-from harness.tables import _main, _value, method_rank, natural_key, setups, watermark_config
+from harness.tables import _main, _tradeoff_settings, _value, method_rank, natural_key, setups, watermark_config
 
 
 def _pyplot():
@@ -50,12 +50,15 @@ def auc_ppl(part: pd.DataFrame, plt):
     table = watermark_config(part)
     if table.empty:
         return None
-    fig, ax = plt.subplots(figsize=(4.5, 3.4))
+    names = dict(zip(part["method"], part["method_name"], strict=False))
+    fig, ax = plt.subplots(figsize=(5.5, 4.0))
     for method in _methods(table.reset_index()):
         points = table.loc[method].sort_values("PPL")
         ax.plot(points["PPL"], points["AUC"], marker="o", label=method)
+        varied = _tradeoff_settings(names.get(method))
         for config, row in points.iterrows():
-            ax.annotate(config, (row["PPL"], row["AUC"]), fontsize=6, xytext=(3, -8), textcoords="offset points")
+            short = ", ".join(p for p in config.split(", ") if p.split("=")[0] in varied) or config
+            ax.annotate(short, (row["PPL"], row["AUC"]), fontsize=6, xytext=(3, -8), textcoords="offset points")
     ax.set(xlabel="median perplexity", ylabel="AUC", title="Detection vs quality (unaltered)")
     ax.legend(fontsize=7)
     fig.tight_layout()
