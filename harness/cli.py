@@ -258,14 +258,19 @@ def cmd_grid(args) -> int:
     if args.dry_run:
         print(f"{args.spec}: {len(cells)} cells{part}, {len({c.training for c in cells})} trained models")
         stored = 0
+        unknown: dict[str, str] = {}  # setup -> why its cells cannot be planned here (asked once per setup)
         for k, cell in enumerate(cells, 1):
-            try:
-                rows = grid.plan(cell, args.results, args.device)
-                done = sum(s for _, s in rows)
-                state = "stored" if done == len(rows) else f"{done}/{len(rows)} runs stored"
-                stored += done == len(rows)
-            except HarnessError as err:
-                state = f"cannot tell ({err})"
+            if cell.setup in unknown:
+                state = "cannot tell (as above)"
+            else:
+                try:
+                    rows = grid.plan(cell, args.results, args.device)
+                    done = sum(s for _, s in rows)
+                    state = "stored" if done == len(rows) else f"{done}/{len(rows)} runs stored"
+                    stored += done == len(rows)
+                except HarnessError as err:
+                    unknown[cell.setup] = str(err)
+                    state = f"cannot tell ({err})"
             print(f"  {k:3d}  {cell.name(spec.several_seeds):60s} {state}")
         print(f"{stored} of {len(cells)} cells stored; {len(cells) - stored} to compute")
         return 0

@@ -64,7 +64,7 @@ def collect(store: Store) -> pd.DataFrame:
     stale = df[df["metrics_version"] != _metrics_version()]
     if len(stale):
         log.warning("%d runs hold metrics of older metric code: 'harness rescore' updates them", len(stale))
-    keys = ["setup", "seed", "method", "method_config", "category", "attack", "attack_config"]
+    keys = ["setup", "seed", "method", "params", "category", "attack", "attack_params", "attack_config"]
     dupes = df.duplicated(keys, keep="last")
     if dupes.any():
         log.warning("%d older runs with the same labels are left out (newest kept)", int(dupes.sum()))

@@ -114,6 +114,8 @@ class PRO(WatermarkMethod):
         # alpha and beta always: presets scale alpha, so "the default" differs between presets.
         p = self.params
         label = f"delta={p.delta:g}, n={p.n}, alpha={p.alpha:g}, beta={p.beta:g}"
+        if p.embedding_model != DEFAULT_EMBEDDING:  # E by its short name: tab:embedding's rows differ in it alone
+            label += f", E={p.embedding_model.rstrip('/').rsplit('/', 1)[-1]}"
         return label if p.fpl else label + ", no FPL"
 
     def train(self, ctx: TrainContext, out: Path) -> dict:

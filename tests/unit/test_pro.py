@@ -189,6 +189,8 @@ def test_config_label_and_refs():
     assert methods.build("pro", {}).config_label() == "delta=1, n=4, alpha=0.1, beta=5"
     assert methods.build("pro", {"fpl": "false"}).config_label() == "delta=1, n=4, alpha=0.1, beta=5, no FPL"
     assert methods.build("pro", {"alpha": "0"}).config_label() == "delta=1, n=4, alpha=0, beta=5"
+    other_e = methods.build("pro", {"embedding_model": "intfloat/e5-large-v2"}).config_label()
+    assert other_e == "delta=1, n=4, alpha=0.1, beta=5, E=e5-large-v2"
     assert methods.build("pro", {"beta": "10", "delta": "0.5"}).config_label() == "delta=0.5, n=4, alpha=0.1, beta=10"
     assert methods.build("pro", {}).model_refs() == {"embedding_model": EMB}
 
