@@ -336,8 +336,7 @@ def run_cell(cell: Cell, results: str, device: str | None) -> dict:
     except KeyboardInterrupt:
         raise
     except Exception as err:  # noqa: BLE001  (one failed cell must not stop the others; its traceback is kept)
-        trace = traceback.format_exc()
-        return {"status": "failed", "error": f"{type(err).__name__}: {_first_line(err)}", "traceback": trace}
+        return _failed(err)
     return {
         "status": "reused" if all(c.reused for c in done) else "computed",
         "rows": [(c.row, c.metrics.get("auc")) for c in done],
@@ -357,12 +356,8 @@ def train_cell(cell: Cell, results: str, device: str | None) -> dict:
         pipe.train(m)
     except KeyboardInterrupt:
         raise
-    except Exception as err:  # noqa: BLE001
-        return {
-            "status": "failed",
-            "error": f"{type(err).__name__}: {_first_line(err)}",
-            "traceback": traceback.format_exc(),
-        }
+    except Exception as err:  # noqa: BLE001  (one failure must not stop the grid; its traceback is kept)
+        return _failed(err)
     return {"status": "ok"}
 
 
@@ -396,13 +391,18 @@ def attribute(cells: tuple[Cell, ...], results: str, device: str | None) -> dict
                 pipes[c].attribution(m, stage, gen, label)
     except KeyboardInterrupt:
         raise
-    except Exception as err:  # noqa: BLE001
-        return {
-            "status": "failed",
-            "error": f"{type(err).__name__}: {_first_line(err)}",
-            "traceback": traceback.format_exc(),
-        }
+    except Exception as err:  # noqa: BLE001  (one failure must not stop the grid; its traceback is kept)
+        return _failed(err)
     return {"status": "ok", "pairs": len(cells) * len(sources)}
+
+
+def _failed(err: BaseException) -> dict:
+    """The outcome of a job that raised: its one-line error and, for the failures folder, its traceback."""
+    return {
+        "status": "failed",
+        "error": f"{type(err).__name__}: {_first_line(err)}",
+        "traceback": traceback.format_exc(),
+    }
 
 
 def _first_line(err: BaseException) -> str:
