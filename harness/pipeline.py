@@ -78,20 +78,18 @@ def check_inputs(preset: Preset, plugins) -> None:
 
 
 class Pipeline:
-    """The stages of one preset on one store. With ``plan=True`` nothing is built: every stage a command would build
-    or reuse is only named (``planned``), so a grid can say which of its runs are stored already."""
+    """The stages of one preset on one store. With ``plan=True`` nothing is built: every stage keeps its spec and hash
+    and says only whether it is stored, so a grid can tell which of its runs are done already."""
 
     def __init__(self, preset: Preset, store: Store, device: str | None = None, plan: bool = False):
         self.preset = preset
         self.store = store
         self.device = device or models.default_device()
         self.plan = plan
-        self.planned: list[Stage] = []
 
     def _build(self, stage: Stage, what: str, fn) -> bool:
-        """Build ``stage`` or reuse it (returns whether it was reused); when planning, only record it."""
+        """Build ``stage`` or reuse it (returns whether it was reused); when planning, only say whether it is stored."""
         if self.plan:
-            self.planned.append(stage)
             return stage.done
         return self.store.build_or_reuse(stage, what, fn)
 
@@ -337,15 +335,9 @@ class Pipeline:
 
         def build(out: Path) -> dict:
             gens = read_jsonl(generated.path / "generations.jsonl")
-            detector = method.detector(trained.path, self.tokenizer, self.detect_context())
-            pos = detector.score(self.detector_input(gens, "completion"))
-            neg = detector.score(self.detector_input(gens, "human"))
+            pos, neg = self.detect(method, trained, gens)
             ppl = self.perplexities(gens, f"perplexity ({row})")
-            scores = [{"i": g["i"], "label": 1, **s, "ppl": q} for g, s, q in zip(gens, pos, ppl, strict=True)]
-            scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
-            _jsonl(out / "scores.jsonl", scores)
-            link(generated.path / "generations.jsonl", out / "generations.jsonl")
-            (out / "metrics.json").write_text(json.dumps(run_metrics(out), indent=2))
+            publish_scores(out, generated, gens, [{**s, "ppl": q} for s, q in zip(pos, ppl, strict=True)], neg)
             # Where the model and key are: paths stay out of the hash, so a moved store still matches.
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
             report = {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
@@ -384,18 +376,18 @@ class Pipeline:
 
         def build(out: Path) -> dict:
             gens = read_jsonl(generated.path / "generations.jsonl")
-            detector = method.detector(trained.path, self.tokenizer, self.detect_context())
-            pos = detector.score(self.detector_input(gens, "completion"))
-            neg = detector.score(self.detector_input(gens, "human"))
-            scores = [{"i": g["i"], "label": 1, **s} for g, s in zip(gens, pos, strict=True)]
-            scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
-            _jsonl(out / "scores.jsonl", scores)
-            link(generated.path / "generations.jsonl", out / "generations.jsonl")
-            (out / "metrics.json").write_text(json.dumps(run_metrics(out), indent=2))
+            publish_scores(out, generated, gens, *self.detect(method, trained, gens))
             return {"device": self.device}
 
         self._build(stage, f"attribution of {source['label']} texts by {method.label}", build)
         return stage
+
+    def detect(self, method, trained: Stage, gens: list[dict]) -> tuple[list[dict], list[dict]]:
+        """``method``'s detector, keyed by ``trained``, on the generated and on the human texts of ``gens``."""
+        detector = method.detector(trained.path, self.tokenizer, self.detect_context())
+        return detector.score(self.detector_input(gens, "completion")), detector.score(
+            self.detector_input(gens, "human")
+        )
 
     def detect_context(self) -> DetectContext:
         return DetectContext(
@@ -464,6 +456,16 @@ class Pipeline:
             context = {**common, "attack": attack_info(a, out.config_label)}
             cells.append(self.score(method, trained, gen, out.row, context, artefacts, out.spec))
         return cells
+
+
+def publish_scores(out: Path, generated: Stage, gens: list[dict], pos: list[dict], neg: list[dict]) -> None:
+    """Write a scoring stage's per-text scores (label 1: generated, 0: human), link its generations and write the
+    metrics computed from them."""
+    scores = [{"i": g["i"], "label": 1, **s} for g, s in zip(gens, pos, strict=True)]
+    scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
+    _jsonl(out / "scores.jsonl", scores)
+    link(generated.path / "generations.jsonl", out / "generations.jsonl")
+    (out / "metrics.json").write_text(json.dumps(run_metrics(out), indent=2))
 
 
 def run_metrics(folder: Path) -> dict:
@@ -562,7 +564,7 @@ def link(src: Path, dst: Path) -> None:
 
 def rescore_store(store: Store) -> tuple[int, int]:
     """``rescore`` every finished run and attribution stage of ``store``; return (rescored, total)."""
-    stages = [store.stage("run", {}).__class__("run", {}, p.name, p, store.root) for p in store.runs()]
+    stages = [Stage("run", {}, p.name, p, store.root) for p in store.runs()]
     stages += [
         Stage("attribution", {}, p.parent.name, p.parent, store.root)
         for p in sorted((store.root / "stages" / "attribution").glob("*/DONE"))
