@@ -176,7 +176,7 @@ def format_cells(cells) -> str:
 
 
 def cmd_run(args) -> None:
-    from harness import config, models
+    from harness import config, distributed, models
     from harness.pipeline import Pipeline, check_inputs
     from harness.plugins import parse_assignments
     from harness.registry import attacks, methods
@@ -199,6 +199,8 @@ def cmd_run(args) -> None:
     store.check_writable()
     check_inputs(preset, (method, attack))
     cells = Pipeline(preset, store, args.device).run(method, attack)
+    if not distributed.is_main():
+        return  # one report per launch
     print(f"\n{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model})")
     print(format_cells(cells))
     print(f"\nruns stored in {store.root}/<run>; 'harness tables' rebuilds tab:robustness from them")
@@ -307,7 +309,10 @@ def cmd_rescore(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="harness: %(message)s")
+    level = logging.DEBUG if args.verbose else logging.INFO
+    if int(os.environ.get("RANK", "0")):  # not the main process of a launch: it only says what goes wrong
+        level = logging.WARNING
+    logging.basicConfig(level=level, format="harness: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Libraries' own chatter (torchao, which transformers imports with every model once the quantization extras are
     # installed, warns about CUDA kernels it cannot load on a CPU); -v shows it.

@@ -34,7 +34,17 @@ class TrainSettings(Params):
     # Learning-rate schedule after the linear warmup: cosine decay to 0 at ``steps`` (the paper's), or constant.
     schedule: Literal["cosine", "constant"] = "cosine"
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    # The frozen teacher's weights (distillation methods): bfloat16 halves its memory (an 8B teacher in 16 GB).
+    teacher_dtype: Literal["float32", "bfloat16"] = "float32"
+    # Recompute activations in the backward pass (less memory, ~1/3 more compute); the same numbers, so it stays out
+    # of every hash.
+    gradient_checkpointing: bool = False
     seed: int = 0
+
+    def unhashed(self) -> set[str]:
+        """Fields that stay out of hashes and stored configs: gradient checkpointing (the same numbers), and the
+        teacher's dtype while it is float32, what every training used before the setting existed."""
+        return {"gradient_checkpointing"} | ({"teacher_dtype"} if self.teacher_dtype == "float32" else set())
 
     @property
     def tokens(self) -> int:
@@ -123,7 +133,9 @@ PAPER = Preset(
     oracle_model="meta-llama/Llama-2-13b-hf",
     train_data=DataSource(path="Skylion007/openwebtext", split="train"),
     eval_data=DataSource(path="allenai/c4", name="realnewslike", split="validation"),
-    train=TrainSettings(steps=5000, batch_size=64, seq_len=512, lr=1e-5, mixed_precision="bf16"),
+    train=TrainSettings(
+        steps=5000, batch_size=64, seq_len=512, lr=1e-5, mixed_precision="bf16", teacher_dtype="bfloat16"
+    ),
     eval=EvalSettings(num_prompts=5000, prompt_tokens=50, new_tokens=200, batch_size=128),
     # PRO: the paper's embedding model (a BERT-large SimCSE-style encoder; its hub copy holds pickle weights only, so
     # it needs --allow-pickle or a safetensors conversion) and the middle of its LLaMA-3-8B delta grid.

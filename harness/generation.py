@@ -5,35 +5,80 @@ from __future__ import annotations
 from harness.config import EvalSettings
 from harness.progress import Progress
 
+# Version of the sampler: part of every generation's hash, so texts drawn by an older one are never reused as its own.
+SAMPLER = "per-prompt-gumbel-1"
+_M32 = 0xFFFFFFFF
 
-def sample(model, prompts: list[list[int]], settings: EvalSettings, eos_id: int | None, desc: str) -> list[list[int]]:
+
+def sample(
+    model, prompts: list[list[int]], settings: EvalSettings, eos_id: int | None, desc: str, first_index: int = 0
+) -> list[list[int]]:
     """Exactly ``new_tokens`` sampled tokens per prompt: multinomial at ``temperature``, no top-k/top-p (Gu et al.).
 
-    Prompts all have the same length, so batches need no padding. Batch ``b`` draws from a generator seeded with
-    ``seed + b``: the texts depend on the seed and the batch size, both recorded in the run's spec.
+    Prompts all have the same length, so batches need no padding. The random draws belong to the prompt, not to the
+    batch: token ``t`` of prompt ``i`` (``first_index`` + its place in ``prompts``) is the argmax of
+    ``logits / temperature`` plus Gumbel noise hashed from (seed, i, t, token id), which is an exact draw from
+    ``softmax(logits / temperature)``. A prompt thus gets the same text in any batch and in any process of a
+    multi-process run, up to the last bits of its logits (which a kernel may compute differently at another batch
+    size, so the batch size stays part of the hash).
     """
     import torch
 
     out: list[list[int]] = []
+    width = len(prompts[0]) if prompts else 0
     with Progress(len(prompts), desc, unit="text") as bar:
-        for b, start in enumerate(range(0, len(prompts), settings.batch_size)):
+        for start in range(0, len(prompts), settings.batch_size):
             ids = torch.tensor(prompts[start : start + settings.batch_size], device=model.device)
-            torch.manual_seed(settings.seed + b)
+            rows = torch.arange(len(ids), device=model.device) + first_index + start
+            noise = GumbelPerPrompt(settings.seed, rows, width, settings.temperature)
             with torch.no_grad():
                 gen = model.generate(
                     input_ids=ids,
                     attention_mask=torch.ones_like(ids),
-                    do_sample=True,
-                    temperature=settings.temperature,
-                    top_k=0,
-                    top_p=1.0,
+                    do_sample=False,  # the draw is the argmax of the noised logits
+                    logits_processor=[noise],
                     max_new_tokens=settings.new_tokens,
                     min_new_tokens=settings.new_tokens,
                     pad_token_id=eos_id,
+                    **{k: None for k in ("temperature", "top_k", "top_p")},  # not the model's defaults
                 )
-            out.extend(gen[:, ids.shape[1] :].tolist())
+            out.extend(gen[:, width:].tolist())
             bar.update(len(ids))
     return out
+
+
+def _mul32(x, c: int):
+    """(x * c) mod 2**32 for int64 tensors of 32-bit values, without overflowing 64 bits."""
+    return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & _M32
+
+
+def hash32(x):
+    """A 32-bit integer hash with full avalanche (Wellons' "lowbias32"), on int64 tensors; written here because
+    torch has no counter-based random numbers that a draw can be keyed by."""
+    x = x & _M32
+    x = _mul32(x ^ (x >> 16), 0x7FEB352D)
+    x = _mul32(x ^ (x >> 15), 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+class GumbelPerPrompt:
+    """Logits processor: ``scores / temperature + Gumbel(hash(seed, prompt index, step, token))`` (see ``sample``)."""
+
+    def __init__(self, seed: int, rows, prompt_len: int, temperature: float):
+        self.rows = hash32(rows.long() ^ hash32(rows.new_tensor(seed) ^ 0x5BD1E995))  # one key per prompt
+        self.prompt_len, self.temperature = prompt_len, temperature
+        self.vocab = None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        if self.vocab is None or self.vocab.shape[0] != scores.shape[-1]:
+            self.vocab = hash32(torch.arange(scores.shape[-1], device=scores.device) ^ 0x27D4EB2F)
+        step = input_ids.shape[1] - self.prompt_len
+        keys = hash32(self.rows ^ hash32(self.rows.new_tensor(step) + 0x165667B1))
+        bits = hash32(keys[:, None] ^ self.vocab[None, :]) >> 8  # 24 bits: exact in float32, never 0 or 1
+        uniform = (bits.float() + 0.5) / 2**24
+        return scores.float() / self.temperature - torch.log(-torch.log(uniform))
 
 
 def completion_perplexity(

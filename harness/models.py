@@ -194,7 +194,11 @@ def check_device(device: str, origin: str = "device") -> None:
 
 
 def default_device() -> str:
-    """``$HARNESS_DEVICE`` if set, else cuda when torch sees a GPU, else cpu."""
+    """``$HARNESS_DEVICE`` if set, else cuda when torch sees a GPU, else cpu. Under a launcher with several processes
+    (harness/distributed.py), ``cuda`` means this process's own GPU, ``cuda:$LOCAL_RANK``."""
     import torch
 
-    return os.environ.get("HARNESS_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = os.environ.get("HARNESS_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    return device

@@ -15,10 +15,10 @@ from functools import cached_property
 from pathlib import Path
 
 from attacks.base import MODEL, AttackContext, TextAttack
-from harness import data, metrics, models
+from harness import data, distributed, metrics, models
 from harness.config import Preset
 from harness.errors import HarnessError
-from harness.generation import completion_perplexity, sample
+from harness.generation import SAMPLER, completion_perplexity, sample
 from harness.registry import attacks
 from harness.store import Stage, Store
 from methods.base import DetectContext, TrainContext
@@ -87,11 +87,12 @@ class Pipeline:
         self.device = device or models.default_device()
         self.plan = plan
 
-    def _build(self, stage: Stage, what: str, fn) -> bool:
-        """Build ``stage`` or reuse it (returns whether it was reused); when planning, only say whether it is stored."""
+    def _build(self, stage: Stage, what: str, fn, collective: bool = False) -> bool:
+        """Build ``stage`` or reuse it (returns whether it was reused); when planning, only say whether it is stored.
+        ``collective``: with several processes, all of them compute it (harness/distributed.py)."""
         if self.plan:
             return stage.done
-        return self.store.build_or_reuse(stage, what, fn)
+        return self.store.build_or_reuse(stage, what, fn, collective)
 
     # --- inputs shared by every stage -------------------------------------------------------------------------
     @cached_property
@@ -121,7 +122,7 @@ class Pipeline:
             "params": method.params.model_dump(),
             "base_model": {k: self.base[k] for k in ("ref", "fingerprint")},
             "train_data": source_spec(self.preset.train_data),
-            "train": self.preset.train.model_dump(),
+            "train": self.preset.train.model_dump(exclude=self.preset.train.unhashed()),
         }
         extra = self.refs(method, spec)
         stage = self.store.stage("train", spec)
@@ -140,7 +141,7 @@ class Pipeline:
             )
             return method.train(ctx, out)
 
-        self._build(stage, f"training of {method.name}", build)
+        self._build(stage, f"training of {method.name}", build, collective=True)
         return stage
 
     def aux_stage(self, kind: str, spec: dict, build, what: str) -> Path:
@@ -163,6 +164,10 @@ class Pipeline:
         from harness.registry import methods
 
         return self.train(methods.build(name, {**self.preset.methods.get(name, {}), **settings})).path
+
+    def preset_settings(self) -> dict:
+        """The preset as runs store it: without the settings that cannot change a result (scoring's batch size)."""
+        return self.preset.model_dump(exclude={"eval": {"ppl_batch_size"}, "train": self.preset.train.unhashed()})
 
     @staticmethod
     def refs(plugin, spec: dict) -> dict[str, str]:
@@ -281,6 +286,7 @@ class Pipeline:
             "eval_data": source_spec(self.preset.eval_data),
             "eval": e.model_dump(exclude={"ppl_batch_size", "score_on"}),  # neither changes the texts
             "tokenizer": self.base["fingerprint"],
+            "sampler": SAMPLER,
         }
         stage = self.store.stage("generate", spec)
 
@@ -289,7 +295,10 @@ class Pipeline:
             tokenizer = models.load_tokenizer(str(model_path))
             model = models.load_causal_lm(str(model_path), self.device)
             prompt_ids = [p["prompt_ids"] for p in prompts]
-            completions = sample(model, prompt_ids, e, tokenizer.eos_token_id, f"generate ({name})")
+            completions = distributed.map_shards(
+                lambda part, first: sample(model, part, e, tokenizer.eos_token_id, f"generate ({name})", first),
+                prompt_ids,
+            )
             rows = [
                 {
                     "i": i,
@@ -305,7 +314,7 @@ class Pipeline:
             _jsonl(out / "generations.jsonl", rows)
             return {"device": self.device, "texts": len(rows)}
 
-        self._build(stage, f"generation from {name}", build)
+        self._build(stage, f"generation from {name}", build, collective=True)
         return stage
 
     def score(
@@ -349,11 +358,12 @@ class Pipeline:
                 report["evaluated"] = attack_stage.manifest()["report"].get("evaluated", "the attack's output")
             return report
 
-        reused = self._build(run, f"scoring of '{row}'", build)
+        reused = self._build(run, f"scoring of '{row}'", build, collective=True)
         if self.plan:
             return Cell(row, run, reused)
-        if reused:
+        if reused and distributed.is_main():
             rescore(run)  # a run scored by older metric code is brought up to date from its scores
+        distributed.barrier()
         return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
 
     def attribution(self, method, trained: Stage, generated: Stage, source: dict) -> Stage:
@@ -369,7 +379,7 @@ class Pipeline:
             # For the table: who detects (method, config) and whose texts (a label and, for a watermarked model, the
             # train stage that made it).
             "labels": {"detector": {"method": method.label, "config": method.config_label()}, "source": source},
-            "preset_settings": self.preset.model_dump(exclude={"eval": {"ppl_batch_size"}}),
+            "preset_settings": self.preset_settings(),
             "base_model": self.base["fingerprint"],
         }
         stage = self.store.stage("attribution", spec)
@@ -385,9 +395,13 @@ class Pipeline:
     def detect(self, method, trained: Stage, gens: list[dict]) -> tuple[list[dict], list[dict]]:
         """``method``'s detector, keyed by ``trained``, on the generated and on the human texts of ``gens``."""
         detector = method.detector(trained.path, self.tokenizer, self.detect_context())
-        return detector.score(self.detector_input(gens, "completion")), detector.score(
-            self.detector_input(gens, "human")
-        )
+
+        def both(part: list[dict], _first: int) -> list[tuple[dict, dict]]:
+            pos = detector.score(self.detector_input(part, "completion"))
+            return list(zip(pos, detector.score(self.detector_input(part, "human")), strict=True))
+
+        pairs = distributed.map_shards(both, gens)
+        return [p for p, _ in pairs], [n for _, n in pairs]
 
     def detect_context(self) -> DetectContext:
         return DetectContext(
@@ -415,21 +429,27 @@ class Pipeline:
         else:
             prompts = oracle_tok([g["prompt"] for g in gens])["input_ids"]
             completions = oracle_tok([g["completion"] for g in gens], add_special_tokens=False)["input_ids"]
-        oracle = self.oracle_model
         pad = oracle_tok.pad_token_id if oracle_tok.pad_token_id is not None else oracle_tok.eos_token_id
-        return completion_perplexity(oracle, prompts, completions, self.preset.eval.ppl_batch_size, pad or 0, desc)
+        return distributed.map_shards(
+            lambda part, first: completion_perplexity(
+                self.oracle_model, part, completions[first : first + len(part)], self.preset.eval.ppl_batch_size,
+                pad or 0, desc,
+            ),
+            prompts,
+        )  # fmt: skip
 
     # --- the command ------------------------------------------------------------------------------------------
     def run(self, method, attack) -> list[Cell]:
         """Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model (one table)."""
         none = attacks.build("none", {})
         if not self.plan:
-            self.store.sweep()
+            if distributed.is_main():
+                self.store.sweep()
             self.prompts  # noqa: B018  (reads and checks the evaluation data before any training)
         trained = self.train(method)
         common = {
             # Batch sizes of scoring do not change results: they stay out of the hash (and go to the manifest).
-            "preset": self.preset.model_dump(exclude={"eval": {"ppl_batch_size"}}),
+            "preset": self.preset_settings(),
             "method": {
                 "name": method.name,
                 "label": method.label,

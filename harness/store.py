@@ -13,6 +13,7 @@ differs but still reads was *edited*: it is refused, since a stored number must 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -20,13 +21,14 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from harness import files
+from harness import distributed, files
 from harness.errors import HarnessError
 
 log = logging.getLogger(__name__)
@@ -194,23 +196,47 @@ class Store:
         path = self.root / key if kind == "run" else self.root / "stages" / kind / key
         return Stage(kind, spec, key, path, self.root)
 
-    def build_or_reuse(self, stage: Stage, what: str, fn: Callable[[Path], dict]) -> bool:
+    def build_or_reuse(self, stage: Stage, what: str, fn: Callable[[Path], dict], collective: bool = False) -> bool:
         """Build ``stage`` unless a verified copy is stored; return whether it was reused (and say so). A damaged
-        copy is set aside and rebuilt; an edited one raises ``EditedStage``. One process builds, others wait."""
-        with files.locked(stage.lock_file, f"{what} ({stage.key})"):
-            if stage.done:
-                problem = stage.problem()
-                if problem is None:
-                    log.info("reusing %s %s (%s)", what, stage.key, stage.path)
+        copy is set aside and rebuilt; an edited one raises ``EditedStage``. One process builds, others wait.
+
+        Under a launcher with several processes (harness/distributed.py) the main process decides and publishes: a
+        ``collective`` stage's ``fn`` runs in every process (the others write into a scratch folder that is dropped),
+        any other stage is built by the main process alone while the others wait."""
+        if not distributed.active():
+            with files.locked(stage.lock_file, f"{what} ({stage.key})"):
+                if self._reusable(stage, what):
                     return True
-                moved = self.set_aside(stage.path)
-                log.warning(
-                    "stored %s %s is damaged (%s): moved to %s and computing it again", what, stage.key, problem, moved
-                )
-            files.remove_partials(stage.path)
-            log.info("computing %s %s", what, stage.key)
-            stage.build(fn)
+                stage.build(fn)
+                return False
+        main = distributed.is_main()
+        with files.locked(stage.lock_file, f"{what} ({stage.key})") if main else contextlib.nullcontext():
+            if distributed.broadcast(self._reusable(stage, what) if main else None):
+                return True
+            if collective and not main:
+                with tempfile.TemporaryDirectory(prefix="harness-scratch-") as scratch:
+                    fn(Path(scratch))
+            elif main:
+                with contextlib.nullcontext() if collective else distributed.solo():
+                    stage.build(fn)
+            # A failure in any process ends the command (the launcher stops the others), so this is not left waiting.
+            distributed.barrier()
             return False
+
+    def _reusable(self, stage: Stage, what: str) -> bool:
+        """Whether ``stage`` is stored and verified; a damaged copy is set aside (call while holding its lock)."""
+        if stage.done:
+            problem = stage.problem()
+            if problem is None:
+                log.info("reusing %s %s (%s)", what, stage.key, stage.path)
+                return True
+            moved = self.set_aside(stage.path)
+            log.warning(
+                "stored %s %s is damaged (%s): moved to %s and computing it again", what, stage.key, problem, moved
+            )
+        files.remove_partials(stage.path)
+        log.info("computing %s %s", what, stage.key)
+        return False
 
     def set_aside(self, folder: Path) -> Path:
         """Move a damaged folder to ``<root>/damaged/`` (nothing is deleted) and return where it went."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from harness import distributed
 from harness.config import TrainSettings
+from harness.errors import HarnessError
 from harness.progress import Progress
 
 
@@ -39,6 +41,10 @@ def train(
     ``batches`` yields CPU tensors, moved here. ``device="cpu"`` keeps training on the CPU; otherwise accelerate
     places it (one or several GPUs when launched with ``accelerate launch``). ``lr`` overrides ``settings.lr``.
     ``on_step(step_number, unwrapped_model)`` runs after each optimiser step (e.g. to save checkpoints).
+
+    Launched with several processes (harness/distributed.py), every process calls this with the same batches: each
+    trains on its slice of every batch and accelerate averages the gradients, so a step sees the whole batch as one
+    process would. Inside a stage that the main process builds alone, it trains alone on whole batches.
     """
     import torch
     from accelerate import Accelerator
@@ -56,12 +62,22 @@ def train(
     else:
         scheduler = get_constant_schedule_with_warmup(optimizer, warmup)
     model.train()
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if settings.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    together = distributed.active()
+    if together or distributed.world_size() == 1:
+        # The schedule stays outside accelerate: its wrapper would step it once per process at every step.
+        model, optimizer = accelerator.prepare(model, optimizer)
+    else:  # the main process alone, the others waiting: no wrapper that would talk to them
+        model.to(accelerator.device)
     losses: list[float] = []
     start = time.perf_counter()
     with Progress(settings.steps, desc, unit="step") as bar:
         for _ in range(settings.steps):
-            batch = next(batches).to(accelerator.device)
+            batch = next(batches)
+            if together:
+                batch = my_rows(batch)
+            batch = batch.to(accelerator.device)
             with accelerator.autocast():
                 loss = step(model, batch, accelerator.backward)
             if settings.max_grad_norm is not None:
@@ -73,7 +89,9 @@ def train(
             bar.update(1, loss=f"{losses[-1]:.3f}")
             if on_step is not None:
                 on_step(len(losses), accelerator.unwrap_model(model))
-    accelerator.unwrap_model(model).eval()
+    trained = accelerator.unwrap_model(model).eval()
+    if settings.gradient_checkpointing:
+        trained.gradient_checkpointing_disable()
     seconds = time.perf_counter() - start
     return {
         "steps": settings.steps,
@@ -83,3 +101,17 @@ def train(
         "loss_last_10": sum(losses[-10:]) / len(losses[-10:]),
         "losses": losses,
     }
+
+
+def my_rows(batch):
+    """This process's rows of a batch (a tensor or a mapping of tensors sharing their first dimension)."""
+    rows = len(batch) if not hasattr(batch, "keys") else len(next(iter(batch.values())))
+    if rows % distributed.world_size():
+        raise HarnessError(
+            f"a training batch of {rows} rows cannot be split evenly across {distributed.world_size()} processes: "
+            "use a batch size that is a multiple of the number of processes"
+        )
+    start, stop = distributed.shard_bounds(rows)
+    if hasattr(batch, "keys"):
+        return batch.__class__({k: v[start:stop] for k, v in batch.items()})
+    return batch[start:stop]

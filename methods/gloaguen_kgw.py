@@ -69,7 +69,7 @@ class GloaguenKGW(GuKGW):
         )
         tokenizer = load_tokenizer(str(stage1 / "model"))
         key = json.loads((stage1 / "key.json").read_text())
-        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype="float32")
+        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
         student = load_causal_lm(str(stage1 / "model"), ctx.device, dtype="float32").requires_grad_(True)
         tuned = load_causal_lm(str(finetuned / FINETUNED), "cpu", dtype="float32")
         masks = stable_masks(student, tuned, p.stable_fraction)

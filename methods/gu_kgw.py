@@ -88,7 +88,7 @@ class GuKGW(WatermarkMethod):
 
         tokenizer = load_tokenizer(ctx.base_model)
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
-        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype="float32")
+        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
         student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
         report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gu-KGW")
         student.save_pretrained(out / "model", safe_serialization=True)

@@ -129,7 +129,7 @@ class PRO(WatermarkMethod):
         p, s = self.params, ctx.settings
         emb_folder = (ctx.models or {}).get("embedding_model") or resolve(p.embedding_model)
         tokenizer = load_tokenizer(ctx.base_model)
-        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype="float32")
+        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
         student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
         device = str(student.device)
         embedder = Embedder(emb_folder, device, cache_size=p.embed_cache, batch_size=p.embed_batch)

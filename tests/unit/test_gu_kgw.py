@@ -81,3 +81,32 @@ def test_chunked_kl_equals_the_whole_kl_with_its_gradient(monkeypatch):
     assert torch.allclose(whole, chunked, rtol=1e-6) and torch.allclose(grad_whole, grad_chunked, atol=1e-7)
     bf16 = distill.kl_per_token(student.bfloat16(), teacher.bfloat16())
     assert bf16.dtype == torch.float32 and abs(bf16.item() - whole.item()) < 0.05 * whole.item()
+
+
+def test_memory_settings_of_the_training_step(random_llamas, tmp_path, monkeypatch):
+    """Gradient checkpointing trains the same weights; a bfloat16 teacher is loaded as such and still teaches."""
+    from safetensors.torch import load_file
+
+    from harness import models
+
+    base, _ = random_llamas
+    method = methods.build("gu-kgw", {"k": "0", "delta": "2"})
+    plain = TrainSettings(steps=3, batch_size=4, seq_len=16, lr=1e-2)
+    weights = {}
+    for name, settings in {
+        "plain": plain,
+        "checkpointed": plain.model_copy(update={"gradient_checkpointing": True}),
+    }.items():
+        method.train(TrainContext(str(base), iter(TEXTS), settings, "cpu"), tmp_path / name)
+        weights[name] = load_file(str(tmp_path / name / "model" / "model.safetensors"))
+    assert weights["plain"].keys() == weights["checkpointed"].keys()
+    assert all(torch.allclose(weights["plain"][k], weights["checkpointed"][k], atol=1e-6) for k in weights["plain"])
+    assert plain.unhashed() == {"gradient_checkpointing", "teacher_dtype"}
+
+    loaded = []
+    load = models.load_causal_lm
+    monkeypatch.setattr(models, "load_causal_lm", lambda *a, **k: loaded.append(k.get("dtype")) or load(*a, **k))
+    bf16 = plain.model_copy(update={"teacher_dtype": "bfloat16"})
+    report = method.train(TrainContext(str(base), iter(TEXTS), bf16, "cpu"), tmp_path / "bf16")
+    assert loaded[0] == "bfloat16" and report["loss_last_10"] < report["loss_first"]
+    assert bf16.unhashed() == {"gradient_checkpointing"}  # a bfloat16 teacher is part of the training's hash

@@ -1,0 +1,7 @@
+"""``python -m harness``: the CLI, as launchers run it (``accelerate launch -m harness run ...``, ``torchrun -m``)."""
+
+import sys
+
+from harness.cli import main
+
+sys.exit(main())

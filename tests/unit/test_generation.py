@@ -1,0 +1,82 @@
+"""The evaluation sampler: exact draws from softmax(logits / T), keyed by prompt, so a prompt's text does not depend on
+its batch or on which process of a launch samples it; and the helpers that split work across processes."""
+
+import pytest
+import torch
+
+from harness import distributed
+from harness.config import EvalSettings
+from harness.generation import GumbelPerPrompt, hash32, sample
+from harness.training import my_rows
+
+
+@pytest.mark.parametrize(("seed", "step", "temperature"), [(0, 0, 1.0), (1, 7, 0.7), (42, 199, 1.3)])
+def test_draws_follow_the_softmax(seed, step, temperature):
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, -3.0])
+    n = 200_000
+    noise = GumbelPerPrompt(seed, torch.arange(n), 5, temperature)
+    picks = noise(torch.zeros(n, 5 + step, dtype=torch.long), logits.expand(n, -1)).argmax(-1)
+    observed = torch.bincount(picks, minlength=6).double()
+    expected = torch.softmax(logits.double() / temperature, -1) * n
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5, chi2  # 5 degrees of freedom: p < 0.001 above 20.5
+
+
+def test_draws_differ_by_prompt_step_and_seed():
+    logits = torch.zeros(4, 1000)
+    ids = torch.zeros(4, 10, dtype=torch.long)
+    a = GumbelPerPrompt(0, torch.arange(4), 5, 1.0)(ids, logits).argmax(-1)
+    assert len(set(a.tolist())) == 4
+    assert not torch.equal(a, GumbelPerPrompt(1, torch.arange(4), 5, 1.0)(ids, logits).argmax(-1))
+    assert not torch.equal(a, GumbelPerPrompt(0, torch.arange(4), 5, 1.0)(ids[:, :9], logits).argmax(-1))
+
+
+def test_hash_is_32_bit_and_avalanches():
+    x = torch.arange(100_000)
+    h = hash32(x)
+    assert int(h.min()) >= 0 and int(h.max()) < 2**32 and len(set(h.tolist())) == len(x)
+    flipped = hash32(x ^ 1) ^ h  # one input bit flipped: about half the output bits change
+    bits = sum(((flipped >> b) & 1).double().mean() for b in range(32)) / 32
+    assert 0.45 < float(bits) < 0.55
+
+
+def test_a_prompt_gets_its_text_in_any_batch(random_llamas):
+    from harness import models
+
+    model = models.load_causal_lm(str(random_llamas[0]), "cpu")
+    prompts = torch.randint(3, 300, (7, 5), generator=torch.Generator().manual_seed(0)).tolist()
+    e = EvalSettings(num_prompts=7, prompt_tokens=5, new_tokens=10, batch_size=7)
+    whole = sample(model, prompts, e, None, "t")
+    assert whole == sample(model, prompts, e.model_copy(update={"batch_size": 3}), None, "t")
+    assert whole[4:] == sample(model, prompts[4:], e, None, "t", first_index=4)  # a second process's share
+    assert whole != sample(model, prompts, e.model_copy(update={"seed": 1}), None, "t")
+    assert all(len(t) == 10 for t in whole)
+
+
+def test_one_process_does_all_the_work(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not distributed.active() and distributed.shard_bounds(9) == (0, 9)
+    assert distributed.map_shards(lambda part, first: [(first, x) for x in part], [1, 2]) == [(0, 1), (0, 2)]
+    assert distributed.broadcast("x") == "x"
+
+
+def test_shards_split_the_work_in_order(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    parts = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        parts.append(distributed.shard_bounds(9))
+        batch = torch.arange(8).reshape(4, 2)
+        assert torch.equal(my_rows(batch), batch[:2] if rank == "0" else batch[2:])
+    assert parts == [(0, 4), (4, 9)]
+    with distributed.solo():
+        assert not distributed.active() and distributed.shard_bounds(9) == (0, 9)
+
+
+def test_uneven_batch_is_refused(monkeypatch):
+    from harness.errors import HarnessError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(HarnessError, match="3 rows cannot be split evenly across 2 processes"):
+        my_rows(torch.zeros(3, 4))
