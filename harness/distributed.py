@@ -87,3 +87,30 @@ def map_shards(fn: Callable[[list, int], list], items: list) -> list:
 
     state()
     return gather_object(mine)  # every process's list, concatenated in rank order
+
+
+def average_gradients(params) -> None:
+    """Average the ``.grad`` of ``params`` over the processes: for a model trained beside the one accelerate wraps
+    (PRO's policy), so that every process takes the same step, the step one process would take on the whole batch."""
+    if not active():
+        return
+    import torch.distributed as dist
+
+    state()
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= world_size()
+
+
+def all_rows(batch):
+    """The rows of every process's ``batch`` (a tensor of the same shape in each), stacked in rank order."""
+    if not active():
+        return batch
+    import torch
+    import torch.distributed as dist
+
+    state()
+    parts = [torch.empty_like(batch) for _ in range(world_size())]
+    dist.all_gather(parts, batch.contiguous())
+    return torch.cat(parts)

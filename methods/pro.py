@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from harness import data
+from harness import data, distributed
 from harness.errors import HarnessError
 from harness.plugins import Params
 from methods.base import Detector, TrainContext, WatermarkMethod, score_long_enough
@@ -92,7 +92,7 @@ class PRO(WatermarkMethod):
     name = "pro"
     label = "PRO"
     tradeoff_settings = ("delta",)
-    version = "1"
+    version = "2"  # 2: the anti-watermarked pool is drawn per text (the same with several processes)
     Params = PROParams
 
     def model_refs(self) -> dict[str, str]:
@@ -223,37 +223,41 @@ class PROStep:
 
     def refresh_pool(self, batch) -> None:
         """Anti-watermarked texts: the frozen base sampling with base - delta * M (the current M), seeded by the
-        refresh count; prompts are the first ``anti_prompt_tokens`` tokens of this batch's sequences."""
+        refresh count; pool text ``j`` continues the first ``anti_prompt_tokens`` tokens of batch row ``j mod B``.
+        Every text draws its own random numbers (``harness.generation.sample``'s per-prompt sampler), so with several
+        processes each draws its share of the pool and the pool is the one a single process draws."""
         import torch
 
+        from harness.generation import GumbelPerPrompt
         from methods.pro_policy import anti_processor
 
         p = self.p
-        start = time.perf_counter()
-        rows = torch.arange(self.anti_batch) % batch.shape[0]
-        prompts = batch[rows, : p.anti_prompt_tokens].to(self.device)
+        start_time = time.perf_counter()
+        full = distributed.all_rows(batch)  # several processes: the whole batch, as one process sees it
+        start, stop = distributed.shard_bounds(self.anti_batch)
+        rows = torch.arange(start, stop)
+        prompts = full[rows % full.shape[0], : p.anti_prompt_tokens].to(self.device)
         new = self.anti_len - prompts.shape[1]
         seed = self.s.seed + 7919 * (self.refreshes + 1)
         self.policy.eval()
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(seed)
-            if self.device.startswith("cuda"):
-                torch.cuda.manual_seed_all(seed)
-            self.anti_ids = self.teacher.generate(
+        with torch.no_grad():
+            local = self.teacher.generate(
                 input_ids=prompts,
                 attention_mask=torch.ones_like(prompts),
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
+                do_sample=False,  # the draw is the argmax of the noised logits (GumbelPerPrompt)
                 max_new_tokens=new,
                 min_new_tokens=new,
                 pad_token_id=self.tokenizer.eos_token_id,
-                logits_processor=[anti_processor(self.policy, self.embedder, self.tokenizer, p.n, p.delta)],
+                logits_processor=[
+                    anti_processor(self.policy, self.embedder, self.tokenizer, p.n, p.delta),
+                    GumbelPerPrompt(seed, rows.to(self.device), prompts.shape[1], 1.0),
+                ],
+                **{k: None for k in ("temperature", "top_k", "top_p")},  # not the model's defaults
             )
+        self.anti_ids = local  # this process's share: its FPL loss, like its batch slice, is averaged with the others'
         self.policy.train()
         self.refreshes += 1
-        self.anti_seconds += time.perf_counter() - start
+        self.anti_seconds += time.perf_counter() - start_time
 
     def __call__(self, model, batch, backward) -> float:
         import torch
@@ -274,6 +278,7 @@ class PROStep:
         l_m = l_sim_m + p.lambda_2 * l_norm
         self.policy_opt.zero_grad(set_to_none=True)
         l_m.backward()
+        distributed.average_gradients(policy.parameters())  # several processes: each saw its slice of the batch
         self.policy_opt.step()
         with torch.no_grad():
             if p.policy_update == "alternating":

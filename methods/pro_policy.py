@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
+from harness import distributed
+
 # Families that are decoder-only language models: their hidden states are not sentence embeddings.
 DECODER_ONLY_TYPES = frozenset(
     {
@@ -256,9 +258,18 @@ def norm_loss(m, eps: float, lambda_1: float, reduction: str = "mean"):
         raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
     m = m.float()
     reduce = (lambda t: t.mean()) if reduction == "mean" else (lambda t: t.sum())
-    unbiased = reduce(m.mean(dim=1).abs())
-    balanced = reduce(m.mean(dim=0).abs())
-    hinge = reduce((eps - m.abs()).clamp(min=0))
+    # Several processes (harness/distributed.py), each with its slice of the samples: the per-token mean over samples
+    # is taken over all of them (an all-reduce with a gradient), the terms over samples scaled so that the averaged
+    # gradients are those of one process on the whole batch.
+    column_mean, share = m.mean(dim=0), 1.0
+    if distributed.active():
+        from torch.distributed.nn.functional import all_reduce
+
+        column_mean = all_reduce(m.sum(dim=0)) / (m.shape[0] * distributed.world_size())
+        share = 1.0 if reduction == "mean" else float(distributed.world_size())
+    unbiased = reduce(m.mean(dim=1).abs()) * share
+    balanced = reduce(column_mean.abs())
+    hinge = reduce((eps - m.abs()).clamp(min=0)) * share
     return unbiased + balanced + lambda_1 * hinge, unbiased, balanced, hinge
 
 
