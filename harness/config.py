@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from harness.errors import HarnessError
 from harness.plugins import Params
@@ -60,11 +60,27 @@ class EvalSettings(Params):
     new_tokens: int = Field(gt=2)
     temperature: float = Field(1.0, gt=0)
     seed: int = 42
-    batch_size: int = Field(64, gt=0)  # sampling draws per batch, so it changes the texts and is part of the hash
+    # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 64 on a
+    # CPU), recorded in the generation's manifest. Draws are per prompt, so the batch does not choose the texts; it
+    # stays part of the hash as kernels may compute the last bits of logits differently at another batch size.
+    batch_size: int | Literal["auto"] = 64
     ppl_batch_size: int = Field(32, gt=0)
     # What detectors read: the decoded text tokenized again (as a user submits text; Gu et al. and the paper), or the
     # sampled token ids. Part of the run hash, not of the generation's.
     score_on: Literal["text", "ids"] = "text"
+
+    @field_validator("batch_size", mode="before")
+    @classmethod
+    def _batch_size(cls, value):
+        if value == "auto":
+            return value
+        try:
+            size = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a positive integer or 'auto', not {value!r}") from None
+        if size <= 0 or size != value and str(size) != str(value).strip():
+            raise ValueError(f"must be a positive integer or 'auto', not {value!r}")
+        return size
 
 
 class Preset(Params):

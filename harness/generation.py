@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from harness.config import EvalSettings
 from harness.progress import Progress
+
+log = logging.getLogger(__name__)
 
 # Version of the sampler: part of every generation's hash, so texts drawn by an older one are never reused as its own.
 SAMPLER = "per-prompt-gumbel-1"
@@ -11,7 +15,13 @@ _M32 = 0xFFFFFFFF
 
 
 def sample(
-    model, prompts: list[list[int]], settings: EvalSettings, eos_id: int | None, desc: str, first_index: int = 0
+    model,
+    prompts: list[list[int]],
+    settings: EvalSettings,
+    eos_id: int | None,
+    desc: str,
+    first_index: int = 0,
+    used: dict | None = None,
 ) -> list[list[int]]:
     """Exactly ``new_tokens`` sampled tokens per prompt: multinomial at ``temperature``, no top-k/top-p (Gu et al.).
 
@@ -21,29 +31,46 @@ def sample(
     ``softmax(logits / temperature)``. A prompt thus gets the same text in any batch and in any process of a
     multi-process run, up to the last bits of its logits (which a kernel may compute differently at another batch
     size, so the batch size stays part of the hash).
+
+    ``settings.batch_size`` ``"auto"``: batches of up to 1,024 prompts on a GPU, halved whenever one does not fit
+    (the prompts already drawn are kept); 64 on a CPU. The batch size used last goes into ``used["batch_size"]``.
     """
     import torch
 
-    out: list[list[int]] = []
+    auto = settings.batch_size == "auto"
+    size = (1024 if model.device.type == "cuda" else 64) if auto else settings.batch_size
+    size = max(1, min(size, len(prompts)))
     width = len(prompts[0]) if prompts else 0
+    out: list[list[int]] = []
     with Progress(len(prompts), desc, unit="text") as bar:
-        for start in range(0, len(prompts), settings.batch_size):
-            ids = torch.tensor(prompts[start : start + settings.batch_size], device=model.device)
+        while len(out) < len(prompts):
+            start = len(out)
+            ids = torch.tensor(prompts[start : start + size], device=model.device)
             rows = torch.arange(len(ids), device=model.device) + first_index + start
-            noise = GumbelPerPrompt(settings.seed, rows, width, settings.temperature)
-            with torch.no_grad():
-                gen = model.generate(
-                    input_ids=ids,
-                    attention_mask=torch.ones_like(ids),
-                    do_sample=False,  # the draw is the argmax of the noised logits
-                    logits_processor=[noise],
-                    max_new_tokens=settings.new_tokens,
-                    min_new_tokens=settings.new_tokens,
-                    pad_token_id=eos_id,
-                    **{k: None for k in ("temperature", "top_k", "top_p")},  # not the model's defaults
-                )
+            try:
+                with torch.no_grad():
+                    gen = model.generate(
+                        input_ids=ids,
+                        attention_mask=torch.ones_like(ids),
+                        do_sample=False,  # the draw is the argmax of the noised logits
+                        logits_processor=[GumbelPerPrompt(settings.seed, rows, width, settings.temperature)],
+                        max_new_tokens=settings.new_tokens,
+                        min_new_tokens=settings.new_tokens,
+                        pad_token_id=eos_id,
+                        **{k: None for k in ("temperature", "top_k", "top_p")},  # not the model's defaults
+                    )
+            except torch.OutOfMemoryError:
+                if not auto or size == 1:
+                    raise
+                del ids, rows
+                torch.cuda.empty_cache()
+                size //= 2
+                log.info("generation: a batch did not fit; %d prompts per batch from here", size)
+                continue
             out.extend(gen[:, width:].tolist())
             bar.update(len(ids))
+    if used is not None:
+        used["batch_size"] = size
     return out
 
 

@@ -295,8 +295,9 @@ class Pipeline:
             tokenizer = models.load_tokenizer(str(model_path))
             model = models.load_causal_lm(str(model_path), self.device)
             prompt_ids = [p["prompt_ids"] for p in prompts]
+            used: dict = {}
             completions = distributed.map_shards(
-                lambda part, first: sample(model, part, e, tokenizer.eos_token_id, f"generate ({name})", first),
+                lambda part, first: sample(model, part, e, tokenizer.eos_token_id, f"generate ({name})", first, used),
                 prompt_ids,
             )
             rows = [
@@ -312,7 +313,7 @@ class Pipeline:
                 for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
             ]
             _jsonl(out / "generations.jsonl", rows)
-            return {"device": self.device, "texts": len(rows)}
+            return {"device": self.device, "texts": len(rows), "batch_size": used.get("batch_size")}
 
         self._build(stage, f"generation from {name}", build, collective=True)
         return stage

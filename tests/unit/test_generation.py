@@ -80,3 +80,27 @@ def test_uneven_batch_is_refused(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(HarnessError, match="3 rows cannot be split evenly across 2 processes"):
         my_rows(torch.zeros(3, 4))
+
+
+def test_auto_batch_halves_until_a_batch_fits_and_keeps_the_texts(random_llamas):
+    from harness import models
+
+    model = models.load_causal_lm(str(random_llamas[0]), "cpu")
+    prompts = torch.randint(3, 300, (10, 5), generator=torch.Generator().manual_seed(1)).tolist()
+    e = EvalSettings(num_prompts=10, prompt_tokens=5, new_tokens=6, batch_size=10)
+    expected = sample(model, prompts, e, None, "t")
+
+    generate, sizes = model.generate, []
+
+    def small_memory(input_ids, **kw):  # a GPU on which at most 3 prompts fit
+        sizes.append(len(input_ids))
+        if len(input_ids) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return generate(input_ids=input_ids, **kw)
+
+    model.generate = small_memory
+    used = {}
+    assert sample(model, prompts, e.model_copy(update={"batch_size": "auto"}), None, "t", used=used) == expected
+    assert sizes[:3] == [10, 5, 2] and used["batch_size"] == 2  # 64 capped at 10 prompts, then halved
+    with pytest.raises(torch.OutOfMemoryError):  # a fixed batch size is the user's: never changed behind them
+        sample(model, prompts, e, None, "t")
