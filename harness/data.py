@@ -18,12 +18,15 @@ from harness.models import first_line, looks_like_path
 
 TINY_CORPUS = "builtin:tiny-corpus"
 TINY_CODE_INSTRUCT = "builtin:tiny-code-instruct"
+SMALL_CORPUS = "builtin:small-corpus"  # built here from installed docstrings (harness/small.py), not bundled
 # Bundled datasets: name -> (file in harness/data, splits, fields). The corpus is split by the held-out rule below;
 # the instruction set (tools/make_tiny_code_instruct.py) is one split of prompt/response pairs.
 BUILTIN_DATA = {
     TINY_CORPUS: ("tiny_corpus.jsonl.gz", ("train", "heldout"), ("text",)),
     TINY_CODE_INSTRUCT: ("tiny_code_instruct.jsonl.gz", ("train",), ("prompt", "response")),
+    SMALL_CORPUS: ("", ("train", "heldout"), ("text",)),
 }
+SPLIT_CORPORA = (TINY_CORPUS, SMALL_CORPUS)  # split into train and held-out documents by the rule below
 # Held out for evaluation: every 3rd bundled document of at least 600 characters (long enough for a prompt and a
 # continuation); a rule on characters, so the split does not depend on the tokenizer.
 HELDOUT_MIN_CHARS = 600
@@ -32,6 +35,10 @@ HELDOUT_EVERY = 3
 
 @cache
 def _bundled_bytes(name: str) -> bytes:
+    if name == SMALL_CORPUS:
+        from harness import small
+
+        return small.corpus().read_bytes()
     return (files("harness") / "data" / BUILTIN_DATA[name][0]).read_bytes()
 
 
@@ -90,7 +97,7 @@ def iter_rows(src: DataSource, fields: tuple[str, ...]) -> Iterator[dict]:
     if src.path.startswith("builtin:"):
         check(src)
         rows = [json.loads(line) for line in gzip.decompress(_bundled_bytes(src.path)).decode().splitlines()]
-        if src.path == TINY_CORPUS:
+        if src.path in SPLIT_CORPORA:
             long_docs = [r for r in rows if len(r["text"]) >= HELDOUT_MIN_CHARS]
             heldout = {id(r) for r in long_docs[::HELDOUT_EVERY]}
             want = src.split == "heldout"

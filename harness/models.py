@@ -22,7 +22,13 @@ from harness.files import file_sha256
 LOCAL_PREFIXES = ("/", "~", ".")  # a reference starting so (./, ../, ~/...) is a path, never a hub id
 TINY_LM = "builtin:tiny-lm"
 # Models the harness builds on this machine and caches (``module:function`` returning the folder, imported lazily).
-BUILTINS = {TINY_LM: "harness.tiny:tiny_lm", "builtin:tiny-paraphraser": "harness.paraphraser:tiny_paraphraser"}
+BUILTINS = {
+    TINY_LM: "harness.tiny:tiny_lm",
+    "builtin:tiny-paraphraser": "harness.paraphraser:tiny_paraphraser",
+    "builtin:small-lm": "harness.small:small_lm",
+    "builtin:small-oracle": "harness.small:small_oracle",
+}
+GPU_BUILTINS = ("builtin:small-lm", "builtin:small-oracle")  # built on a GPU only: checked before any work
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 ALLOW_PICKLE_ENV = "HARNESS_ALLOW_PICKLE"
 
@@ -48,6 +54,10 @@ def check(ref: str) -> None:
     loads no weights (a hub id's config is fetched, or read from the local HF cache)."""
     if ref.startswith("builtin:"):
         _check_builtin(ref)
+        if ref in GPU_BUILTINS:
+            from harness import small
+
+            small.check_buildable(ref)
         return
     folder = Path(resolve(ref))
     if folder.exists():

@@ -50,46 +50,48 @@ def tiny_lm() -> Path:
     return files.build_once(folder, TINY_FILES, "the tiny base model", build)
 
 
-def build_tokenizer(texts: list[str]):
+def build_tokenizer(texts: list[str], vocab_size: int = RECIPE["vocab_size"]):
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(
-        texts, vocab_size=RECIPE["vocab_size"], min_frequency=2, special_tokens=[EOS], show_progress=False
-    )
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS], show_progress=False)
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, bos_token=EOS, pad_token=EOS)
 
 
 def build(out: Path) -> dict:
     """Train the tokenizer and the model into ``out``; return what was measured."""
+    return build_lm(out, RECIPE, data.load_texts(DataSource(path=data.TINY_CORPUS, split="train")), "tiny base model")
+
+
+def build_lm(out: Path, recipe: dict, texts: list[str], desc: str, device: str | None = None) -> dict:
+    """A byte-level BPE of ``recipe["vocab_size"]`` and a Llama of ``recipe["model"]`` trained on ``texts`` with
+    ``recipe["train"]`` (TrainSettings), saved into ``out``; returns what was measured. Shared by the tiny and the
+    small presets' models (harness/small.py)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from harness.training import loss_step, train
 
-    texts = data.load_texts(DataSource(path=data.TINY_CORPUS, split="train"))
-    tokenizer = build_tokenizer(texts)
+    tokenizer = build_tokenizer(texts, recipe["vocab_size"])
     tokenizer.save_pretrained(out)
     stream = data.token_stream(tokenizer, texts)
 
-    torch.manual_seed(RECIPE["train"]["seed"])
+    torch.manual_seed(recipe["train"]["seed"])
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.eos_token_id,
-        **RECIPE["model"],
+        **recipe["model"],
     )
     model = LlamaForCausalLM(config)
-    settings = TrainSettings(**RECIPE["train"])
+    settings = TrainSettings(**recipe["train"])
     batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
-    log_ = train(
-        model, loss_step(lambda m, b: m(input_ids=b, labels=b).loss), batches, settings, desc="tiny base model"
-    )
+    log_ = train(model, loss_step(lambda m, b: m(input_ids=b, labels=b).loss), batches, settings, desc, device)
     model.save_pretrained(out, safe_serialization=True)
     return {
-        "recipe": RECIPE,
+        "recipe": recipe,
         "corpus_tokens": len(stream),
         "parameters": sum(p.numel() for p in model.parameters()),
         "torch": torch.__version__,
