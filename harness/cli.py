@@ -246,7 +246,13 @@ def _device_env(args) -> None:
 
 
 def cmd_grid(args) -> int:
-    from harness import grid, models
+    from harness import distributed, grid, models
+
+    if distributed.world_size() > 1:
+        raise HarnessError(
+            "harness grid runs each cell in one process: spread a grid with --shard or --executor, and launch "
+            "'harness run' (not grid) with several processes"
+        )
 
     spec = grid.load(args.spec)
     shard = grid.parse_shard(args.shard) if args.shard else None

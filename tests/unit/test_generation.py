@@ -104,3 +104,10 @@ def test_auto_batch_halves_until_a_batch_fits_and_keeps_the_texts(random_llamas)
     assert sizes[:3] == [10, 5, 2] and used["batch_size"] == 2  # 64 capped at 10 prompts, then halved
     with pytest.raises(torch.OutOfMemoryError):  # a fixed batch size is the user's: never changed behind them
         sample(model, prompts, e, None, "t")
+
+
+def test_grid_is_refused_under_a_multi_process_launch(monkeypatch, tmp_path):
+    from harness.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["grid", str(tmp_path / "nope.yaml")]) == 2
