@@ -48,17 +48,7 @@ def sample(
             ids = torch.tensor(prompts[start : start + size], device=model.device)
             rows = torch.arange(len(ids), device=model.device) + first_index + start
             try:
-                with torch.no_grad():
-                    gen = model.generate(
-                        input_ids=ids,
-                        attention_mask=torch.ones_like(ids),
-                        do_sample=False,  # the draw is the argmax of the noised logits
-                        logits_processor=[GumbelPerPrompt(settings.seed, rows, width, settings.temperature)],
-                        max_new_tokens=settings.new_tokens,
-                        min_new_tokens=settings.new_tokens,
-                        pad_token_id=eos_id,
-                        **{k: None for k in ("temperature", "top_k", "top_p")},  # not the model's defaults
-                    )
+                gen = draw(model, ids, rows, settings.seed, settings.temperature, settings.new_tokens, eos_id)
             except torch.OutOfMemoryError:
                 if not auto or size == 1:
                     raise
@@ -72,6 +62,24 @@ def sample(
     if used is not None:
         used["batch_size"] = size
     return out
+
+
+def draw(model, ids, rows, seed: int, temperature: float, new_tokens: int, pad_id, processors=()):
+    """``model.generate`` of exactly ``new_tokens`` tokens after the equal-length prompts ``ids``, each row drawing
+    with its own noise (``rows``: the rows' prompt indices); ``processors`` act on the logits before the draw."""
+    import torch
+
+    with torch.no_grad():
+        return model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,  # the draw is the argmax of the noised logits
+            logits_processor=[*processors, GumbelPerPrompt(seed, rows, ids.shape[1], temperature)],
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad_id,
+            **{k: None for k in ("temperature", "top_k", "top_p")},  # not the model's generation defaults
+        )
 
 
 def _mul32(x, c: int):

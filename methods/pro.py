@@ -228,7 +228,7 @@ class PROStep:
         processes each draws its share of the pool and the pool is the one a single process draws."""
         import torch
 
-        from harness.generation import GumbelPerPrompt
+        from harness.generation import draw
         from methods.pro_policy import anti_processor
 
         p = self.p
@@ -240,21 +240,11 @@ class PROStep:
         new = self.anti_len - prompts.shape[1]
         seed = self.s.seed + 7919 * (self.refreshes + 1)
         self.policy.eval()
-        with torch.no_grad():
-            local = self.teacher.generate(
-                input_ids=prompts,
-                attention_mask=torch.ones_like(prompts),
-                do_sample=False,  # the draw is the argmax of the noised logits (GumbelPerPrompt)
-                max_new_tokens=new,
-                min_new_tokens=new,
-                pad_token_id=self.tokenizer.eos_token_id,
-                logits_processor=[
-                    anti_processor(self.policy, self.embedder, self.tokenizer, p.n, p.delta),
-                    GumbelPerPrompt(seed, rows.to(self.device), prompts.shape[1], 1.0),
-                ],
-                **{k: None for k in ("temperature", "top_k", "top_p")},  # not the model's defaults
-            )
-        self.anti_ids = local  # this process's share: its FPL loss, like its batch slice, is averaged with the others'
+        processor = anti_processor(self.policy, self.embedder, self.tokenizer, p.n, p.delta)
+        # This process's share of the pool: its FPL loss, like its batch slice, is averaged with the others'.
+        self.anti_ids = draw(
+            self.teacher, prompts, rows.to(self.device), seed, 1.0, new, self.tokenizer.eos_token_id, [processor]
+        )
         self.policy.train()
         self.refreshes += 1
         self.anti_seconds += time.perf_counter() - start_time
