@@ -48,10 +48,16 @@ def train(
     """
     import torch
     from accelerate import Accelerator
+    from accelerate.utils import DistributedType
     from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
 
     torch.manual_seed(settings.seed)
     accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=device == "cpu")
+    if accelerator.distributed_type == DistributedType.FSDP:
+        raise HarnessError(
+            "training under FSDP is not supported yet (saving a sharded student is not implemented): launch with "
+            "DDP (accelerate launch --multi_gpu), which keeps a whole student on each GPU"
+        )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params, lr=lr or settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
