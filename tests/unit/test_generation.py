@@ -1,13 +1,11 @@
 """The evaluation sampler: exact draws from softmax(logits / T), keyed by prompt, so a prompt's text does not depend on
-its batch or on which process of a launch samples it; and the helpers that split work across processes."""
+its batch or on which process of a launch samples it; and the automatic batch size."""
 
 import pytest
 import torch
 
-from harness import distributed
 from harness.config import EvalSettings
 from harness.generation import GumbelPerPrompt, hash32, sample
-from harness.training import my_rows
 
 
 @pytest.mark.parametrize(("seed", "step", "temperature"), [(0, 0, 1.0), (1, 7, 0.7), (42, 199, 1.3)])
@@ -53,35 +51,6 @@ def test_a_prompt_gets_its_text_in_any_batch(random_llamas):
     assert all(len(t) == 10 for t in whole)
 
 
-def test_one_process_does_all_the_work(monkeypatch):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert not distributed.active() and distributed.shard_bounds(9) == (0, 9)
-    assert distributed.map_shards(lambda part, first: [(first, x) for x in part], [1, 2]) == [(0, 1), (0, 2)]
-    assert distributed.broadcast("x") == "x"
-
-
-def test_shards_split_the_work_in_order(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    parts = []
-    for rank in ("0", "1"):
-        monkeypatch.setenv("RANK", rank)
-        parts.append(distributed.shard_bounds(9))
-        batch = torch.arange(8).reshape(4, 2)
-        assert torch.equal(my_rows(batch), batch[:2] if rank == "0" else batch[2:])
-    assert parts == [(0, 4), (4, 9)]
-    with distributed.solo():
-        assert not distributed.active() and distributed.shard_bounds(9) == (0, 9)
-
-
-def test_uneven_batch_is_refused(monkeypatch):
-    from harness.errors import HarnessError
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    with pytest.raises(HarnessError, match="3 rows cannot be split evenly across 2 processes"):
-        my_rows(torch.zeros(3, 4))
-
-
 def test_auto_batch_halves_until_a_batch_fits_and_keeps_the_texts(random_llamas):
     from harness import models
 
@@ -104,10 +73,3 @@ def test_auto_batch_halves_until_a_batch_fits_and_keeps_the_texts(random_llamas)
     assert sizes[:3] == [10, 5, 2] and used["batch_size"] == 2  # 64 capped at 10 prompts, then halved
     with pytest.raises(torch.OutOfMemoryError):  # a fixed batch size is the user's: never changed behind them
         sample(model, prompts, e, None, "t")
-
-
-def test_grid_is_refused_under_a_multi_process_launch(monkeypatch, tmp_path):
-    from harness.cli import main
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["grid", str(tmp_path / "nope.yaml")]) == 2

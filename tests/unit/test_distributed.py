@@ -1,0 +1,66 @@
+"""Several processes on one command, without launching them: how work is split (shards, batch rows), what is refused
+(an uneven batch, a grid, FSDP), and that one process does everything itself. tests/smoke/test_distributed.py
+launches two."""
+
+import pytest
+import torch
+
+from harness import distributed
+from harness.training import my_rows
+
+
+def test_one_process_does_all_the_work(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not distributed.active() and distributed.shard_bounds(9) == (0, 9)
+    assert distributed.map_shards(lambda part, first: [(first, x) for x in part], [1, 2]) == [(0, 1), (0, 2)]
+    assert distributed.broadcast("x") == "x"
+
+
+def test_shards_split_the_work_in_order(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    parts = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        parts.append(distributed.shard_bounds(9))
+        batch = torch.arange(8).reshape(4, 2)
+        assert torch.equal(my_rows(batch), batch[:2] if rank == "0" else batch[2:])
+    assert parts == [(0, 4), (4, 9)]
+    with distributed.solo():
+        assert not distributed.active() and distributed.shard_bounds(9) == (0, 9)
+
+
+def test_uneven_batch_is_refused(monkeypatch):
+    from harness.errors import HarnessError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(HarnessError, match="3 rows cannot be split evenly across 2 processes"):
+        my_rows(torch.zeros(3, 4))
+
+
+def test_grid_is_refused_under_a_multi_process_launch(monkeypatch, tmp_path):
+    from harness.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["grid", str(tmp_path / "nope.yaml")]) == 2
+
+
+def test_fsdp_training_is_refused_before_any_step(monkeypatch):
+    import accelerate
+    from accelerate.utils import DistributedType
+
+    from harness.config import TrainSettings
+    from harness.errors import HarnessError
+    from harness.training import loss_step, train
+
+    class FSDPAccelerator:
+        distributed_type = DistributedType.FSDP
+
+        def __init__(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(accelerate, "Accelerator", FSDPAccelerator)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(HarnessError, match="FSDP is not supported yet"):
+        train(model, loss_step(lambda m, b: m(b).sum()), iter([]), TrainSettings(steps=1, batch_size=1, seq_len=2,
+                                                                                 lr=1e-3))  # fmt: skip
