@@ -367,6 +367,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as err:
+        rank = int(os.environ.get("RANK", "0"))
+        if not rank:
+            raise
+        # Another process of a launch: most often the main one stopped (with its own message) and the link to it
+        # broke; one line says what this one saw, rather than a second traceback.
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"harness: process {rank} stopped: {type(err).__name__}: {first}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -64,3 +64,20 @@ def test_fsdp_training_is_refused_before_any_step(monkeypatch):
     with pytest.raises(HarnessError, match="FSDP is not supported yet"):
         train(model, loss_step(lambda m, b: m(b).sum()), iter([]), TrainSettings(steps=1, batch_size=1, seq_len=2,
                                                                                  lr=1e-3))  # fmt: skip
+
+
+def test_another_process_reports_its_failure_in_one_line(monkeypatch, capsys):
+    from harness import cli
+
+    def broken():
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:1234.\nmore detail")
+
+    monkeypatch.setattr(cli, "cmd_list", broken)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert cli.main(["list"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["harness: process 1 stopped: RuntimeError: Connection closed by peer [127.0.0.1]:1234."]
+    monkeypatch.setenv("RANK", "0")  # the main process keeps the whole traceback of an unexpected error
+    with pytest.raises(RuntimeError):
+        cli.main(["list"])
