@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness import distributed
 from harness.errors import HarnessError
 
 log = logging.getLogger("harness")
@@ -176,7 +177,7 @@ def format_cells(cells) -> str:
 
 
 def cmd_run(args) -> None:
-    from harness import config, distributed, models
+    from harness import config, models
     from harness.pipeline import Pipeline, check_inputs
     from harness.plugins import parse_assignments
     from harness.registry import attacks, methods
@@ -246,7 +247,7 @@ def _device_env(args) -> None:
 
 
 def cmd_grid(args) -> int:
-    from harness import distributed, grid, models
+    from harness import grid, models
 
     if distributed.world_size() > 1:
         raise HarnessError(
@@ -316,7 +317,7 @@ def cmd_rescore(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.DEBUG if args.verbose else logging.INFO
-    if int(os.environ.get("RANK", "0")):  # not the main process of a launch: it only says what goes wrong
+    if not distributed.is_main():  # another process of a launch: it only says what goes wrong
         level = logging.WARNING
     logging.basicConfig(level=level, format="harness: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -368,13 +369,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as err:
-        rank = int(os.environ.get("RANK", "0"))
-        if not rank:
+        if distributed.is_main():
             raise
         # Another process of a launch: most often the main one stopped (with its own message) and the link to it
         # broke; one line says what this one saw, rather than a second traceback.
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        print(f"harness: process {rank} stopped: {type(err).__name__}: {first}", file=sys.stderr)
+        print(f"harness: process {distributed.rank()} stopped: {type(err).__name__}: {first}", file=sys.stderr)
         return 1
     return 0
 

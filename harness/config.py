@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator
 
 from harness.errors import HarnessError
 from harness.plugins import Params
@@ -52,6 +52,9 @@ class TrainSettings(Params):
         return self.steps * self.batch_size * self.seq_len
 
 
+_POSITIVE_INT = TypeAdapter(PositiveInt)
+
+
 class EvalSettings(Params):
     """Generation and detection protocol (paper Section 4.1; Gu et al.: top_p 1, top_k 0, exactly N new tokens)."""
 
@@ -75,12 +78,9 @@ class EvalSettings(Params):
         if value == "auto":
             return value
         try:
-            size = int(value)
-        except (TypeError, ValueError):
+            return _POSITIVE_INT.validate_python(value)
+        except ValidationError:
             raise ValueError(f"must be a positive integer or 'auto', not {value!r}") from None
-        if size <= 0 or size != value and str(size) != str(value).strip():
-            raise ValueError(f"must be a positive integer or 'auto', not {value!r}")
-        return size
 
 
 class Preset(Params):
@@ -196,7 +196,7 @@ SMALL = Preset(
             "lr": 1e-3,
             "batch_size": 16,
             "seq_len": 256,
-        },  # fmt: skip
+        },
         "dipper": {"model": "builtin:tiny-paraphraser", "tokenizer": None},
     },
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",

@@ -24,7 +24,7 @@ SMALL_CORPUS = "builtin:small-corpus"  # built here from installed docstrings (h
 BUILTIN_DATA = {
     TINY_CORPUS: ("tiny_corpus.jsonl.gz", ("train", "heldout"), ("text",)),
     TINY_CODE_INSTRUCT: ("tiny_code_instruct.jsonl.gz", ("train",), ("prompt", "response")),
-    SMALL_CORPUS: ("", ("train", "heldout"), ("text",)),
+    SMALL_CORPUS: (None, ("train", "heldout"), ("text",)),  # no bundled file: built on first use
 }
 SPLIT_CORPORA = (TINY_CORPUS, SMALL_CORPUS)  # split into train and held-out documents by the rule below
 # Held out for evaluation: every 3rd bundled document of at least 600 characters (long enough for a prompt and a

@@ -3,7 +3,7 @@ harness run ...`` (the launcher sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``
 through accelerate, which picks NCCL on GPUs and gloo on CPUs).
 
 Every process runs the same pipeline in step. A *collective* stage (training, generation, scoring) is computed by all
-of them: training splits each batch across processes (accelerate wraps the model, DDP or FSDP as configured), and
+of them: training splits each batch across processes (accelerate wraps the model for DDP; FSDP is refused for now), and
 generation and scoring split the prompts (``map_shards``). Every other stage is built by the main process alone while
 the others wait (``solo``). Only the main process writes to the store; what the others compute is gathered to it.
 """
@@ -22,7 +22,13 @@ def world_size() -> int:
 
 
 def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+    """This process's index in the launch; 0 outside one (a stray ``RANK`` without ``WORLD_SIZE`` > 1 means nothing)."""
+    return int(os.environ.get("RANK", "0")) if world_size() > 1 else 0
+
+
+def local_rank() -> int:
+    """This process's index on its machine (its GPU)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def is_main() -> bool:

@@ -16,6 +16,7 @@ import os
 from fnmatch import fnmatch
 from pathlib import Path
 
+from harness import distributed
 from harness.errors import HarnessError
 from harness.files import file_sha256
 
@@ -209,6 +210,6 @@ def default_device() -> str:
     import torch
 
     device = os.environ.get("HARNESS_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    if device == "cuda" and distributed.world_size() > 1:
+        device = f"cuda:{distributed.local_rank()}"
     return device

@@ -166,7 +166,8 @@ class Pipeline:
         return self.train(methods.build(name, {**self.preset.methods.get(name, {}), **settings})).path
 
     def preset_settings(self) -> dict:
-        """The preset as runs store it: without the settings that cannot change a result (scoring's batch size)."""
+        """The preset as runs store it: without the settings that cannot change a result (scoring's batch size,
+        ``TrainSettings.unhashed``)."""
         return self.preset.model_dump(exclude={"eval": {"ppl_batch_size"}, "train": self.preset.train.unhashed()})
 
     @staticmethod

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
+
+from harness import distributed
 
 log = logging.getLogger("harness")
 
@@ -19,7 +20,7 @@ class Progress:
     def __init__(self, total: int, desc: str, unit: str = "it", every_s: float = LOG_EVERY_S):
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
         self.done = 0
-        self.tty = sys.stderr.isatty() and os.environ.get("RANK", "0") == "0"  # one bar per launch
+        self.tty = sys.stderr.isatty() and distributed.is_main()  # one bar per launch
         self._bar = None
         self._start = self._last = time.monotonic()
         self._postfix: dict = {}

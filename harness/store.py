@@ -203,13 +203,7 @@ class Store:
         Under a launcher with several processes (harness/distributed.py) the main process decides and publishes: a
         ``collective`` stage's ``fn`` runs in every process (the others write into a scratch folder that is dropped),
         any other stage is built by the main process alone while the others wait."""
-        if not distributed.active():
-            with files.locked(stage.lock_file, f"{what} ({stage.key})"):
-                if self._reusable(stage, what):
-                    return True
-                stage.build(fn)
-                return False
-        main = distributed.is_main()
+        main = distributed.is_main()  # one process alone is its own main process
         with files.locked(stage.lock_file, f"{what} ({stage.key})") if main else contextlib.nullcontext():
             if distributed.broadcast(self._reusable(stage, what) if main else None):
                 return True
