@@ -3,7 +3,7 @@ harness run ...`` (the launcher sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``
 through accelerate, which picks NCCL on GPUs and gloo on CPUs).
 
 Every process runs the same pipeline in step. A *collective* stage (training, generation, scoring) is computed by all
-of them: training splits each batch across processes (accelerate wraps the model for DDP; FSDP is refused for now), and
+of them: training splits each batch across processes (accelerate wraps the model for DDP, or shards it with FSDP2), and
 generation and scoring split the prompts (``map_shards``). Every other stage is built by the main process alone while
 the others wait (``solo``). Only the main process writes to the store; what the others compute is gathered to it.
 """
@@ -38,6 +38,12 @@ def is_main() -> bool:
 def active() -> bool:
     """Whether this code runs together with other processes (launched with several, and not inside a solo build)."""
     return world_size() > 1 and _solo == 0
+
+
+def fsdp() -> bool:
+    """Whether this launch shards the student with FSDP (``accelerate launch --use_fsdp`` says so in the environment;
+    accelerate acts on it on GPUs only)."""
+    return world_size() > 1 and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
 def state():

@@ -53,10 +53,10 @@ def train(
 
     torch.manual_seed(settings.seed)
     accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=device == "cpu")
-    if accelerator.distributed_type == DistributedType.FSDP:
+    if accelerator.distributed_type == DistributedType.FSDP and accelerator.state.fsdp_plugin.fsdp_version != 2:
         raise HarnessError(
-            "training under FSDP is not supported yet (saving a sharded student is not implemented): launch with "
-            "DDP (accelerate launch --multi_gpu), which keeps a whole student on each GPU"
+            "training under FSDP needs FSDP2, whose sharded student save_model can gather: launch with "
+            "accelerate launch --use_fsdp --fsdp_version 2 (or DDP: accelerate launch --multi_gpu)"
         )
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -74,6 +74,8 @@ def train(
     if together or distributed.world_size() == 1:
         # The schedule stays outside accelerate: its wrapper would step it once per process at every step.
         model, optimizer = accelerator.prepare(model, optimizer)
+        # FSDP2 replaces the parameters by sharded ones (and accelerate points the optimizer at them): clip those.
+        params = [p for p in model.parameters() if p.requires_grad]
     else:  # the main process alone, the others waiting: no wrapper that would talk to them
         model.to(accelerator.device)
     losses: list[float] = []
@@ -107,6 +109,22 @@ def train(
         "loss_last_10": sum(losses[-10:]) / len(losses[-10:]),
         "losses": losses,
     }
+
+
+def save_model(model, folder) -> None:
+    """Write a trained model as a transformers folder (safetensors). A model that FSDP2 trained holds a shard of
+    each weight per process: every process of the launch must call this (the weights are gathered, a collective,
+    onto the main process's CPU) and the main process writes the whole model, as one process would have."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        model.save_pretrained(folder, safe_serialization=True)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if distributed.is_main():
+        model.save_pretrained(folder, state_dict=state, safe_serialization=True)
 
 
 def my_rows(batch):

@@ -26,6 +26,7 @@ from pydantic import Field
 
 from harness import data
 from harness.config import TrainSettings
+from harness.errors import HarnessError
 from methods.base import TrainContext
 from methods.gu_kgw import GuKGW, GuKGWParams, distill
 
@@ -53,8 +54,19 @@ class GloaguenKGW(GuKGW):
         label = super().config_label()
         return label if self.params.stable_fraction == 0.5 else f"{label}, stable={self.params.stable_fraction:g}"
 
+    def validate(self, base_model: str | None = None) -> None:
+        from harness import distributed
+
+        super().validate(base_model)
+        if distributed.fsdp():
+            raise HarnessError(
+                "gloaguen-kgw cannot train under FSDP: its stable-parameter masks are hooks on whole parameters, which "
+                "FSDP replaces by shards; launch it with DDP (accelerate launch --multi_gpu)"
+            )
+
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from harness.models import load_causal_lm, load_tokenizer
+        from harness.training import save_model
         from methods.kgw import KGWKey
 
         if ctx.train_method is None or ctx.stage is None:
@@ -79,7 +91,7 @@ class GloaguenKGW(GuKGW):
             param.register_hook(lambda grad, mask=mask: grad * mask)
         teacher_key = KGWKey.from_dict(key["teacher"])
         report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gloaguen-KGW (stable parameters)")
-        student.save_pretrained(out / "model", safe_serialization=True)
+        save_model(student, out / "model")
         tokenizer.save_pretrained(out / "model")
         (out / "key.json").write_text(json.dumps({**key, "method": self.name}, indent=2))
         kept = sum(int(m.sum()) for m in masks.values())

@@ -85,13 +85,14 @@ class GuKGW(WatermarkMethod):
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from harness.models import load_causal_lm, load_tokenizer
+        from harness.training import save_model
 
         tokenizer = load_tokenizer(ctx.base_model)
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
         teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
         student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
         report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gu-KGW")
-        student.save_pretrained(out / "model", safe_serialization=True)
+        save_model(student, out / "model")
         tokenizer.save_pretrained(out / "model")
         key = {
             "method": self.name,

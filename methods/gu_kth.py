@@ -94,7 +94,7 @@ class GuKTH(WatermarkMethod):
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from harness.models import load_causal_lm, load_tokenizer
-        from harness.training import loss_step, train
+        from harness.training import loss_step, save_model, train
 
         if ctx.stage is None:
             raise RuntimeError("Gu-KTH trains through the pipeline (its teacher texts are a stage)")
@@ -116,7 +116,7 @@ class GuKTH(WatermarkMethod):
         student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
         step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
         report = train(student, step, batches, s, desc="train Gu-KTH (sampling distillation)", device=ctx.device)
-        student.save_pretrained(out / "model", safe_serialization=True)
+        save_model(student, out / "model")
         tokenizer.save_pretrained(out / "model")
         detector = {"statistic": p.statistic, "gamma": p.gamma, "reference_texts": p.reference_texts}
         (out / "key.json").write_text(json.dumps({"method": self.name, "key": key.to_dict(), **detector}, indent=2))

@@ -123,7 +123,7 @@ class PRO(WatermarkMethod):
         from safetensors.torch import save_file
 
         from harness.models import fingerprint, load_causal_lm, load_tokenizer, resolve
-        from harness.training import train
+        from harness.training import save_model, train
         from methods.pro_policy import Embedder, PolicyMLP
 
         p, s = self.params, ctx.settings
@@ -141,7 +141,7 @@ class PRO(WatermarkMethod):
         step = PROStep(p, s, teacher, tokenizer, embedder, policy)
         report = train(student, step, batches, s, desc="train PRO", device=ctx.device, lr=p.student_lr)
 
-        student.save_pretrained(out / "model", safe_serialization=True)
+        save_model(student, out / "model")
         tokenizer.save_pretrained(out / "model")
         policy = policy.cpu().eval()
         save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))

@@ -85,3 +85,39 @@ def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, me
                 assert r1.keys() == r2.keys() and all(r1[k] == pytest.approx(r2[k], rel=1e-5) for k in r1), key
     gens = [json.loads(line) for line in (tmp_path / "two" / runs[0] / "generations.jsonl").read_text().splitlines()]
     assert [g["i"] for g in gens] == list(range(9))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", [["gu-kgw"], ["pro", "--method-arg", "anti_every=2"]], ids=["gu-kgw", "pro"])
+def test_fsdp_launch_stores_the_runs_of_one_process(tmp_path, random_llamas, harness, method):
+    """``accelerate launch --use_fsdp --fsdp_version 2`` over every visible GPU: the same stages under the same
+    hashes as one process, and the gathered student matches one process's (tests/smoke/test_fsdp.py checks the
+    sharding itself on a CPU, where accelerate does not engage FSDP)."""
+    import torch
+    from safetensors.torch import load_file
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Sentence {i} of the corpus, with some words in it."}) + "\n"
+                              for i in range(40)))  # fmt: skip
+    args = ["run", "--method", *method, *settings(random_llamas[1], corpus)]
+    one = harness(*args, "--results", str(tmp_path / "one"), timeout=900)
+    assert one.returncode == 0, one.stderr[-3000:]
+    gpus = torch.cuda.device_count()
+    accelerate = Path(sys.executable).parent / "accelerate"
+    command = [str(accelerate) if accelerate.exists() else shutil.which("accelerate"), "launch", "--use_fsdp",
+               "--fsdp_version", "2", "--num_processes", str(gpus), *(["--multi_gpu"] if gpus > 1 else []),
+               "-m", "harness", *args, "--results", str(tmp_path / "fsdp")]  # fmt: skip
+    sharded = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+
+    a, b = finished(tmp_path / "one"), finished(tmp_path / "fsdp")
+    assert sorted(a) == sorted(b)  # the same stages, under the same hashes
+    trained = [k for k in a if k.startswith("stages/train/")]
+    assert trained
+    for key in trained:
+        one_w, fsdp_w = (load_file(tmp_path / root / key / "model" / "model.safetensors") for root in ("one", "fsdp"))
+        assert one_w.keys() == fsdp_w.keys()
+        for name in one_w:
+            torch.testing.assert_close(fsdp_w[name], one_w[name], rtol=1e-3, atol=1e-4, msg=name)

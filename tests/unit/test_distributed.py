@@ -1,6 +1,6 @@
 """Several processes on one command, without launching them: how work is split (shards, batch rows), what is refused
-(an uneven batch, a grid, FSDP), and that one process does everything itself. tests/smoke/test_distributed.py
-launches two."""
+(an uneven batch, a grid, FSDP1, Gloaguen-KGW under FSDP), and that one process does everything itself.
+tests/smoke/test_distributed.py launches two."""
 
 import pytest
 import torch
@@ -45,7 +45,8 @@ def test_grid_is_refused_under_a_multi_process_launch(monkeypatch, tmp_path):
     assert main(["grid", str(tmp_path / "nope.yaml")]) == 2
 
 
-def test_fsdp_training_is_refused_before_any_step(monkeypatch):
+def test_fsdp1_training_is_refused_before_any_step(monkeypatch):
+    """FSDP2 trains (tests/smoke/test_fsdp.py); FSDP1, whose wrapper save_model cannot gather from, is one line."""
     import accelerate
     from accelerate.utils import DistributedType
 
@@ -57,13 +58,24 @@ def test_fsdp_training_is_refused_before_any_step(monkeypatch):
         distributed_type = DistributedType.FSDP
 
         def __init__(self, **kwargs):
-            pass
+            self.state = type("State", (), {"fsdp_plugin": type("Plugin", (), {"fsdp_version": 1})})()
 
     monkeypatch.setattr(accelerate, "Accelerator", FSDPAccelerator)
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(HarnessError, match="FSDP is not supported yet"):
+    with pytest.raises(HarnessError, match="needs FSDP2"):
         train(model, loss_step(lambda m, b: m(b).sum()), iter([]), TrainSettings(steps=1, batch_size=1, seq_len=2,
                                                                                  lr=1e-3))  # fmt: skip
+
+
+def test_gloaguen_kgw_is_refused_under_fsdp_before_any_work(monkeypatch):
+    from harness.errors import HarnessError
+    from harness.registry import methods
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(HarnessError, match="gloaguen-kgw cannot train under FSDP"):
+        methods.build("gloaguen-kgw", {}).validate(None)
+    methods.build("gu-kgw", {}).validate(None)  # the others can
 
 
 def test_another_process_reports_its_failure_in_one_line(monkeypatch, capsys):
