@@ -46,6 +46,10 @@ class Attack(Plugin):
 class ModelAttack(Attack, ABC):
     """Base of every model -> model attack (quantization, pruning, merging, fine-tuning)."""
 
+    # Under a launch of several processes: True if every process computes the attack with the others (it trains the
+    # whole model, which one GPU may not hold), False if the main process builds it alone (harness/distributed.py).
+    collective: ClassVar[bool] = False
+
     @abstractmethod
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         """Write the attacked model(s) into the stage folder ``out_dir``: one model (weights + tokenizer, loadable by

@@ -114,6 +114,7 @@ class FineTune(ModelAttack):
     label = "Fine-tuning"
     version = "1"
     Params = FineTuneParams
+    collective = True  # the paper's 8B student trains across GPUs (FSDP): every process fine-tunes
 
     @property
     def data(self) -> InstructData:
@@ -132,10 +133,10 @@ class FineTune(ModelAttack):
         return [(f"s={s}", checkpoint(s)) for s in self.params.steps]
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
-        from harness import data
+        from harness import data, distributed
         from harness.config import TrainSettings
         from harness.models import load_causal_lm, load_tokenizer
-        from harness.training import loss_step, train
+        from harness.training import loss_step, save_model, train
 
         p, d = self.params, self.data
         tokenizer = load_tokenizer(str(model_dir))
@@ -149,12 +150,18 @@ class FineTune(ModelAttack):
         def save(step: int, unwrapped) -> None:
             if step in p.steps:
                 folder = out_dir / checkpoint(step)
-                unwrapped.save_pretrained(folder, safe_serialization=True)
+                save_model(unwrapped, folder)  # every process: under FSDP its shards are gathered
                 tokenizer.save_pretrained(folder)
 
         def loss(model, batch):
+            """Mean cross-entropy over the response tokens of the whole batch. With several processes each holds some
+            rows, and its mean over its own tokens would weigh tokens unevenly (rows differ in response length):
+            each sums its tokens' losses over the whole batch's count instead (the processes' gradients are then
+            averaged, hence the factor)."""
             ids, labels, attention = batch.unbind(1)
-            return model(input_ids=ids, attention_mask=attention, labels=labels).loss
+            tokens = distributed.total(int((labels[:, 1:] != -100).sum()))  # the model predicts token t from t - 1
+            out = model(input_ids=ids, attention_mask=attention, labels=labels, num_items_in_batch=tokens)
+            return out.loss * distributed.world_size() if distributed.active() else out.loss
 
         stats = {"read": 0, "epochs": 0}
         batches = example_batches(example_stream(tokenizer, d, p, stats), p.batch_size, p.seq_len, tokenizer)

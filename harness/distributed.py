@@ -2,8 +2,8 @@
 harness run ...`` (the launcher sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; torch.distributed does the talking,
 through accelerate, which picks NCCL on GPUs and gloo on CPUs).
 
-Every process runs the same pipeline in step. A *collective* stage (training, generation, scoring) is computed by all
-of them: training splits each batch across processes (accelerate wraps the model for DDP, or shards it with FSDP2), and
+Every process runs the same pipeline in step. A *collective* stage (training, the fine-tuning attack, generation,
+scoring) is computed by all of them: training splits each batch across processes (accelerate wraps the model for DDP, or shards it with FSDP2), and
 generation and scoring split the prompts (``map_shards``). Every other stage is built by the main process alone while
 the others wait (``solo``). Only the main process writes to the store; what the others compute is gathered to it.
 """
@@ -113,6 +113,19 @@ def average_gradients(params) -> None:
         if p.grad is not None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
             p.grad /= world_size()
+
+
+def total(count: int) -> int:
+    """``count`` summed over the processes (itself when alone): e.g. the tokens a loss averages over in the whole batch,
+    so that each process can weight its share as one process would weight the whole."""
+    if not active():
+        return count
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor(count, dtype=torch.long, device=state().device)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return int(value.item())
 
 
 def all_rows(batch):

@@ -202,11 +202,11 @@ class Pipeline:
             ctx = AttackContext(self.base["path"], self.device, extra)
             report = attack.apply(trained.path / "model", out, ctx)
             missing = [sub for _, sub in attack.outputs() if not (out / sub / "config.json").is_file()]
-            if missing:
+            if missing and distributed.is_main():  # (the others of a collective attack may write nothing)
                 raise RuntimeError(f"attack {attack.name} wrote no model into {', '.join(missing)}")
             return report
 
-        self._build(stage, f"attack {attack.name}", build)
+        self._build(stage, f"attack {attack.name}", build, collective=attack.collective)
         return [
             # A single model keeps the stage's hash as its id; several are told apart by their sub-folder.
             Output(

@@ -1,6 +1,7 @@
 """Two processes on one command (``torchrun --nproc_per_node 2 -m harness run``, gloo on this CPU): the training is
 split across them, generation and scoring shard the prompts, and the result is the same runs, with the same hashes,
-texts and metrics, as one process gives (Gu-KGW's distillation, and PRO's co-trained policy with FPL)."""
+texts and metrics, as one process gives (Gu-KGW's distillation and the fine-tuning attack, and PRO's co-trained
+policy with FPL)."""
 
 import json
 import shutil
@@ -45,16 +46,24 @@ def finished(root: Path) -> dict[str, dict[str, bytes]]:
 
 
 @pytest.mark.parametrize(
-    "method",
-    [["gu-kgw"], ["pro", "--method-arg", "anti_every=2"]],  # PRO: its policy, norm loss and FPL pool across processes
-    ids=["gu-kgw", "pro"],
+    "method, attack, runs",
+    [
+        # Fine-tuning: the attack that all processes train together (two checkpoints: two rows).
+        (
+            ["gu-kgw"],
+            ["finetune", "--attack-arg", "steps=2,4", "--attack-arg", "batch_size=4", "--attack-arg", "seq_len=128"],
+            4,
+        ),
+        # PRO: its policy, norm loss and FPL pool across processes; SLERP: an attack the main process builds alone.
+        (["pro", "--method-arg", "anti_every=2"], ["slerp", "--attack-arg", "t=0.5"], 3),
+    ],
+    ids=["gu-kgw-finetune", "pro-slerp"],
 )
-def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, method):
+def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, method, attack, runs):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"Sentence {i} of the corpus, with some words in it."}) + "\n"
                               for i in range(40)))  # fmt: skip
-    args = ["run", "--method", *method, "--attack", "slerp", "--attack-arg", "t=0.5",
-            *settings(random_llamas[1], corpus)]  # fmt: skip
+    args = ["run", "--method", *method, "--attack", *attack, *settings(random_llamas[1], corpus)]
     one = harness(*args, "--results", str(tmp_path / "one"), timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
 
@@ -71,8 +80,8 @@ def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, me
     assert table(two.stdout) == table(one.stdout).replace("/one/", "/two/")
     a, b = finished(tmp_path / "one"), finished(tmp_path / "two")
     assert sorted(a) == sorted(b)  # the same stages, under the same hashes
-    runs = [k for k in a if "/" not in k]
-    assert len(runs) == 3
+    finished_runs = [k for k in a if "/" not in k]
+    assert len(finished_runs) == runs
     for key in a:
         # Texts and metrics byte for byte. A learned detector's (PRO's policy) weights may differ in the last bits,
         # as the processes' gradients are summed in another order: its scores are compared to 1e-5.
@@ -83,7 +92,8 @@ def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, me
             rows = [[json.loads(line) for line in x[key]["scores.jsonl"].splitlines()] for x in (a, b)]
             for r1, r2 in zip(*rows, strict=True):
                 assert r1.keys() == r2.keys() and all(r1[k] == pytest.approx(r2[k], rel=1e-5) for k in r1), key
-    gens = [json.loads(line) for line in (tmp_path / "two" / runs[0] / "generations.jsonl").read_text().splitlines()]
+    generations = (tmp_path / "two" / finished_runs[0] / "generations.jsonl").read_text()
+    gens = [json.loads(line) for line in generations.splitlines()]
     assert [g["i"] for g in gens] == list(range(9))
 
 
