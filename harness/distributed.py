@@ -3,9 +3,10 @@ harness run ...`` (the launcher sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``
 through accelerate, which picks NCCL on GPUs and gloo on CPUs).
 
 Every process runs the same pipeline in step. A *collective* stage (training, the fine-tuning attack, generation,
-scoring) is computed by all of them: training splits each batch across processes (accelerate wraps the model for DDP, or shards it with FSDP2), and
-generation and scoring split the prompts (``map_shards``). Every other stage is built by the main process alone while
-the others wait (``solo``). Only the main process writes to the store; what the others compute is gathered to it.
+scoring) is computed by all of them: training splits each batch across processes (accelerate wraps the model for DDP,
+or shards it with FSDP2), and generation and scoring split the prompts (``map_shards``). Every other stage is built by
+the main process alone while the others wait (``solo``). Only the main process writes to the store; what the others
+compute is gathered to it.
 """
 
 from __future__ import annotations
