@@ -41,12 +41,6 @@ def active() -> bool:
     return world_size() > 1 and _solo == 0
 
 
-def fsdp() -> bool:
-    """Whether this launch shards the student with FSDP (``accelerate launch --use_fsdp`` says so in the environment;
-    accelerate acts on it on GPUs only)."""
-    return world_size() > 1 and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-
-
 def state():
     """accelerate's process state, which sets up torch.distributed on first use (gloo on a CPU-only machine)."""
     import torch

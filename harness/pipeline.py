@@ -144,9 +144,10 @@ class Pipeline:
         self._build(stage, f"training of {method.name}", build, collective=True)
         return stage
 
-    def aux_stage(self, kind: str, spec: dict, build, what: str) -> Path:
+    def aux_stage(self, kind: str, spec: dict, build, what: str, collective: bool = False) -> Path:
         """A stage a method builds for itself (teacher texts, reference statistics), shared by every run whose
-        inputs match: keyed by ``spec`` plus the base model and the training data, which such stages read."""
+        inputs match: keyed by ``spec`` plus the base model and the training data, which such stages read.
+        ``collective``: computed by every process of a launch (harness/distributed.py)."""
         if kind in ("train", "attack", "generate", "text-attack", "run"):
             raise ValueError(f"'{kind}' is a pipeline stage, not a method's own")
         full = {
@@ -156,7 +157,7 @@ class Pipeline:
             "train_data": source_spec(self.preset.train_data),
         }
         stage = self.store.stage(kind, full)
-        self.store.build_or_reuse(stage, what, build)
+        self.store.build_or_reuse(stage, what, build, collective)
         return stage.path
 
     def train_other(self, name: str, settings: dict) -> Path:

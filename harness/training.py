@@ -32,6 +32,7 @@ def train(
     device: str | None = None,
     lr: float | None = None,
     on_step: Callable[[int, object], None] | None = None,
+    masks: dict | None = None,
 ) -> dict:
     """Optimise ``model`` for ``settings.steps`` steps; return a short training log.
 
@@ -40,7 +41,9 @@ def train(
     The loop then clips, steps AdamW and the schedule. Only parameters with ``requires_grad`` are optimised;
     ``batches`` yields CPU tensors, moved here. ``device="cpu"`` keeps training on the CPU; otherwise accelerate
     places it (one or several GPUs when launched with ``accelerate launch``). ``lr`` overrides ``settings.lr``.
-    ``on_step(step_number, unwrapped_model)`` runs after each optimiser step (e.g. to save checkpoints).
+    ``on_step(step_number, unwrapped_model)`` runs after each optimiser step (e.g. to save checkpoints). ``masks``
+    (parameter name -> 0/1 tensor of its shape) zeroes every gradient where its mask is 0, before clipping: only the
+    masked-in entries train (Gloaguen-KGW's stable parameters).
 
     Launched with several processes (harness/distributed.py), every process calls this with the same batches: each
     trains on its slice of every batch and accelerate averages the gradients, so a step sees the whole batch as one
@@ -78,6 +81,8 @@ def train(
         params = [p for p in model.parameters() if p.requires_grad]
     else:  # the main process alone, the others waiting: no wrapper that would talk to them
         model.to(accelerator.device)
+    if masks is not None:
+        masks = placed_like(accelerator.unwrap_model(model), masks)
     losses: list[float] = []
     start = time.perf_counter()
     with Progress(settings.steps, desc, unit="step") as bar:
@@ -88,6 +93,8 @@ def train(
             batch = batch.to(accelerator.device)
             with accelerator.autocast():
                 loss = step(model, batch, accelerator.backward)
+            if masks is not None:
+                mask_gradients(accelerator.unwrap_model(model), masks)
             if settings.max_grad_norm is not None:
                 accelerator.clip_grad_norm_(params, settings.max_grad_norm)
             optimizer.step()
@@ -109,6 +116,29 @@ def train(
         "loss_last_10": sum(losses[-10:]) / len(losses[-10:]),
         "losses": losses,
     }
+
+
+def placed_like(model, masks: dict) -> dict:
+    """``masks`` (name -> full tensor) on each parameter's device and dtype; for a parameter that FSDP2 sharded, this
+    process's shard of the mask, cut as the parameter is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    placed = {}
+    for name, param in model.named_parameters():
+        if name not in masks:
+            continue
+        mask = masks[name].to(param.device, param.dtype)
+        placed[name] = (
+            distribute_tensor(mask, param.device_mesh, param.placements) if isinstance(param, DTensor) else mask
+        )
+    return placed
+
+
+def mask_gradients(model, masks: dict) -> None:
+    """Multiply each parameter's gradient by its mask (from ``placed_like``)."""
+    for name, param in model.named_parameters():
+        if param.grad is not None and name in masks:
+            param.grad.mul_(masks[name])
 
 
 def save_model(model, folder) -> None:

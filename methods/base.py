@@ -21,9 +21,11 @@ class TrainContext:
     settings: TrainSettings
     device: str  # "cpu", "cuda", ...
     models: dict[str, str] | None = None  # the method's other models (``model_refs``), resolved to folders or ids
-    # ``stage(kind, spec, build, what) -> folder``: build (or reuse) a stage of the run store that other runs can share,
-    # e.g. Gu-KTH's teacher texts; the pipeline adds the base model's and the training data's fingerprints to ``spec``.
-    stage: Callable[[str, dict, Callable[[Path], dict], str], Path] | None = None
+    # ``stage(kind, spec, build, what, collective=False) -> folder``: build (or reuse) a stage of the run store that
+    # other runs can share, e.g. Gu-KTH's teacher texts; the pipeline adds the base model's and the training data's
+    # fingerprints to ``spec``. ``collective``: under a launch, every process computes it (a stage that trains the
+    # whole model: Gloaguen-KGW's fine-tuning); otherwise the main process builds it alone.
+    stage: Callable[..., Path] | None = None
     # ``train_method(name, settings) -> folder``: another method's train stage, trained or reused (Gloaguen-KGW starts
     # from the Gu-KGW student of the same settings).
     train_method: Callable[[str, dict], Path] | None = None

@@ -40,9 +40,17 @@ def _kl_sum(student_logits, teacher_logits):
 
 
 def logit_distill(
-    student, teacher, watermark: Callable, batches, settings: TrainSettings, desc: str, device: str | None = None
+    student,
+    teacher,
+    watermark: Callable,
+    batches,
+    settings: TrainSettings,
+    desc: str,
+    device: str | None = None,
+    masks: dict | None = None,
 ) -> dict:
-    """Train ``student`` towards ``watermark(input_ids, teacher_logits)``; the teacher stays frozen."""
+    """Train ``student`` towards ``watermark(input_ids, teacher_logits)``; the teacher stays frozen. ``masks``: train
+    only these entries of the student's parameters (see ``harness.training.train``)."""
     import torch
 
     teacher.eval().requires_grad_(False)
@@ -55,4 +63,4 @@ def logit_distill(
             target = watermark(input_ids, teacher(input_ids=input_ids).logits)
         return kl_per_token(model(input_ids=input_ids).logits, target)
 
-    return train(student, loss_step(loss_fn), batches, settings, desc=desc, device=device)
+    return train(student, loss_step(loss_fn), batches, settings, desc=desc, device=device, masks=masks)

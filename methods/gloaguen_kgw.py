@@ -26,7 +26,6 @@ from pydantic import Field
 
 from harness import data
 from harness.config import TrainSettings
-from harness.errors import HarnessError
 from methods.base import TrainContext
 from methods.gu_kgw import GuKGW, GuKGWParams, distill
 
@@ -54,16 +53,6 @@ class GloaguenKGW(GuKGW):
         label = super().config_label()
         return label if self.params.stable_fraction == 0.5 else f"{label}, stable={self.params.stable_fraction:g}"
 
-    def validate(self, base_model: str | None = None) -> None:
-        from harness import distributed
-
-        super().validate(base_model)
-        if distributed.fsdp():
-            raise HarnessError(
-                "gloaguen-kgw cannot train under FSDP: its stable-parameter masks are hooks on whole parameters, which "
-                "FSDP replaces by shards; launch it with DDP (accelerate launch --multi_gpu)"
-            )
-
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from harness.models import load_causal_lm, load_tokenizer
         from harness.training import save_model
@@ -78,6 +67,7 @@ class GloaguenKGW(GuKGW):
             {"stage1": stage1.name, "steps": p.ft_steps, "lr": p.ft_lr, "warmup": p.ft_warmup, "train": s.model_dump()},
             lambda folder: self.finetune(stage1 / "model", folder, ctx),
             "Gloaguen-KGW stage 2 (fine-tuning for stable parameters)",
+            collective=True,  # it trains the whole student: across GPUs (FSDP) at the paper's scale
         )
         tokenizer = load_tokenizer(str(stage1 / "model"))
         key = json.loads((stage1 / "key.json").read_text())
@@ -86,11 +76,9 @@ class GloaguenKGW(GuKGW):
         tuned = load_causal_lm(str(finetuned / FINETUNED), "cpu", dtype="float32")
         masks = stable_masks(student, tuned, p.stable_fraction)
         del tuned
-        for name, param in student.named_parameters():
-            mask = masks[name].to(param.device)
-            param.register_hook(lambda grad, mask=mask: grad * mask)
         teacher_key = KGWKey.from_dict(key["teacher"])
-        report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gloaguen-KGW (stable parameters)")
+        what = "distill Gloaguen-KGW (stable parameters)"
+        report = distill(student, teacher, teacher_key, tokenizer, ctx, what, masks)
         save_model(student, out / "model")
         tokenizer.save_pretrained(out / "model")
         (out / "key.json").write_text(json.dumps({**key, "method": self.name}, indent=2))
@@ -111,7 +99,7 @@ class GloaguenKGW(GuKGW):
         """Stage 2: fine-tune the stage-1 student on plain training text (a differently shuffled pass of the same
         corpus, as the paper fine-tunes on OpenWebText again) and save it."""
         from harness.models import load_causal_lm, load_tokenizer
-        from harness.training import loss_step, train
+        from harness.training import loss_step, save_model, train
 
         p, s = self.params, ctx.settings
         tokenizer = load_tokenizer(str(model_dir))
@@ -137,7 +125,7 @@ class GloaguenKGW(GuKGW):
             "Gloaguen stage 2",
             ctx.device,
         )
-        model.save_pretrained(folder / FINETUNED, safe_serialization=True)
+        save_model(model, folder / FINETUNED)
         tokenizer.save_pretrained(folder / FINETUNED)
         return report
 

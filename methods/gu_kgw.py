@@ -111,9 +111,9 @@ class GuKGW(WatermarkMethod):
         return f"k={self.params.k}, delta={self.params.delta:g}"
 
 
-def distill(student, teacher, key, tokenizer, ctx: TrainContext, desc: str) -> dict:
+def distill(student, teacher, key, tokenizer, ctx: TrainContext, desc: str, masks: dict | None = None) -> dict:
     """Distil the KGW teacher (``teacher``'s logits + delta on ``key``'s green lists) into ``student`` over the
-    training stream of ``ctx``; return the training report."""
+    training stream of ``ctx``; return the training report. ``masks``: train only these entries (``train``'s)."""
     from methods.kgw import green_lists, watermark_logits
 
     greens = green_lists(key, ctx.stage, ctx.device)
@@ -121,5 +121,5 @@ def distill(student, teacher, key, tokenizer, ctx: TrainContext, desc: str) -> d
     stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
     batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
     return logit_distill(
-        student, teacher, lambda ids, logits: watermark_logits(greens, ids, logits), batches, s, desc, ctx.device
+        student, teacher, lambda ids, logits: watermark_logits(greens, ids, logits), batches, s, desc, ctx.device, masks
     )

@@ -56,8 +56,11 @@ def finished(root: Path) -> dict[str, dict[str, bytes]]:
         ),
         # PRO: its policy, norm loss and FPL pool across processes; SLERP: an attack the main process builds alone.
         (["pro", "--method-arg", "anti_every=2"], ["slerp", "--attack-arg", "t=0.5"], 3),
+        # Gloaguen-KGW: a stage of its own (fine-tuning the stage-1 student) trained by all processes inside the
+        # training stage, then a distillation with gradient masks.
+        (["gloaguen-kgw", "--method-arg", "ft_steps=2"], ["none"], 2),
     ],
-    ids=["gu-kgw-finetune", "pro-slerp"],
+    ids=["gu-kgw-finetune", "pro-slerp", "gloaguen"],
 )
 def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, method, attack, runs):
     corpus = tmp_path / "corpus.jsonl"

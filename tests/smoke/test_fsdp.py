@@ -1,5 +1,6 @@
-"""FSDP2 on this CPU (gloo): a student sharded across two processes trains as one process does, PRO's FPL gradient
-(a global gradient norm and a perturbation of every weight) included, and ``training.save_model`` gathers the shards
+"""FSDP2 on this CPU (gloo): a student sharded across two processes trains as one process does, gradient masks cut
+to each shard (Gloaguen-KGW's stable parameters) and PRO's FPL gradient (a global gradient norm and a perturbation of
+every weight) included, and ``training.save_model`` gathers the shards
 into the same model folder. accelerate engages FSDP on GPUs only, so its wrapping is done here by torch's
 ``fully_shard`` itself, as accelerate does; the launch through accelerate is tests/gpu's."""
 

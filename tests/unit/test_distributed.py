@@ -1,5 +1,5 @@
 """Several processes on one command, without launching them: how work is split (shards, batch rows), what is refused
-(an uneven batch, a grid, FSDP1, Gloaguen-KGW under FSDP), and that one process does everything itself.
+(an uneven batch, a grid, FSDP1), and that one process does everything itself.
 tests/smoke/test_distributed.py launches two."""
 
 import pytest
@@ -65,17 +65,6 @@ def test_fsdp1_training_is_refused_before_any_step(monkeypatch):
     with pytest.raises(HarnessError, match="needs FSDP2"):
         train(model, loss_step(lambda m, b: m(b).sum()), iter([]), TrainSettings(steps=1, batch_size=1, seq_len=2,
                                                                                  lr=1e-3))  # fmt: skip
-
-
-def test_gloaguen_kgw_is_refused_under_fsdp_before_any_work(monkeypatch):
-    from harness.errors import HarnessError
-    from harness.registry import methods
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    with pytest.raises(HarnessError, match="gloaguen-kgw cannot train under FSDP"):
-        methods.build("gloaguen-kgw", {}).validate(None)
-    methods.build("gu-kgw", {}).validate(None)  # the others can
 
 
 def test_another_process_reports_its_failure_in_one_line(monkeypatch, capsys):
