@@ -47,6 +47,17 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in sentences if s] + ([rest] if rest else [])
 
 
+def cut_long(sentences: list[str], max_words: int | None) -> list[str]:
+    """``sentences`` with each one longer than ``max_words`` words cut into consecutive pieces of at most that many."""
+    if max_words is None:
+        return sentences
+    out = []
+    for sentence in sentences:
+        words = sentence.split()
+        out += [" ".join(words[i : i + max_words]) for i in range(0, len(words), max_words)]
+    return out
+
+
 def dipper_input(lexical: int, order: int, prefix: str, window: str) -> str:
     """The text DIPPER reads for one window; ``lexical`` and ``order`` are the requested diversities (0..100)."""
     text = f"lexical = {100 - lexical}, order = {100 - order}"
@@ -67,6 +78,9 @@ class DipperParams(Params):
     model: str = "kalpeshk2011/dipper-paraphraser-xxl"
     tokenizer: str | None = "google/t5-v1_1-xxl"  # None: the model folder's own tokenizer
     sent_interval: int = Field(3, gt=0)
+    # Not in DIPPER: a sentence longer than this many words is cut into pieces of at most this many, each rewritten
+    # as a sentence of its own (None: DIPPER's windows, whole sentences). For a paraphraser trained on short windows.
+    max_window_words: int | None = Field(None, gt=0)
     top_p: float = Field(0.75, gt=0, le=1)
     max_length: int = Field(512, gt=1)
     seed: int = 0
@@ -125,7 +139,7 @@ class Dipper(TextAttack):
             raise ValueError(f"{len(prompts)} prompts for {len(texts)} texts")
         windows = [
             [" ".join(s[i : i + p.sent_interval]) for i in range(0, len(s), p.sent_interval)]
-            for s in map(split_sentences, texts)
+            for s in (cut_long(split_sentences(t), p.max_window_words) for t in texts)
         ]
         prefixes = [" ".join(prompt.split()) for prompt in prompts]
         outputs: list[list[str]] = [[] for _ in texts]

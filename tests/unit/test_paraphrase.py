@@ -77,6 +77,17 @@ def test_dipper_codes_sampling_is_seeded_and_no_prompts(random_t5, monkeypatch):
     assert out_a == out_b
 
 
+def test_long_sentences_are_cut_only_when_asked(random_t5, monkeypatch):
+    long = "one two three four five six seven eight nine ten."
+    _, calls = run_dipper(random_t5, [f"{long} Short one."], None, monkeypatch, sent_interval=1)
+    assert [inputs[0].split("<sent> ")[1] for inputs, _ in calls] == [f"{long} </sent>", "Short one. </sent>"]
+    _, calls = run_dipper(random_t5, [f"{long} Short one."], None, monkeypatch, sent_interval=1, max_window_words=4)
+    windows = [inputs[0].split("<sent> ")[1].removesuffix(" </sent>") for inputs, _ in calls]
+    assert windows == ["one two three four", "five six seven eight", "nine ten.", "Short one."]
+    with pytest.raises(HarnessError, match="max_window_words"):
+        attacks.build("dipper", {"max_window_words": 0})
+
+
 def test_dipper_settings():
     attack = attacks.build("dipper", {})
     assert (attack.params.lexical, attack.params.order) == (60, 0)
@@ -120,13 +131,14 @@ def test_split_sentences(text, expected):
 
 @pytest.mark.slow
 def test_tiny_paraphraser_rewrites_heldout_text():
-    """Builds the tiny paraphraser if this machine has none (a few minutes). On held-out text, DIPPER-1's setting
-    must change words (overlap < 0.9) yet keep much of the meaning: a mean MiniLM cosine at least 0.4 and 0.25 above
-    that of unrelated held-out texts (each original paired with the next one's paraphrase)."""
+    """Builds the tiny paraphraser if this machine has none (about 35 minutes on 2 cores). On held-out text, with the
+    tiny preset's settings at DIPPER-1's lexical diversity, it must change words (overlap < 0.9) yet keep most of them
+    and much of the meaning: a mean MiniLM cosine above 0.5 and 0.3 above that of unrelated held-out texts (each
+    original paired with the next one's paraphrase). Recipe v5 measured overlap 0.57, cosine 0.60, unrelated 0.27."""
     from harness.paraphraser import measure
 
     result = measure(texts=40)
     print(result)
-    assert result["mean_unigram_overlap"] < 0.9
-    assert result["mean_embedding_cosine"] > 0.4
-    assert result["mean_embedding_cosine"] > result["unrelated_embedding_cosine"] + 0.25
+    assert 0.3 < result["mean_unigram_overlap"] < 0.9
+    assert result["mean_embedding_cosine"] > 0.5
+    assert result["mean_embedding_cosine"] > result["unrelated_embedding_cosine"] + 0.3
