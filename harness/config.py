@@ -97,6 +97,9 @@ class Preset(Params):
 
 
 TINY_CALIBRATION = {"calib_data": "builtin:tiny-corpus", "calib_name": None, "calib_split": "train", "calib_len": 128}
+# DIPPER with the small paraphraser built here (harness/paraphraser.py), as the 11B checkpoint cannot be downloaded.
+# It was trained on windows of at most 40 words and copies longer ones badly: one sentence per window, long ones cut.
+TINY_PARAPHRASER = {"model": "builtin:tiny-paraphraser", "tokenizer": None, "sent_interval": 1, "max_window_words": 40}
 
 TINY = Preset(
     name="tiny",
@@ -126,7 +129,7 @@ TINY = Preset(
     },
     # Attacks: calibration from the bundled corpus (128 windows of 128 tokens, the tiny model's scale); fine-tuning on
     # an instruction set of another domain (Python code) built from the standard library; DIPPER with a small
-    # paraphraser built here (harness/paraphraser.py), as the 11B checkpoint cannot be downloaded.
+    # paraphraser built here.
     attacks={
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
         # Scaled from the paper by the ratio of the watermark trainings: it fine-tunes for 300..1,500 steps (6% to 30%
@@ -138,7 +141,7 @@ TINY = Preset(
             "batch_size": 8,
             "seq_len": 128,
         },
-        "dipper": {"model": "builtin:tiny-paraphraser", "tokenizer": None},
+        "dipper": dict(TINY_PARAPHRASER),
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
 )
@@ -197,7 +200,7 @@ SMALL = Preset(
             "batch_size": 16,
             "seq_len": 256,
         },
-        "dipper": {"model": "builtin:tiny-paraphraser", "tokenizer": None},
+        "dipper": dict(TINY_PARAPHRASER),
     },
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
 )

