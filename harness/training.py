@@ -56,7 +56,7 @@ def train(
 
     torch.manual_seed(settings.seed)
     accelerator = Accelerator(mixed_precision=settings.mixed_precision, cpu=device == "cpu")
-    if accelerator.distributed_type == DistributedType.FSDP and accelerator.state.fsdp_plugin.fsdp_version != 2:
+    if accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2:
         raise HarnessError(
             "training under FSDP needs FSDP2, whose sharded student save_model can gather: launch with "
             "accelerate launch --use_fsdp --fsdp_version 2 (or DDP: accelerate launch --multi_gpu)"

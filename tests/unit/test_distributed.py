@@ -56,9 +56,10 @@ def test_fsdp1_training_is_refused_before_any_step(monkeypatch):
 
     class FSDPAccelerator:
         distributed_type = DistributedType.FSDP
+        is_fsdp2 = False
 
         def __init__(self, **kwargs):
-            self.state = type("State", (), {"fsdp_plugin": type("Plugin", (), {"fsdp_version": 1})})()
+            pass
 
     monkeypatch.setattr(accelerate, "Accelerator", FSDPAccelerator)
     model = torch.nn.Linear(2, 2)
