@@ -150,8 +150,7 @@ class FineTune(ModelAttack):
         def save(step: int, unwrapped) -> None:
             if step in p.steps:
                 folder = out_dir / checkpoint(step)
-                save_model(unwrapped, folder)  # every process: under FSDP its shards are gathered
-                tokenizer.save_pretrained(folder)
+                save_model(unwrapped, folder, tokenizer)  # every process: under FSDP its shards are gathered
 
         def loss(model, batch):
             """Mean cross-entropy over the response tokens of the whole batch. With several processes each holds some

@@ -78,7 +78,6 @@ WORD = re.compile(r"[A-Za-z]+")
 # A word that may be swapped stands alone: not part of an identifier, a dotted name, a call or a hyphenated word
 # ("is_typeddict(", "file-like"), which a synonym would break.
 FREE_WORD = re.compile(r"(?<![\w.\-])[A-Za-z]+(?![\w(\-])")
-NEGATIONS = ("un", "non", "dis", "in", "im")
 # Function words are never swapped (their neighbours are other function words, and swapping them breaks the
 # syntax); only content words are, for content words.
 STOPWORDS = set(
@@ -124,7 +123,8 @@ def build_tokenizer(texts: list[str]):
 
 
 # --- training pairs ---------------------------------------------------------------------------------------------
-INFLECTIONS = ("ing", "ed", "ly", "s")
+INFLECTIONS = ("ing", "ed", "ly", "s")  # a synonym keeps the word's
+NEGATIONS = ("un", "non", "dis", "in", "im")  # and its (lack of a) negating prefix
 
 
 def _inflection(word: str) -> str:

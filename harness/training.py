@@ -141,20 +141,23 @@ def mask_gradients(model, masks: dict) -> None:
             param.grad.mul_(masks[name])
 
 
-def save_model(model, folder) -> None:
-    """Write a trained model as a transformers folder (safetensors). A model that FSDP2 trained holds a shard of
-    each weight per process: every process of the launch must call this (the weights are gathered, a collective,
-    onto the main process's CPU) and the main process writes the whole model, as one process would have."""
+def save_model(model, folder, tokenizer=None) -> None:
+    """Write a trained model (safetensors), and ``tokenizer`` beside it, as a transformers folder. A model that FSDP2
+    trained holds a shard of each weight per process: every process of the launch must call this (the weights are
+    gathered, a collective, onto the main process's CPU) and the main process writes the whole model, as one process
+    would have."""
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, FSDPModule):
         model.save_pretrained(folder, safe_serialization=True)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if distributed.is_main():
-        model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if distributed.is_main():
+            model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
 
 
 def my_rows(batch):

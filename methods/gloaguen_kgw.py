@@ -79,8 +79,7 @@ class GloaguenKGW(GuKGW):
         teacher_key = KGWKey.from_dict(key["teacher"])
         what = "distill Gloaguen-KGW (stable parameters)"
         report = distill(student, teacher, teacher_key, tokenizer, ctx, what, masks)
-        save_model(student, out / "model")
-        tokenizer.save_pretrained(out / "model")
+        save_model(student, out / "model", tokenizer)
         (out / "key.json").write_text(json.dumps({**key, "method": self.name}, indent=2))
         kept = sum(int(m.sum()) for m in masks.values())
         total = sum(m.numel() for m in masks.values())
@@ -125,8 +124,7 @@ class GloaguenKGW(GuKGW):
             "Gloaguen stage 2",
             ctx.device,
         )
-        save_model(model, folder / FINETUNED)
-        tokenizer.save_pretrained(folder / FINETUNED)
+        save_model(model, folder / FINETUNED, tokenizer)
         return report
 
 

@@ -92,8 +92,7 @@ class GuKGW(WatermarkMethod):
         teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
         student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
         report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gu-KGW")
-        save_model(student, out / "model")
-        tokenizer.save_pretrained(out / "model")
+        save_model(student, out / "model", tokenizer)
         key = {
             "method": self.name,
             "teacher": teacher_key.to_dict(),

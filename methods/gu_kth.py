@@ -116,8 +116,7 @@ class GuKTH(WatermarkMethod):
         student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
         step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
         report = train(student, step, batches, s, desc="train Gu-KTH (sampling distillation)", device=ctx.device)
-        save_model(student, out / "model")
-        tokenizer.save_pretrained(out / "model")
+        save_model(student, out / "model", tokenizer)
         detector = {"statistic": p.statistic, "gamma": p.gamma, "reference_texts": p.reference_texts}
         (out / "key.json").write_text(json.dumps({"method": self.name, "key": key.to_dict(), **detector}, indent=2))
         report["teacher_texts"] = teacher.name

@@ -141,8 +141,7 @@ class PRO(WatermarkMethod):
         step = PROStep(p, s, teacher, tokenizer, embedder, policy)
         report = train(student, step, batches, s, desc="train PRO", device=ctx.device, lr=p.student_lr)
 
-        save_model(student, out / "model")
-        tokenizer.save_pretrained(out / "model")
+        save_model(student, out / "model", tokenizer)
         policy = policy.cpu().eval()
         save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))
         key = {

@@ -11,13 +11,25 @@ from pathlib import Path
 import pytest
 
 
+def console_script(name: str) -> str:
+    """Path of an installed console script (harness, torchrun, accelerate): beside this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / name
+    command = str(beside) if beside.exists() else shutil.which(name)
+    if not command:
+        pytest.fail(f"the '{name}' console script is not installed (pip install '.[dev]')")
+    return command
+
+
+@pytest.fixture(scope="session")
+def script():
+    """``console_script``, for tests that launch torchrun or accelerate."""
+    return console_script
+
+
 @pytest.fixture(scope="session")
 def harness():
     """Run the installed console script (next to this interpreter, else on PATH) and capture its output."""
-    beside = Path(sys.executable).parent / "harness"
-    command = str(beside) if beside.exists() else shutil.which("harness")
-    if not command:
-        pytest.fail("the 'harness' console script is not installed (pip install '.[dev]')")
+    command = console_script("harness")
 
     def run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
         return subprocess.run([command, *args], capture_output=True, text=True, timeout=timeout)

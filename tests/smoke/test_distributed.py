@@ -4,9 +4,7 @@ texts and metrics, as one process gives (Gu-KGW's distillation and the fine-tuni
 policy with FPL)."""
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,11 @@ import pytest
 pytestmark = pytest.mark.smoke
 
 
-def settings(base, corpus) -> list[str]:
+def settings(base, folder: Path) -> list[str]:
+    """``--set`` arguments for a few-second run on ``base``, with a 40-sentence corpus written into ``folder``."""
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Sentence {i} of the corpus, with some words in it."}) + "\n"
+                              for i in range(40)))  # fmt: skip
     values = {
         "base_model": base,
         "oracle_model": base,
@@ -62,17 +64,13 @@ def finished(root: Path) -> dict[str, dict[str, bytes]]:
     ],
     ids=["gu-kgw-finetune", "pro-slerp", "gloaguen"],
 )
-def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, method, attack, runs):
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"Sentence {i} of the corpus, with some words in it."}) + "\n"
-                              for i in range(40)))  # fmt: skip
-    args = ["run", "--method", *method, "--attack", *attack, *settings(random_llamas[1], corpus)]
+def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, script, method, attack, runs):
+    args = ["run", "--method", *method, "--attack", *attack, *settings(random_llamas[1], tmp_path)]
     one = harness(*args, "--results", str(tmp_path / "one"), timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
 
-    torchrun = Path(sys.executable).parent / "torchrun"
-    command = [str(torchrun) if torchrun.exists() else shutil.which("torchrun"), "--nproc_per_node", "2",
-               "--standalone", "-m", "harness", *args, "--results", str(tmp_path / "two")]  # fmt: skip
+    command = [script("torchrun"), "--nproc_per_node", "2", "--standalone", "-m", "harness", *args,
+               "--results", str(tmp_path / "two")]  # fmt: skip
     two = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
 
@@ -102,7 +100,7 @@ def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, me
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", [["gu-kgw"], ["pro", "--method-arg", "anti_every=2"]], ids=["gu-kgw", "pro"])
-def test_fsdp_launch_stores_the_runs_of_one_process(tmp_path, random_llamas, harness, method):
+def test_fsdp_launch_stores_the_runs_of_one_process(tmp_path, random_llamas, harness, script, method):
     """``accelerate launch --use_fsdp --fsdp_version 2`` over every visible GPU: the same stages under the same
     hashes as one process, and the gathered student matches one process's (tests/smoke/test_fsdp.py checks the
     sharding itself on a CPU, where accelerate does not engage FSDP)."""
@@ -111,17 +109,13 @@ def test_fsdp_launch_stores_the_runs_of_one_process(tmp_path, random_llamas, har
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"Sentence {i} of the corpus, with some words in it."}) + "\n"
-                              for i in range(40)))  # fmt: skip
-    args = ["run", "--method", *method, *settings(random_llamas[1], corpus)]
+    args = ["run", "--method", *method, *settings(random_llamas[1], tmp_path)]
     one = harness(*args, "--results", str(tmp_path / "one"), timeout=900)
     assert one.returncode == 0, one.stderr[-3000:]
     gpus = torch.cuda.device_count()
-    accelerate = Path(sys.executable).parent / "accelerate"
-    command = [str(accelerate) if accelerate.exists() else shutil.which("accelerate"), "launch", "--use_fsdp",
-               "--fsdp_version", "2", "--num_processes", str(gpus), *(["--multi_gpu"] if gpus > 1 else []),
-               "-m", "harness", *args, "--results", str(tmp_path / "fsdp")]  # fmt: skip
+    command = [script("accelerate"), "launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", str(gpus),
+               *(["--multi_gpu"] if gpus > 1 else []), "-m", "harness", *args,
+               "--results", str(tmp_path / "fsdp")]  # fmt: skip
     sharded = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
 

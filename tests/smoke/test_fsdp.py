@@ -4,7 +4,6 @@ every weight) included, and ``training.save_model`` gathers the shards
 into the same model folder. accelerate engages FSDP on GPUs only, so its wrapping is done here by torch's
 ``fully_shard`` itself, as accelerate does; the launch through accelerate is tests/gpu's."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,16 +14,14 @@ pytestmark = pytest.mark.smoke
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
-def test_fsdp_sharded_training_saves_the_model_one_process_trains(tmp_path, random_llamas):
+def test_fsdp_sharded_training_saves_the_model_one_process_trains(tmp_path, random_llamas, script):
     import torch
     from safetensors.torch import load_file
 
-    torchrun = Path(sys.executable).parent / "torchrun"
-    torchrun = str(torchrun) if torchrun.exists() else shutil.which("torchrun")
     one = subprocess.run([sys.executable, str(WORKER), random_llamas[0], str(tmp_path / "one")],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", str(WORKER), random_llamas[0],
+    two = subprocess.run([script("torchrun"), "--standalone", "--nproc_per_node", "2", str(WORKER), random_llamas[0],
                           str(tmp_path / "two")], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
 
