@@ -119,15 +119,16 @@ def train(
 
 
 def placed_like(model, masks: dict) -> dict:
-    """``masks`` (name -> full tensor) on each parameter's device and dtype; for a parameter that FSDP2 sharded, this
-    process's shard of the mask, cut as the parameter is."""
+    """``masks`` (name -> full 0/1 or bool tensor, a mapping that may compute each when asked) as bool tensors on each
+    parameter's device; for a parameter that FSDP2 sharded, this process's shard of the mask, cut as the parameter
+    is. One full mask at a time is in memory."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     placed = {}
     for name, param in model.named_parameters():
         if name not in masks:
             continue
-        mask = masks[name].to(param.device, param.dtype)
+        mask = masks[name].to(param.device).bool()
         placed[name] = (
             distribute_tensor(mask, param.device_mesh, param.placements) if isinstance(param, DTensor) else mask
         )

@@ -20,6 +20,7 @@ rather than across the model keeps layers whose weights have different scales fr
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field
@@ -73,16 +74,16 @@ class GloaguenKGW(GuKGW):
         key = json.loads((stage1 / "key.json").read_text())
         teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
         student = load_causal_lm(str(stage1 / "model"), ctx.device, dtype="float32").requires_grad_(True)
-        tuned = load_causal_lm(str(finetuned / FINETUNED), "cpu", dtype="float32")
-        masks = stable_masks(student, tuned, p.stable_fraction)
-        del tuned
+        # Read from the two saved models a tensor at a time, as training places them: no process holds the
+        # fine-tuned model or a full set of masks (at 8B, 32 GB and 8 GB of host memory per process).
+        masks = StableMasks(stage1 / "model", finetuned / FINETUNED, p.stable_fraction)
         teacher_key = KGWKey.from_dict(key["teacher"])
         what = "distill Gloaguen-KGW (stable parameters)"
         report = distill(student, teacher, teacher_key, tokenizer, ctx, what, masks)
         save_model(student, out / "model", tokenizer)
         (out / "key.json").write_text(json.dumps({**key, "method": self.name}, indent=2))
-        kept = sum(int(m.sum()) for m in masks.values())
-        total = sum(m.numel() for m in masks.values())
+        total = sum(param.numel() for param in student.parameters())
+        kept = sum(kept_count(param.numel(), p.stable_fraction) for param in student.parameters())
         report.update(
             {
                 "stage1": stage1.name,
@@ -128,18 +129,45 @@ class GloaguenKGW(GuKGW):
         return report
 
 
-def stable_masks(model, tuned, fraction: float) -> dict:
-    """``{name: bool mask}``: in each parameter tensor, the ``fraction`` of entries whose value moved least between
-    ``model`` and ``tuned`` (ties broken by position); at least one entry per tensor."""
+def kept_count(size: int, fraction: float) -> int:
+    """How many of a tensor's ``size`` entries its mask keeps: ``fraction`` of them, at least one."""
+    return max(1, round(fraction * size))
+
+
+def stable_mask(before, after, fraction: float):
+    """Bool mask of ``before``'s shape: the ``fraction`` of entries that moved least from ``before`` to ``after``
+    (at least one), ties broken by position, as a stable sort of ``|after - before|`` would pick them. Selected by the
+    k-th smallest change rather than a sort: a sort's int64 order of an 8B model's embedding alone is 4 GB."""
     import torch
 
-    tuned_params = dict(tuned.named_parameters())
-    masks = {}
-    for name, param in model.named_parameters():
-        change = (tuned_params[name].detach().float() - param.detach().float().cpu()).abs().flatten()
-        keep = max(1, round(fraction * change.numel()))
-        order = torch.argsort(change, stable=True)
-        mask = torch.zeros(change.numel(), dtype=torch.bool)
-        mask[order[:keep]] = True
-        masks[name] = mask.view(param.shape).to(param.dtype)
-    return masks
+    change = (after.float() - before.float()).abs().flatten()
+    keep = kept_count(change.numel(), fraction)
+    if keep == change.numel():
+        return torch.ones(before.shape, dtype=torch.bool)
+    threshold = torch.kthvalue(change, keep).values
+    mask = change < threshold
+    ties = (change == threshold).nonzero().flatten()
+    mask[ties[: keep - int(mask.sum())]] = True  # the first of the entries at the threshold, by position
+    return mask.view(before.shape)
+
+
+class StableMasks(Mapping):
+    """Gloaguen-KGW's masks, ``{parameter name: bool mask}``, each computed when asked for (``stable_mask``) from the
+    tensor of that name in the stage-1 model folder and in the fine-tuned one."""
+
+    def __init__(self, before: Path, after: Path, fraction: float):
+        from harness.models import weight_reader
+
+        self.before, self.after, self.fraction = weight_reader(before), weight_reader(after), fraction
+
+    def __getitem__(self, name: str):
+        return stable_mask(self.before[name], self.after[name], self.fraction)
+
+    def __contains__(self, name) -> bool:
+        return name in self.before
+
+    def __iter__(self):
+        return iter(self.before)
+
+    def __len__(self) -> int:
+        return len(self.before)

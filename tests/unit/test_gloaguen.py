@@ -18,8 +18,7 @@ SETTINGS = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", 
 
 
 def test_stage3_changes_only_stable_parameters(random_llamas, tmp_path, small_preset):
-    from harness.models import load_causal_lm
-    from methods.gloaguen_kgw import stable_masks
+    from methods.gloaguen_kgw import StableMasks
 
     base, _ = random_llamas
     store = Store(tmp_path / "runs")
@@ -37,14 +36,12 @@ def test_stage3_changes_only_stable_parameters(random_llamas, tmp_path, small_pr
     stage2 = tmp_path / "runs/stages/gloaguen-finetune" / report["stage2"]
     one = load_file(trained["gu-kgw"] / "model/model.safetensors")
     three = load_file(trained["gloaguen-kgw"] / "model/model.safetensors")
-    masks = stable_masks(
-        load_causal_lm(str(trained["gu-kgw"] / "model"), "cpu"), load_causal_lm(str(stage2 / "finetuned"), "cpu"), 0.3
-    )
+    masks = StableMasks(trained["gu-kgw"] / "model", stage2 / "finetuned", 0.3)
+    assert set(masks) == set(one)
     moved = 0
     for name, mask in masks.items():
-        frozen = ~mask.bool()
-        assert torch.equal(three[name][frozen], one[name][frozen]), name  # outside the mask: bit-identical
-        moved += int((three[name][mask.bool()] != one[name][mask.bool()]).sum())
+        assert torch.equal(three[name][~mask], one[name][~mask]), name  # outside the mask: bit-identical
+        moved += int((three[name][mask] != one[name][mask]).sum())
         assert abs(mask.float().mean().item() - 0.3) < 0.05 or mask.numel() < 20, name
     assert moved > 0  # inside it, stage 3 did train
     key = json.loads((trained["gloaguen-kgw"] / "key.json").read_text())
@@ -52,6 +49,21 @@ def test_stage3_changes_only_stable_parameters(random_llamas, tmp_path, small_pr
         key["method"] == "gloaguen-kgw"
         and key["detector"] == json.loads((trained["gu-kgw"] / "key.json").read_text())["detector"]
     )
+
+
+@pytest.mark.parametrize("fraction", [0.001, 0.3, 0.5, 0.97, 1.0])
+def test_stable_mask_keeps_what_a_stable_sort_of_the_change_keeps(fraction):
+    from methods.gloaguen_kgw import kept_count, stable_mask
+
+    generator = torch.Generator().manual_seed(0)
+    before = torch.randn(40, 25, generator=generator)
+    # few distinct changes, so that many entries tie at the threshold
+    after = before + torch.randint(-3, 4, before.shape, generator=generator) / 8
+    mask = stable_mask(before, after, fraction)
+    order = torch.argsort((after - before).abs().flatten(), stable=True)
+    expected = torch.zeros(before.numel(), dtype=torch.bool)
+    expected[order[: kept_count(before.numel(), fraction)]] = True
+    assert mask.dtype == torch.bool and torch.equal(mask, expected.view(before.shape))
 
 
 @pytest.mark.parametrize("fraction", ["0", "1.5", "-0.2"])
