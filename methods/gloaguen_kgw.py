@@ -134,21 +134,21 @@ def kept_count(size: int, fraction: float) -> int:
     return max(1, round(fraction * size))
 
 
-def stable_mask(before, after, fraction: float):
-    """Bool mask of ``before``'s shape: the ``fraction`` of entries that moved least from ``before`` to ``after``
-    (at least one), ties broken by position, as a stable sort of ``|after - before|`` would pick them. Selected by the
+def stable_mask(change, fraction: float):
+    """Bool mask of ``change``'s shape (``|after - before|`` of one tensor): the ``fraction`` of entries that moved
+    least (at least one), ties broken by position, as a stable sort of ``change`` would pick them. Selected by the
     k-th smallest change rather than a sort: a sort's int64 order of an 8B model's embedding alone is 4 GB."""
     import torch
 
-    change = (after.float() - before.float()).abs().flatten()
-    keep = kept_count(change.numel(), fraction)
-    if keep == change.numel():
-        return torch.ones(before.shape, dtype=torch.bool)
-    threshold = torch.kthvalue(change, keep).values
-    mask = change < threshold
-    ties = (change == threshold).nonzero().flatten()
+    flat = change.flatten()
+    keep = kept_count(flat.numel(), fraction)
+    if keep == flat.numel():
+        return torch.ones(change.shape, dtype=torch.bool)
+    threshold = torch.kthvalue(flat, keep).values
+    mask = flat < threshold
+    ties = (flat == threshold).nonzero().flatten()
     mask[ties[: keep - int(mask.sum())]] = True  # the first of the entries at the threshold, by position
-    return mask.view(before.shape)
+    return mask.view(change.shape)
 
 
 class StableMasks(Mapping):
@@ -161,7 +161,8 @@ class StableMasks(Mapping):
         self.before, self.after, self.fraction = weight_reader(before), weight_reader(after), fraction
 
     def __getitem__(self, name: str):
-        return stable_mask(self.before[name], self.after[name], self.fraction)
+        change = self.after[name].float().sub_(self.before[name].float()).abs_()  # in place: one tensor's copy
+        return stable_mask(change, self.fraction)
 
     def __contains__(self, name) -> bool:
         return name in self.before
