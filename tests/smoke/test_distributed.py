@@ -99,7 +99,11 @@ def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, sc
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", [["gu-kgw"], ["pro", "--method-arg", "anti_every=2"]], ids=["gu-kgw", "pro"])
+@pytest.mark.parametrize(
+    "method",
+    [["gu-kgw"], ["pro", "--method-arg", "anti_every=2"], ["gloaguen-kgw", "--method-arg", "ft_steps=2"]],
+    ids=["gu-kgw", "pro", "gloaguen"],  # Gloaguen: its masks cut to each process's shard
+)
 def test_fsdp_launch_stores_the_runs_of_one_process(tmp_path, random_llamas, harness, script, method):
     """``accelerate launch --use_fsdp --fsdp_version 2`` over every visible GPU: the same stages under the same
     hashes as one process, and the gathered student matches one process's (tests/smoke/test_fsdp.py checks the
