@@ -119,7 +119,7 @@ class Pipeline:
             "stage": "train",
             "method": method.name,
             "method_version": method.version,
-            "params": method.params.model_dump(),
+            "params": method.train_params(),
             "base_model": {k: self.base[k] for k in ("ref", "fingerprint")},
             "train_data": source_spec(self.preset.train_data),
             "train": self.preset.train.model_dump(exclude=self.preset.train.unhashed()),

@@ -78,6 +78,11 @@ class WatermarkMethod(Plugin, ABC):
     def train(self, ctx: TrainContext, out: Path) -> dict:
         """Train the watermarked student into ``out``; return a training report for the manifest."""
 
+    def train_params(self) -> dict:
+        """The settings that decide the trained student, hashed into its train stage: two configurations that train
+        the same student share one stage (the runs keep every setting). All of them unless a method says otherwise."""
+        return self.params.model_dump()
+
     @abstractmethod
     def detector(self, key_dir: Path, tokenizer, ctx: DetectContext | None = None) -> Detector:
         """The detector for the key that ``train`` wrote into ``key_dir`` (detection needs no watermarked model;

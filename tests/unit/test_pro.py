@@ -195,6 +195,18 @@ def test_config_label_and_refs():
     assert methods.build("pro", {}).model_refs() == {"embedding_model": EMB}
 
 
+def test_configurations_with_fpl_off_share_one_train_stage():
+    """fpl=false, alpha=0 and beta=0 train one bit-identical student (test_fpl_off_equals_cawp_only_with_no_extra_pass):
+    the train stage hashes the same settings for all of them, whatever FPL's other settings; runs keep them all."""
+    off = [{"fpl": "false"}, {"alpha": "0"}, {"beta": "0"}, {"alpha": "0", "anti_every": "3", "anti_len": "40"}]
+    shared = [methods.build("pro", settings).train_params() for settings in off]
+    assert all(params == shared[0] for params in shared)
+    assert methods.build("pro", {"alpha": "0"}).params.alpha == 0  # the run's settings are left as given
+    on = [methods.build("pro", settings).train_params() for settings in ({}, {"alpha": "0.2"}, {"anti_every": "3"})]
+    assert len({json.dumps(p, sort_keys=True) for p in on + shared[:1]}) == 4
+    assert methods.build("pro", {"delta": "2", "fpl": "false"}).train_params() != shared[0]
+
+
 # --- training end to end ------------------------------------------------------------------------------------------
 
 
