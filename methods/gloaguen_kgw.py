@@ -20,13 +20,13 @@ rather than across the model keeps layers whose weights have different scales fr
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field
 
 from harness import data
 from harness.config import TrainSettings
+from harness.models import weight_reader
 from methods.base import TrainContext
 from methods.gu_kgw import GuKGW, GuKGWParams, distill
 
@@ -151,24 +151,14 @@ def stable_mask(change, fraction: float):
     return mask.view(change.shape)
 
 
-class StableMasks(Mapping):
+class StableMasks(weight_reader):
     """Gloaguen-KGW's masks, ``{parameter name: bool mask}``, each computed when asked for (``stable_mask``) from the
-    tensor of that name in the stage-1 model folder and in the fine-tuned one."""
+    tensor of that name in the stage-1 model folder ``before`` and in the fine-tuned one ``after``."""
 
     def __init__(self, before: Path, after: Path, fraction: float):
-        from harness.models import weight_reader
-
-        self.before, self.after, self.fraction = weight_reader(before), weight_reader(after), fraction
+        super().__init__(before)
+        self.after, self.fraction = weight_reader(after), fraction
 
     def __getitem__(self, name: str):
-        change = self.after[name].float().sub_(self.before[name].float()).abs_()  # in place: one tensor's copy
+        change = self.after[name].float().sub_(super().__getitem__(name).float()).abs_()  # in place: one copy
         return stable_mask(change, self.fraction)
-
-    def __contains__(self, name) -> bool:
-        return name in self.before
-
-    def __iter__(self):
-        return iter(self.before)
-
-    def __len__(self) -> int:
-        return len(self.before)
