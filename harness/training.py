@@ -143,22 +143,22 @@ def mask_gradients(model, masks: dict) -> None:
 
 
 def save_model(model, folder, tokenizer=None) -> None:
-    """Write a trained model (safetensors), and ``tokenizer`` beside it, as a transformers folder. A model that FSDP2
-    trained holds a shard of each weight per process: every process of the launch must call this (the weights are
-    gathered, a collective, onto the main process's CPU) and the main process writes the whole model, as one process
-    would have."""
+    """Write a trained model (safetensors), and ``tokenizer`` beside it, as a transformers folder. Only the main
+    process writes: another process of a launch builds a collective stage into a scratch folder that is dropped, so
+    its copy (a whole model each) would be written for nothing. A model that FSDP2 trained holds a shard of each
+    weight per process: every process of the launch must call this (the weights are gathered, a collective, onto the
+    main process's CPU), and the main process writes the whole model, as one process would have."""
     from torch.distributed.fsdp import FSDPModule
 
-    if not isinstance(model, FSDPModule):
-        model.save_pretrained(folder, safe_serialization=True)
-    else:
+    state = None  # save_pretrained's own: the model's state dict
+    if isinstance(model, FSDPModule):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if distributed.is_main():
-            model.save_pretrained(folder, state_dict=state, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
+    if distributed.is_main():
+        model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
 
 
 def my_rows(batch):
