@@ -132,6 +132,11 @@ class FineTune(ModelAttack):
     def outputs(self) -> list[tuple[str, str]]:
         return [(f"s={s}", checkpoint(s)) for s in self.params.steps]
 
+    def validate(self, base_model: str | None = None) -> None:
+        from harness.training import check_split
+
+        check_split(self.params.batch_size, f"the fine-tuning attack's batch_size ({self.params.batch_size})")
+
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         from harness import data, distributed
         from harness.config import TrainSettings

@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 
 from attacks.base import MODEL, AttackContext, TextAttack
-from harness import data, distributed, metrics, models
+from harness import data, distributed, metrics, models, training
 from harness.config import Preset
 from harness.errors import HarnessError
 from harness.generation import SAMPLER, completion_perplexity, sample
@@ -67,7 +67,8 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def check_inputs(preset: Preset, plugins) -> None:
     """Everything cheap, before any model loads: the models (base, oracle, the plugins' own) resolve, the plugins'
-    deeper checks pass, and every dataset reads."""
+    deeper checks pass, every dataset reads, and the training batch splits across the processes of a launch."""
+    training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)

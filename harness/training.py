@@ -161,14 +161,20 @@ def save_model(model, folder, tokenizer=None) -> None:
             tokenizer.save_pretrained(folder)
 
 
+def check_split(rows: int, what: str) -> None:
+    """Refuse a training batch of ``rows`` that the processes of this launch cannot split evenly (each trains on its
+    slice, and the averaged gradients must be those of the whole batch); ``what`` names it in the error."""
+    if rows % distributed.world_size():
+        raise HarnessError(
+            f"{what} cannot be split evenly across {distributed.world_size()} processes: "
+            "use a batch size that is a multiple of the number of processes"
+        )
+
+
 def my_rows(batch):
     """This process's rows of a batch (a tensor or a mapping of tensors sharing their first dimension)."""
     rows = len(batch) if not hasattr(batch, "keys") else len(next(iter(batch.values())))
-    if rows % distributed.world_size():
-        raise HarnessError(
-            f"a training batch of {rows} rows cannot be split evenly across {distributed.world_size()} processes: "
-            "use a batch size that is a multiple of the number of processes"
-        )
+    check_split(rows, f"a training batch of {rows} rows")
     start, stop = distributed.shard_bounds(rows)
     if hasattr(batch, "keys"):
         return batch.__class__({k: v[start:stop] for k, v in batch.items()})

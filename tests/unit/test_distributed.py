@@ -38,6 +38,30 @@ def test_uneven_batch_is_refused(monkeypatch):
         my_rows(torch.zeros(3, 4))
 
 
+@pytest.mark.parametrize(
+    "args, refused",
+    [
+        (["--attack", "none", "--set", "train.batch_size=16"], "train.batch_size (16)"),
+        (
+            ["--attack", "finetune", "--attack-arg", "batch_size=8", "--set", "train.batch_size=12"],
+            "fine-tuning attack's batch_size (8)",
+        ),
+    ],
+)
+def test_uneven_batch_is_refused_before_any_work(monkeypatch, tmp_path, capsys, args, refused):
+    """Under a launch of 3 processes, a batch they cannot split is one line before any model loads (the tiny base
+    model is not built: the cache stays empty)."""
+    from harness.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    code = main(["run", "--method", "gu-kgw", *args, "--results", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"{refused} cannot be split evenly across 3 processes" in err and "\n" not in err
+    assert not (tmp_path / "cache").exists()
+
+
 def test_grid_is_refused_under_a_multi_process_launch(monkeypatch, tmp_path):
     from harness.cli import main
 
