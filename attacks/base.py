@@ -14,8 +14,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from harness.config import DataSource
-from harness.plugins import Params, Plugin
+from harness.config.plugins import Params, Plugin
+from harness.config.presets import DataSource
 
 MODEL = "model"  # the sub-folder of an attack stage that holds the (one) attacked model
 
@@ -97,8 +97,8 @@ def calibration_ids(tokenizer, params: CalibrationParams):
     pick from."""
     import torch
 
-    from harness import data
-    from harness.errors import HarnessError
+    from harness.assets import data
+    from harness.config.errors import HarnessError
 
     n, length = params.calib_samples, params.calib_len
     stream = data.token_stream(tokenizer, data.iter_texts(params.calibration_source()), max_tokens=4 * n * length)
@@ -139,6 +139,6 @@ def library_output(log_file: Path) -> Iterator[None]:
 
 def versions(*distributions: str) -> dict[str, str | None]:
     """Installed versions of the libraries an attack used, for its report."""
-    from harness.store import package_versions
+    from harness.store.versions import package_versions
 
     return package_versions(("torch", "transformers", *distributions))

@@ -17,8 +17,8 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from attacks.base import AttackContext, ModelAttack, versions
-from harness.config import DataSource
-from harness.plugins import Params
+from harness.config.plugins import Params
+from harness.config.presets import DataSource
 
 
 @dataclass(frozen=True)
@@ -133,15 +133,16 @@ class FineTune(ModelAttack):
         return [(f"s={s}", checkpoint(s)) for s in self.params.steps]
 
     def validate(self, base_model: str | None = None) -> None:
-        from harness.training import check_split
+        from harness.compute.training import check_split
 
         check_split(self.params.batch_size, f"the fine-tuning attack's batch_size ({self.params.batch_size})")
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
-        from harness import data, distributed
-        from harness.config import TrainSettings
-        from harness.models import load_causal_lm, load_tokenizer
-        from harness.training import loss_step, save_model, train
+        from harness.assets import data
+        from harness.assets.models import load_causal_lm, load_tokenizer
+        from harness.compute import distributed
+        from harness.compute.training import loss_step, save_model, train
+        from harness.config.presets import TrainSettings
 
         p, d = self.params, self.data
         tokenizer = load_tokenizer(str(model_dir))
@@ -226,8 +227,8 @@ def example_stream(tokenizer, d: InstructData, p: FineTuneParams, stats: dict):
     import itertools
     import random
 
-    from harness import data
-    from harness.errors import HarnessError
+    from harness.assets import data
+    from harness.config.errors import HarnessError
 
     minimum = max(d.min_response_tokens if p.min_response_tokens is None else p.min_response_tokens, 1)
     for epoch in itertools.count():

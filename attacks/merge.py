@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from attacks.base import MODEL, AttackContext, ModelAttack, versions
-from harness.plugins import Params
+from harness.config.plugins import Params
 
 
 class SlerpParams(Params):

@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from attacks.base import AttackContext, TextAttack
-from harness.plugins import Params
+from harness.config.plugins import Params
 
 DIVERSITIES = (0, 20, 40, 60, 80, 100)  # the control codes DIPPER was trained with
 
@@ -113,8 +113,8 @@ class Dipper(TextAttack):
         allowed."""
         from transformers import AutoModelForSeq2SeqLM
 
-        from harness import models
-        from harness.errors import HarnessError
+        from harness.assets import models
+        from harness.config.errors import HarnessError, first_line
 
         found = ctx.models or {}
         path = found.get("paraphraser", self.params.model)
@@ -126,7 +126,7 @@ class Dipper(TextAttack):
                 path, dtype="auto", use_safetensors=None if models.pickle_allowed() else True
             )
         except (OSError, ValueError) as err:
-            raise HarnessError(f"cannot load paraphraser '{path}': {models.first_line(err)}") from None
+            raise HarnessError(f"cannot load paraphraser '{path}': {first_line(err)}") from None
         return model.to(ctx.device).eval().requires_grad_(False), tokenizer
 
     def apply_texts(self, texts: list[str], ctx: AttackContext) -> list[str]:

@@ -85,9 +85,9 @@ class _Prune(ModelAttack):
         import torch
         from llmcompressor.utils.pytorch.module import infer_sequential_targets
 
-        from harness import data
-        from harness.errors import HarnessError
-        from harness.models import load_causal_lm, load_tokenizer
+        from harness.assets import data
+        from harness.assets.models import load_causal_lm, load_tokenizer
+        from harness.config.errors import HarnessError
 
         p = self.params
         out = out_dir / MODEL

@@ -37,8 +37,8 @@ from attacks.base import (
     library_output,
     versions,
 )
-from harness.errors import HarnessError
-from harness.plugins import Params
+from harness.config.errors import HarnessError
+from harness.config.plugins import Params
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class GPTQ(ModelAttack):
         return {"calibration": self.params.calibration_source()}
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
-        from harness import data
+        from harness.assets import data
 
         p = self.params
         # The model's own dtype: gptqmodel would otherwise down-cast a float32 model to bfloat16 (on CPU, always), which
@@ -163,7 +163,7 @@ def _gptq_quantize(attack: GPTQ, model_dir: Path, out_dir: Path, ctx: AttackCont
     from gptqmodel import GPTQModel, QuantizeConfig
     from gptqmodel.utils.model_dequant import dequantize_model
 
-    from harness.models import load_tokenizer
+    from harness.assets.models import load_tokenizer
 
     p = attack.params
     tokenizer = load_tokenizer(str(model_dir))
@@ -214,7 +214,7 @@ class Int8(ModelAttack):
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-        from harness.models import load_tokenizer
+        from harness.assets.models import load_tokenizer
 
         config = BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=self.params.threshold)
         model = AutoModelForCausalLM.from_pretrained(
@@ -278,7 +278,7 @@ class HQQ(ModelAttack):
         from hqq.core.quantize import HQQLinear, hqq_base_quant_config
         from safetensors.torch import save_file
 
-        from harness.models import load_causal_lm, load_tokenizer
+        from harness.assets.models import load_causal_lm, load_tokenizer
 
         p = self.params
         model = load_causal_lm(str(model_dir), ctx.device, dtype="float32")

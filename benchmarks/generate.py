@@ -43,9 +43,9 @@ def main() -> None:
     if not 1 <= args.reference_prompts <= args.prompts:
         parser.error("--reference-prompts must be in 1..--prompts")
 
-    from harness import models
-    from harness.config import EvalSettings
-    from harness.generation import sample
+    from harness.assets import models
+    from harness.compute.generation import sample
+    from harness.config.presets import EvalSettings
 
     device = args.device or models.default_device()
     model = models.load_causal_lm(models.resolve(args.model), device, dtype=args.dtype)

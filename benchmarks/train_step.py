@@ -61,14 +61,15 @@ def main() -> None:
     parser.add_argument("--detect-tokens", type=int, default=64)
     args = parser.parse_args()
 
-    from harness import data
-    from harness.config import TINY, DataSource
-    from harness.models import load_causal_lm, load_tokenizer, resolve
+    from harness.assets import data
+    from harness.assets.encoder import Embedder
+    from harness.assets.models import load_causal_lm, load_tokenizer, resolve
+    from harness.config.presets import TINY, DataSource
     from methods.distill import kl_per_token
     from methods.gu_kgw import GuKGW, GuKGWParams
     from methods.kgw import GreenLists, watermark_logits
     from methods.pro import PROParams, PROStep
-    from methods.pro_policy import Embedder, PolicyMLP, detection_scores, norm_loss, prefix_embeddings
+    from methods.pro_policy import PolicyMLP, detection_scores, norm_loss, prefix_embeddings
 
     settings = TINY.train.model_copy(update={"batch_size": args.batch_size, "seq_len": args.seq_len})
     folder = resolve(args.model)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from harness.config import DataSource, TrainSettings
-from harness.plugins import Plugin
+from harness.config.plugins import Plugin
+from harness.config.presets import DataSource, TrainSettings
 
 
 @dataclass(frozen=True)

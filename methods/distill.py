@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.config import TrainSettings
-from harness.training import loss_step, train
+from harness.compute.training import loss_step, train
+from harness.config.presets import TrainSettings
 
 # Positions x vocabulary above which the KL is computed chunk by chunk, each chunk recomputed in the backward pass:
 # no float32 copy of the whole B x T x V tensor is kept (64 x 512 x 128,256 in float32 is 16.8 GB).

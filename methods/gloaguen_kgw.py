@@ -24,9 +24,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from harness import data
-from harness.config import TrainSettings
-from harness.models import weight_reader
+from harness.assets import data
+from harness.assets.models import weight_reader
+from harness.config.presets import TrainSettings
 from methods.base import TrainContext
 from methods.gu_kgw import GuKGW, GuKGWParams, distill
 
@@ -55,8 +55,8 @@ class GloaguenKGW(GuKGW):
         return label if self.params.stable_fraction == 0.5 else f"{label}, stable={self.params.stable_fraction:g}"
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from harness.models import load_causal_lm, load_tokenizer
-        from harness.training import save_model
+        from harness.assets.models import load_causal_lm, load_tokenizer
+        from harness.compute.training import save_model
         from methods.kgw import KGWKey
 
         if ctx.train_method is None or ctx.stage is None:
@@ -98,8 +98,8 @@ class GloaguenKGW(GuKGW):
     def finetune(self, model_dir: Path, folder: Path, ctx: TrainContext) -> dict:
         """Stage 2: fine-tune the stage-1 student on plain training text (a differently shuffled pass of the same
         corpus, as the paper fine-tunes on OpenWebText again) and save it."""
-        from harness.models import load_causal_lm, load_tokenizer
-        from harness.training import loss_step, save_model, train
+        from harness.assets.models import load_causal_lm, load_tokenizer
+        from harness.compute.training import loss_step, save_model, train
 
         p, s = self.params, ctx.settings
         tokenizer = load_tokenizer(str(model_dir))

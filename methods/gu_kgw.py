@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from harness import data
-from harness.plugins import Params
+from harness.assets import data
+from harness.config.plugins import Params
 from methods.base import Detector, TrainContext, WatermarkMethod, score_long_enough
 from methods.distill import logit_distill
 
@@ -84,8 +84,8 @@ class GuKGW(WatermarkMethod):
         )
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from harness.models import load_causal_lm, load_tokenizer
-        from harness.training import save_model
+        from harness.assets.models import load_causal_lm, load_tokenizer
+        from harness.compute.training import save_model
 
         tokenizer = load_tokenizer(ctx.base_model)
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)

@@ -17,9 +17,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from harness import data
-from harness.errors import HarnessError
-from harness.plugins import Params
+from harness.assets import data
+from harness.config.errors import HarnessError
+from harness.config.plugins import Params
 from methods.base import DetectContext, Detector, TrainContext, WatermarkMethod, score_long_enough
 
 
@@ -73,7 +73,7 @@ class GuKTH(WatermarkMethod):
     def validate(self, base_model: str | None = None) -> None:
         if self.params.vocab_size is None or base_model is None:
             return
-        from harness.models import load_tokenizer, resolve
+        from harness.assets.models import load_tokenizer, resolve
 
         found = len(load_tokenizer(resolve(base_model)))
         if found != self.params.vocab_size:
@@ -93,8 +93,8 @@ class GuKTH(WatermarkMethod):
         return s.model_copy(update={"batch_size": p.batch_size or s.batch_size, "seq_len": p.seq_len or s.seq_len})
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from harness.models import load_causal_lm, load_tokenizer
-        from harness.training import loss_step, save_model, train
+        from harness.assets.models import load_causal_lm, load_tokenizer
+        from harness.compute.training import loss_step, save_model, train
 
         if ctx.stage is None:
             raise RuntimeError("Gu-KTH trains through the pipeline (its teacher texts are a stage)")
@@ -152,8 +152,8 @@ def teacher_texts(ctx: TrainContext, key, count: int, prompt_tokens: int, new_to
     ``prompt_tokens`` tokens of training documents; one shift per text, drawn as Gu et al. (``random.Random(seed)``)."""
     import torch
 
-    from harness.models import load_causal_lm, load_tokenizer
-    from harness.progress import Progress
+    from harness.assets.models import load_causal_lm, load_tokenizer
+    from harness.compute.progress import Progress
     from methods.kth import KTHLogitsProcessor, draw_shifts, key_gumbel
 
     tokenizer = load_tokenizer(ctx.base_model)

@@ -15,9 +15,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from harness import data, distributed
-from harness.errors import HarnessError
-from harness.plugins import Params
+from harness.assets import data
+from harness.compute import distributed
+from harness.config.errors import HarnessError
+from harness.config.plugins import Params
 from methods.base import Detector, TrainContext, WatermarkMethod, score_long_enough
 
 # The paper's delta grid per base model (Section 4.1).
@@ -78,7 +79,7 @@ class PRODetector(Detector):
         self.policy, self.embedder, self.tokenizer, self.n = policy, embedder, tokenizer, n
 
     def score(self, sequences: list[list[int]]) -> list[dict]:
-        from harness.progress import Progress
+        from harness.compute.progress import Progress
         from methods.pro_policy import detection_scores
 
         with Progress(len(sequences), "PRO detect", unit="text") as bar:
@@ -101,8 +102,8 @@ class PRO(WatermarkMethod):
         return {"embedding_model": self.params.embedding_model}
 
     def validate(self, base_model: str | None = None) -> None:
-        from harness.models import resolve
-        from methods.pro_policy import is_sentence_encoder, pooling_of
+        from harness.assets.encoder import is_sentence_encoder, pooling_of
+        from harness.assets.models import resolve
 
         ref = self.params.embedding_model
         folder = resolve(ref)
@@ -133,9 +134,10 @@ class PRO(WatermarkMethod):
         import torch
         from safetensors.torch import save_file
 
-        from harness.models import fingerprint, load_causal_lm, load_tokenizer, resolve
-        from harness.training import save_model, train
-        from methods.pro_policy import Embedder, PolicyMLP
+        from harness.assets.encoder import Embedder
+        from harness.assets.models import fingerprint, load_causal_lm, load_tokenizer, resolve
+        from harness.compute.training import save_model, train
+        from methods.pro_policy import PolicyMLP
 
         p, s = self.params, ctx.settings
         emb_folder = (ctx.models or {}).get("embedding_model") or resolve(p.embedding_model)
@@ -175,8 +177,9 @@ class PRO(WatermarkMethod):
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         from safetensors.torch import load_file
 
-        from harness.models import default_device, fingerprint, load_tokenizer, resolve
-        from methods.pro_policy import PolicyMLP, shared_embedder
+        from harness.assets.encoder import shared_embedder
+        from harness.assets.models import default_device, fingerprint, load_tokenizer, resolve
+        from methods.pro_policy import PolicyMLP
 
         key_dir = Path(key_dir)
         key = json.loads((key_dir / "key.json").read_text())
@@ -238,7 +241,7 @@ class PROStep:
         processes each draws its share of the pool and the pool is the one a single process draws."""
         import torch
 
-        from harness.generation import draw
+        from harness.compute.generation import draw
         from methods.pro_policy import anti_processor
 
         p = self.p

@@ -50,7 +50,7 @@ def make_random_llama(folder, seed: int, tokenizer=None, **config):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.tiny import build_tokenizer
+    from harness.assets.tiny import build_tokenizer
 
     tokenizer = tokenizer or build_tokenizer(SENTENCES)
     torch.manual_seed(seed)
@@ -81,7 +81,7 @@ def llama_builder():
 @pytest.fixture(scope="session")
 def random_llamas(tmp_path_factory):
     """Two random Llamas with one tokenizer: (watermarked stand-in, base stand-in)."""
-    from harness.tiny import build_tokenizer
+    from harness.assets.tiny import build_tokenizer
 
     tokenizer = build_tokenizer(SENTENCES)
     root = tmp_path_factory.mktemp("llamas")
@@ -91,7 +91,7 @@ def random_llamas(tmp_path_factory):
 @pytest.fixture(scope="session")
 def other_tokenizer_llama(tmp_path_factory):
     """A random Llama whose tokenizer differs from ``random_llamas``' (an oracle that must re-tokenize)."""
-    from harness.tiny import build_tokenizer
+    from harness.assets.tiny import build_tokenizer
 
     tokenizer = build_tokenizer([s.upper() + " Lorem ipsum dolor sit amet." for s in SENTENCES])
     return make_random_llama(tmp_path_factory.mktemp("oracle"), 3, tokenizer)
@@ -109,49 +109,44 @@ def _fake_run(
     output: int = 0,
     n: int = 60,
 ) -> Path:
-    """A finished run as the pipeline writes it (labels from the real plugins, per-text scores drawn so that the AUC
-    is about ``auc``, metrics from the real metric code), with no model: for tests of what reads the store.
+    """A finished run as the pipeline records it (``scoring.run_spec`` with the real plugins, made-up upstream keys),
+    with per-text scores drawn so that the AUC is about ``auc``, published by the pipeline's own ``publish_scores``:
+    for tests of what reads the store, with no model. ``attack`` ``"base"`` is the unwatermarked base's row;
     ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is."""
+    import hashlib
+
     import numpy as np
     from scipy.stats import norm
 
-    from harness.config import TINY
-    from harness.pipeline import _jsonl, attack_info, attack_row, run_metrics
-    from harness.registry import attacks, methods
+    from attacks.base import TextAttack
+    from harness.config.presets import TINY
+    from harness.config.registry import attacks, methods
+    from harness.run import scoring
+    from harness.store import files
 
     preset = preset or TINY
     preset = preset.model_copy(update={"train": preset.train.model_copy(update={"seed": seed})})
-    m = methods.build(method, {**preset.methods.get(method, {}), **method_settings})
-    a = attacks.build(attack, {**preset.attacks.get(attack, {}), **attack_settings}) if attack != "base" else None
+    m = methods.build(method, method_settings, preset)
+    a = attacks.build(attack, attack_settings, preset) if attack != "base" else None
     label = None if a is None or a.identity or not hasattr(a, "outputs") else a.outputs()[output][0]
-    cfg = {
-        "preset": preset.model_dump(exclude={"eval": {"ppl_batch_size"}}),
-        "method": {"name": m.name, "label": m.label, "params": m.params.model_dump(), "config_label": m.config_label()},
-        "attack": attack_info(a, label),
-    }
-    row = "Unwatermarked base" if a is None else attack_row(a, label)
-    rng = np.random.default_rng(abs(hash((method, str(method_settings), attack, str(attack_settings), seed))) % 2**32)
+    what = json.dumps([method, method_settings, attack, attack_settings, seed, output, preset.model_dump()],
+                      sort_keys=True, default=str)  # fmt: skip
+    digest = hashlib.sha256(what.encode()).hexdigest()
+    spec = scoring.run_spec(preset, m, a, label, trained_key=digest[:16], generate_key=digest[16:32],
+                            oracle={"ref": preset.oracle_model, "fingerprint": "fake"}, upstream={})  # fmt: skip
+    rng = np.random.default_rng(int(digest[:8], 16))
     shift = np.sqrt(2) * norm.ppf(min(max(auc, 1e-3), 1 - 1e-3))
-    scores = [
-        {
-            "i": i,
-            "label": 1,
-            "score": float(rng.normal(shift)),
-            "green": int(rng.integers(20, 60)),
-            "scored": 63,
-            "ppl": float(rng.uniform(5, 9)),
-        }
-        for i in range(n)
-    ]
-    scores += [{"i": i, "label": 0, "score": float(rng.normal()), "green": int(rng.integers(5, 30)), "scored": 63}
-               for i in range(n)]  # fmt: skip
-    stage = store.stage("run", {"preset": preset.name, "row": row, "config": cfg})
+    pos = [{"score": float(rng.normal(shift)), "green": int(rng.integers(20, 60)), "scored": 63,
+            "ppl": float(rng.uniform(5, 9))} for _ in range(n)]  # fmt: skip
+    neg = [{"score": float(rng.normal()), "green": int(rng.integers(5, 30)), "scored": 63} for _ in range(n)]
+    rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if isinstance(a, TextAttack) else {}
+    gens = [{"i": i, **rewritten} for i in range(n)]
+    stage = store.stage("run", spec)
 
     def build(out):
-        _jsonl(out / "scores.jsonl", scores)
-        rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if attack == "dipper" else {}
-        _jsonl(out / "generations.jsonl", [{"i": i, **rewritten} for i in range(n)])
-        (out / "metrics.json").write_text(json.dumps(run_metrics(out)))
+        files.write_jsonl(out / "generate.jsonl", gens)  # stands for the generate stage's file, which runs link
+        scoring.publish_scores(out, out / "generate.jsonl", gens, pos, neg)
+        (out / "generate.jsonl").unlink()
         return {}
 
     stage.build(build)
@@ -208,7 +203,7 @@ CORPUS = [
 def _small_preset(folder, base, texts=None, **settings):
     """The tiny preset on a local model folder ``base`` (also the oracle) and a little JSONL corpus written into
     ``folder`` (``texts``, default CORPUS) for training and evaluation; ``settings`` are ``--set`` overrides."""
-    from harness.config import TINY, apply_overrides
+    from harness.config.presets import TINY, apply_overrides
 
     corpus = folder / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts or CORPUS))

@@ -14,7 +14,7 @@ def test_llama_1b_distillation_step_in_bf16(checkpointing):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.config import TrainSettings
+    from harness.config.presets import TrainSettings
     from methods.distill import logit_distill
     from methods.kgw import GreenLists, KGWKey, watermark_logits
 

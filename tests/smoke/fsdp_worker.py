@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from harness import distributed
-from harness.training import mask_gradients, my_rows, placed_like, save_model
+from harness.compute import distributed
+from harness.compute.training import mask_gradients, my_rows, placed_like, save_model
 from methods.pro_policy import fpl_gradients
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness import grid
+from harness.run import grid
 
 SPEC = """\
 preset: tiny
@@ -107,7 +107,7 @@ def test_a_killed_grid_resumes_to_the_same_tables(uninterrupted, grid_spec, harn
 
 
 def test_a_failed_cell_is_reported_and_the_others_go_on(grid_spec, tmp_path, monkeypatch):
-    from harness.pipeline import Pipeline
+    from harness.run.pipeline import Pipeline
 
     real = Pipeline.run
 

@@ -140,7 +140,7 @@ def test_pickle_only_model_is_refused_unless_allowed(harness, tmp_path, random_l
     import torch
     from safetensors.torch import load_file
 
-    from harness import models
+    from harness.assets import models
 
     folder = tmp_path / "pickled"
     shutil.copytree(random_llamas[0], folder)
@@ -217,8 +217,10 @@ def test_listing_and_validation_import_no_heavy_library():
 
     code = (
         "import sys\n"
-        "from harness.registry import methods, attacks\n"
-        "from harness import cli, pipeline, config\n"
+        "from harness.config.registry import methods, attacks\n"
+        "from harness.cli import main\n"
+        "from harness.run import pipeline\n"
+        "from harness.config import presets\n"
         "[r.build(n, {}) for r in (methods, attacks) for n in r.available()]\n"
         "heavy = [m for m in ('torch', 'transformers', 'mergekit', 'sklearn', 'pandas') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
@@ -232,8 +234,8 @@ def test_missing_extra_is_one_line_naming_it(attack, module, extra, monkeypatch)
     """An attack whose library is not installed fails before any work, saying which extra installs it."""
     import importlib.util
 
-    from harness.errors import HarnessError
-    from harness.registry import attacks
+    from harness.config.errors import HarnessError
+    from harness.config.registry import attacks
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
@@ -243,8 +245,8 @@ def test_missing_extra_is_one_line_naming_it(attack, module, extra, monkeypatch)
 
 def test_planned_entry_is_refused_by_name(monkeypatch):
     """A name registered as planned (None) is listed and refused with one line, and never suggested."""
-    from harness import registry
-    from harness.errors import HarnessError
+    from harness.config import registry
+    from harness.config.errors import HarnessError
 
     monkeypatch.setitem(registry.METHODS, "future-mark", None)
     with pytest.raises(HarnessError, match="method 'future-mark' is not implemented yet"):

@@ -2,10 +2,10 @@
 
 import pytest
 
-from harness import data
-from harness.config import TINY, DataSource, apply_overrides, get_preset
-from harness.errors import HarnessError
-from harness.registry import methods
+from harness.assets import data
+from harness.config.errors import HarnessError
+from harness.config.presets import TINY, DataSource, apply_overrides, get_preset
+from harness.config.registry import methods
 
 
 def test_overrides_validate_and_nest():
@@ -51,7 +51,7 @@ def test_packed_batches_cover_the_stream():
 
 
 def test_eval_prompts_have_exact_lengths(random_llamas):
-    from harness.models import load_tokenizer
+    from harness.assets.models import load_tokenizer
 
     tok = load_tokenizer(str(random_llamas[0]))
     texts = ["short", "the quick brown fox jumps over the lazy dog " * 5, "a watermark is a hidden signal " * 6]

@@ -5,8 +5,8 @@ tests/smoke/test_distributed.py launches two."""
 import pytest
 import torch
 
-from harness import distributed
-from harness.training import my_rows
+from harness.compute import distributed
+from harness.compute.training import my_rows
 
 
 def test_one_process_does_all_the_work(monkeypatch):
@@ -30,7 +30,7 @@ def test_shards_split_the_work_in_order(monkeypatch):
 
 
 def test_uneven_batch_is_refused(monkeypatch):
-    from harness.errors import HarnessError
+    from harness.config.errors import HarnessError
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
@@ -51,7 +51,7 @@ def test_uneven_batch_is_refused(monkeypatch):
 def test_uneven_batch_is_refused_before_any_work(monkeypatch, tmp_path, capsys, args, refused):
     """Under a launch of 3 processes, a batch they cannot split is one line before any model loads (the tiny base
     model is not built: the cache stays empty)."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("RANK", "0")
@@ -63,7 +63,7 @@ def test_uneven_batch_is_refused_before_any_work(monkeypatch, tmp_path, capsys, 
 
 
 def test_grid_is_refused_under_a_multi_process_launch(monkeypatch, tmp_path):
-    from harness.cli import main
+    from harness.cli.main import main
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["grid", str(tmp_path / "nope.yaml")]) == 2
@@ -74,9 +74,9 @@ def test_fsdp1_training_is_refused_before_any_step(monkeypatch):
     import accelerate
     from accelerate.utils import DistributedType
 
-    from harness.config import TrainSettings
-    from harness.errors import HarnessError
-    from harness.training import loss_step, train
+    from harness.compute.training import loss_step, train
+    from harness.config.errors import HarnessError
+    from harness.config.presets import TrainSettings
 
     class FSDPAccelerator:
         distributed_type = DistributedType.FSDP
@@ -93,7 +93,7 @@ def test_fsdp1_training_is_refused_before_any_step(monkeypatch):
 
 
 def test_another_process_reports_its_failure_in_one_line(monkeypatch, capsys):
-    from harness import cli
+    from harness.cli import main as cli
 
     def broken():
         raise RuntimeError("Connection closed by peer [127.0.0.1]:1234.\nmore detail")

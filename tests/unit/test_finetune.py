@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import load_file
 
 from attacks.base import AttackContext
-from harness.errors import HarnessError
-from harness.models import load_causal_lm
-from harness.pipeline import Pipeline
-from harness.registry import attacks, methods
-from harness.store import Store
+from harness.assets.models import load_causal_lm
+from harness.config.errors import HarnessError
+from harness.config.registry import attacks, methods
+from harness.run.pipeline import Pipeline
+from harness.store.stages import Store
 
 PAIRS = [
     ("Add two numbers.", "def add(a, b):\n    return a + b"),

@@ -4,8 +4,8 @@ its batch or on which process of a launch samples it; and the automatic batch si
 import pytest
 import torch
 
-from harness.config import EvalSettings
-from harness.generation import GumbelPerPrompt, hash32, sample
+from harness.compute.generation import GumbelPerPrompt, hash32, sample
+from harness.config.presets import EvalSettings
 
 
 @pytest.mark.parametrize(("seed", "step", "temperature"), [(0, 0, 1.0), (1, 7, 0.7), (42, 199, 1.3)])
@@ -39,7 +39,7 @@ def test_hash_is_32_bit_and_avalanches():
 
 
 def test_a_prompt_gets_its_text_in_any_batch(random_llamas):
-    from harness import models
+    from harness.assets import models
 
     model = models.load_causal_lm(str(random_llamas[0]), "cpu")
     prompts = torch.randint(3, 300, (7, 5), generator=torch.Generator().manual_seed(0)).tolist()
@@ -52,7 +52,7 @@ def test_a_prompt_gets_its_text_in_any_batch(random_llamas):
 
 
 def test_auto_batch_halves_until_a_batch_fits_and_keeps_the_texts(random_llamas):
-    from harness import models
+    from harness.assets import models
 
     model = models.load_causal_lm(str(random_llamas[0]), "cpu")
     prompts = torch.randint(3, 300, (10, 5), generator=torch.Generator().manual_seed(1)).tolist()

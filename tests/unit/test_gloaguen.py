@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.errors import HarnessError
-from harness.pipeline import Pipeline
-from harness.registry import attacks, methods
-from harness.store import Store
+from harness.config.errors import HarnessError
+from harness.config.registry import attacks, methods
+from harness.run.pipeline import Pipeline
+from harness.store.stages import Store
 
 SETTINGS = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", "train.lr": "1e-2",
             "eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "6",

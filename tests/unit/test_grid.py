@@ -5,9 +5,9 @@ import textwrap
 
 import pytest
 
-from harness import grid
-from harness.cli import main
-from harness.errors import HarnessError
+from harness.cli.main import main
+from harness.config.errors import HarnessError
+from harness.run import grid
 
 GOOD = """\
 preset: tiny

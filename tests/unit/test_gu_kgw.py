@@ -4,8 +4,8 @@ import json
 
 import torch
 
-from harness.config import TrainSettings
-from harness.registry import methods
+from harness.config.presets import TrainSettings
+from harness.config.registry import methods
 from methods.base import TrainContext
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. A watermark is a hidden signal in text."] * 40
@@ -13,7 +13,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog. A watermark is a hidden s
 
 def green_mass(model_dir, key: dict, ids: torch.Tensor) -> float:
     """Mean probability the model puts on the green list of each position's context."""
-    from harness.models import load_causal_lm
+    from harness.assets.models import load_causal_lm
     from methods.kgw import GreenLists, KGWKey
 
     model = load_causal_lm(str(model_dir), "cpu")
@@ -37,7 +37,7 @@ def test_distillation_learns_the_green_list(random_llamas, tmp_path):
 
 
 def test_k1_drops_special_tokens_from_the_teacher_only(random_llamas, tmp_path):
-    from harness.models import load_tokenizer
+    from harness.assets.models import load_tokenizer
 
     method = methods.build("gu-kgw", {"k": "1"})
     tok = load_tokenizer(str(random_llamas[0]))
@@ -87,7 +87,7 @@ def test_memory_settings_of_the_training_step(random_llamas, tmp_path, monkeypat
     """Gradient checkpointing trains the same weights; a bfloat16 teacher is loaded as such and still teaches."""
     from safetensors.torch import load_file
 
-    from harness import models
+    from harness.assets import models
 
     base, _ = random_llamas
     method = methods.build("gu-kgw", {"k": "0", "delta": "2"})

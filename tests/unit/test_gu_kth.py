@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.pipeline import Pipeline, read_jsonl
-from harness.registry import attacks, methods
-from harness.store import Store
+from harness.config.errors import HarnessError
+from harness.config.registry import attacks, methods
+from harness.run.pipeline import Pipeline
+from harness.store.files import read_jsonl
+from harness.store.stages import Store
 
 PRESET = {"train.steps": "2", "train.batch_size": "2", "train.seq_len": "12", "eval.num_prompts": "4",
           "eval.prompt_tokens": "4", "eval.new_tokens": "8", "eval.batch_size": "2"}  # fmt: skip
@@ -55,7 +56,7 @@ def test_bad_settings_are_refused(settings, message):
 
 
 def test_key_vocabulary_must_match_the_model(random_llamas):
-    from harness.models import load_tokenizer
+    from harness.assets.models import load_tokenizer
 
     base, _ = random_llamas
     size = len(load_tokenizer(str(base)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.metrics import detection_metrics, median, tpr_at_fpr
+from harness.report.metrics import detection_metrics, median, tpr_at_fpr
 
 
 def test_perfect_separation():
@@ -49,8 +49,8 @@ def test_median():
 
 
 def test_completion_perplexity_masks_the_prompt(random_llamas):
-    from harness.generation import completion_perplexity
-    from harness.models import load_causal_lm
+    from harness.assets.models import load_causal_lm
+    from harness.compute.generation import completion_perplexity
 
     model = load_causal_lm(str(random_llamas[0]), "cpu")
     prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
@@ -66,8 +66,8 @@ def test_completion_perplexity_masks_the_prompt(random_llamas):
 
 
 def test_completion_perplexity_pads_mixed_lengths(random_llamas):
-    from harness.generation import completion_perplexity
-    from harness.models import load_causal_lm
+    from harness.assets.models import load_causal_lm
+    from harness.compute.generation import completion_perplexity
 
     model = load_causal_lm(str(random_llamas[0]), "cpu")
     prompts = [[1, 2], [3, 4, 5, 6, 7], [8]]

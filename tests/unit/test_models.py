@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness import models
-from harness.errors import HarnessError
+from harness.assets import models
+from harness.config.errors import HarnessError
 
 
 def test_local_folder_and_fingerprint(random_llamas, tmp_path):

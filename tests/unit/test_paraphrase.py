@@ -5,8 +5,8 @@ import pytest
 
 from attacks.base import AttackContext
 from attacks.paraphrase import Dipper, split_sentences
-from harness.errors import HarnessError
-from harness.registry import attacks
+from harness.config.errors import HarnessError
+from harness.config.registry import attacks
 
 SENTENCES = ["The cat sat on the mat.", "It was warm there!", "Why did it leave?", "Nobody knows.", "The end."]
 
@@ -17,7 +17,7 @@ def random_t5(tmp_path_factory):
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from harness.paraphraser import build_tokenizer
+    from attacks.tiny_paraphraser import build_tokenizer
 
     folder = tmp_path_factory.mktemp("t5")
     tokenizer = build_tokenizer([" ".join(SENTENCES)] * 20 + ["Prompt one. Prompt two. Lexical order."] * 5)
@@ -135,7 +135,7 @@ def test_tiny_paraphraser_rewrites_heldout_text():
     tiny preset's settings at DIPPER-1's lexical diversity, it must change words (overlap < 0.9) yet keep most of them
     and much of the meaning: a mean MiniLM cosine above 0.5 and 0.3 above that of unrelated held-out texts (each
     original paired with the next one's paraphrase). Recipe v5 measured overlap 0.57, cosine 0.60, unrelated 0.27."""
-    from harness.paraphraser import measure
+    from attacks.tiny_paraphraser import measure
 
     result = measure(texts=40)
     print(result)

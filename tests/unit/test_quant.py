@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from attacks.base import AttackContext
-from harness.errors import HarnessError
-from harness.models import load_causal_lm, load_tokenizer
-from harness.registry import attacks
+from harness.assets.models import load_causal_lm, load_tokenizer
+from harness.config.errors import HarnessError
+from harness.config.registry import attacks
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -67,7 +67,7 @@ def assert_on_grid(w, scale, bits):
 @pytest.mark.parametrize("bits", [8, 4])
 def test_gptq_weights_on_grid(llama, calib_file, tmp_path, bits):
     pytest.importorskip("gptqmodel")
-    from harness import data
+    from harness.assets import data
 
     group = 16
     settings = {"bits": str(bits), "group_size": str(group), "calib_data": str(calib_file), "calib_name": None}

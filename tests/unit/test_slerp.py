@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from attacks.base import AttackContext
-from harness.registry import attacks
+from harness.config.registry import attacks
 
 pytest.importorskip("mergekit")
 

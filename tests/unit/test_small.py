@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from harness import data, files, small
-from harness.config import DataSource
+from harness.assets import data, small
+from harness.config.presets import DataSource
+from harness.store import files
 
 
 def test_docstrings_are_read_from_source_without_importing(tmp_path):
@@ -38,7 +39,7 @@ def test_small_preset_is_refused_without_a_gpu(harness, tmp_path):
 def test_small_models_build_from_their_recipe(tmp_path, monkeypatch):
     """The build path on this CPU, with the recipe shrunk to seconds (the real one needs a GPU): corpus from pydoc
     topics only, split like the tiny corpus, a model that loads and generates, a folder named by the recipe."""
-    from harness import models
+    from harness.assets import models
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
     monkeypatch.setitem(small.CORPUS_RECIPE, "packages", [])
@@ -69,8 +70,8 @@ def test_small_models_build_from_their_recipe(tmp_path, monkeypatch):
 @pytest.mark.gpu
 def test_small_lm_reaches_its_perplexity_on_a_gpu():
     """SPEC section 6: held-out perplexity about 11 after ~2 minutes on an H100."""
-    from harness import models
-    from harness.generation import completion_perplexity
+    from harness.assets import models
+    from harness.compute.generation import completion_perplexity
 
     folder = models.resolve("builtin:small-lm")
     tokenizer = models.load_tokenizer(folder)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from harness.errors import HarnessError
-from harness.store import Store, spec_hash
+from harness.config.errors import HarnessError
+from harness.store.stages import Store, spec_hash
 
 
 def test_hash_ignores_key_order_but_not_values():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from harness.store import EditedStage, Store
+from harness.store.stages import EditedStage, Store
 
 
 def build_key(out, gamma=0.25):
@@ -97,7 +97,7 @@ def test_edited_artefact_is_refused_naming_the_file(tmp_path, edit, name):
 
 SLOW_BUILD = """
 import os, sys, time
-from harness.store import Store
+from harness.store.stages import Store
 store = Store(sys.argv[1])
 def build(out):
     with open(sys.argv[2], "a") as fh:
@@ -119,7 +119,7 @@ def test_two_processes_build_one_stage_once(tmp_path):
 
 KILLED_BUILD = """
 import sys, time
-from harness.store import Store
+from harness.store.stages import Store
 store = Store(sys.argv[1])
 def build(out):
     (out / "half.bin").write_bytes(b"x" * 100)
@@ -174,7 +174,7 @@ def test_sweep_keeps_the_partial_of_a_live_build(tmp_path):
 
 
 def test_tables_skip_a_damaged_run_and_write_the_rest(tmp_path, caplog, fake_run):
-    from harness.tables import collect, write_tables
+    from harness.report.tables import collect, write_tables
 
     store = Store(tmp_path / "runs")
     runs = [

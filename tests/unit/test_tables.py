@@ -3,10 +3,10 @@ cells shown as missing, and no number carried over from another setup."""
 
 import pytest
 
-from harness import tables
-from harness.cli import main
-from harness.config import TINY, apply_overrides
-from harness.store import Store
+from harness.cli.main import main
+from harness.config.presets import TINY, apply_overrides
+from harness.report import tables
+from harness.store.stages import Store
 
 
 @pytest.fixture(scope="module")
@@ -111,15 +111,15 @@ def test_seeds_are_averaged(tmp_path, fake_run):
 def test_rescore_recomputes_metrics_from_stored_scores(tmp_path, fake_run, monkeypatch, capsys):
     import json
 
-    from harness import pipeline
-    from harness.store import Stage
+    from harness.report import metrics
+    from harness.store.stages import Stage
 
     store = Store(tmp_path / "runs")
     run = fake_run(store, "gu-kgw", {}, "none", {}, 0.9)
     before = json.loads((run / "metrics.json").read_text())
     assert main(["rescore", "--results", str(store.root)]) == 0
     assert "0 of 1 stored runs rescored" in capsys.readouterr().out  # up to date: nothing to do
-    monkeypatch.setattr(pipeline, "METRICS_VERSION", "999")  # the metric code changed
+    monkeypatch.setattr(metrics, "METRICS_VERSION", "999")  # the metric code changed
     assert main(["rescore", "--results", str(store.root)]) == 0
     assert "1 of 1 stored runs rescored" in capsys.readouterr().out
     after = json.loads((run / "metrics.json").read_text())

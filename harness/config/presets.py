@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator
 
-from harness.errors import HarnessError
-from harness.plugins import Params
+from harness.config.errors import HarnessError
+from harness.config.plugins import Params
 
 
 class DataSource(Params):

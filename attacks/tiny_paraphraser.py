@@ -50,8 +50,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from harness import data, files
-from harness.config import DataSource, TrainSettings
+from harness.assets import data
+from harness.config.presets import DataSource, TrainSettings
+from harness.store import files
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,8 @@ def synonyms(texts: list[str]) -> dict[str, list[str]]:
     this corpus used in recipe v3 were mostly related, not equivalent, words ("certificate" -> "description")."""
     import torch
 
-    from harness import models
-    from methods.pro_policy import shared_embedder
+    from harness.assets import models
+    from harness.assets.encoder import shared_embedder
 
     cfg = RECIPE["synonyms"]
     counts = Counter(w.lower() for t in texts for w in WORD.findall(t))
@@ -295,7 +296,7 @@ def build(out: Path) -> dict:
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from harness.training import loss_step, train
+    from harness.compute.training import loss_step, train
 
     start = time.perf_counter()
     texts = [" ".join(t.split()) for t in data.load_texts(DataSource(path=data.TINY_CORPUS, split="train"))]
@@ -344,9 +345,10 @@ def measure(folder: str | None = None, texts: int = 40, lexical: int = 60, order
     overlap and MiniLM cosine of each text with its paraphrase, and the cosine of unrelated pairs (each text with the
     next one's paraphrase) as the floor that kept meaning is judged against."""
     from attacks.base import AttackContext
-    from harness import models, textsim
-    from harness.config import TINY_PARAPHRASER
-    from harness.registry import attacks
+    from harness.assets import models
+    from harness.config.presets import TINY_PARAPHRASER
+    from harness.config.registry import attacks
+    from harness.report import textsim
 
     folder = str(folder or tiny_paraphraser())
     docs = [d.split() for d in data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))]

@@ -23,9 +23,9 @@ import json
 import platform
 from pathlib import Path
 
-from harness import files
-from harness.errors import HarnessError
-from harness.store import package_versions
+from harness.config.errors import HarnessError
+from harness.store import files
+from harness.store.versions import package_versions
 
 CORPUS_RECIPE = {"version": 1, "packages": ["transformers", "torch"], "min_chars": 200}
 CORPUS_FILE = "corpus.jsonl.gz"
@@ -109,8 +109,8 @@ def check_buildable(ref: str) -> None:
 
 
 def model_folder(ref: str) -> Path:
-    from harness import data
-    from harness.config import DataSource
+    from harness.assets import data
+    from harness.config.presets import DataSource
 
     corpus_hash = data.fingerprint(DataSource(path=data.SMALL_CORPUS)) if corpus_folder().is_dir() else "unbuilt"
     name = ref.removeprefix("builtin:")
@@ -118,8 +118,8 @@ def model_folder(ref: str) -> Path:
 
 
 def _model(ref: str) -> Path:
-    from harness import data, tiny
-    from harness.config import DataSource
+    from harness.assets import data, tiny
+    from harness.config.presets import DataSource
 
     check_buildable(ref)
     corpus()

@@ -11,20 +11,19 @@ from importlib.resources import files
 from itertools import islice
 from pathlib import Path
 
-from harness.config import DataSource
-from harness.errors import HarnessError
-from harness.files import file_sha256
-from harness.models import first_line, looks_like_path
+from harness.config.errors import HarnessError, first_line
+from harness.config.presets import DataSource
+from harness.config.refs import SMALL_CORPUS, TINY_CODE_INSTRUCT, TINY_CORPUS, load_target, looks_like_path
+from harness.store.files import file_sha256
 
-TINY_CORPUS = "builtin:tiny-corpus"
-TINY_CODE_INSTRUCT = "builtin:tiny-code-instruct"
-SMALL_CORPUS = "builtin:small-corpus"  # built here from installed docstrings (harness/small.py), not bundled
-# Bundled datasets: name -> (file in harness/data, splits, fields). The corpus is split by the held-out rule below;
-# the instruction set (tools/make_tiny_code_instruct.py) is one split of prompt/response pairs.
+# Built-in datasets: name -> (a file bundled in harness/assets/bundled, or a "module:function" that builds the file
+# on first use and returns its path; splits; fields). The corpora are split by the held-out rule below; the
+# instruction set (tools/make_tiny_code_instruct.py) is one split of prompt/response pairs.
 BUILTIN_DATA = {
     TINY_CORPUS: ("tiny_corpus.jsonl.gz", ("train", "heldout"), ("text",)),
     TINY_CODE_INSTRUCT: ("tiny_code_instruct.jsonl.gz", ("train",), ("prompt", "response")),
-    SMALL_CORPUS: (None, ("train", "heldout"), ("text",)),  # no bundled file: built on first use
+    # Extracted from installed docstrings (harness/assets/small.py), not bundled.
+    SMALL_CORPUS: ("harness.assets.small:corpus", ("train", "heldout"), ("text",)),
 }
 SPLIT_CORPORA = (TINY_CORPUS, SMALL_CORPUS)  # split into train and held-out documents by the rule below
 # Held out for evaluation: every 3rd bundled document of at least 600 characters (long enough for a prompt and a
@@ -35,11 +34,10 @@ HELDOUT_EVERY = 3
 
 @cache
 def _bundled_bytes(name: str) -> bytes:
-    if name == SMALL_CORPUS:
-        from harness import small
-
-        return small.corpus().read_bytes()
-    return (files("harness") / "data" / BUILTIN_DATA[name][0]).read_bytes()
+    source = BUILTIN_DATA[name][0]
+    if ":" in source:
+        return Path(load_target(source)()).read_bytes()
+    return (files("harness.assets") / "bundled" / source).read_bytes()
 
 
 CHECK_DOCS = 1000  # documents of a local dataset read by ``check`` before any work

@@ -48,10 +48,34 @@ def file_sha256(file: Path) -> str:
     if key not in known:
         known[key] = _sha256(file)
         index.parent.mkdir(parents=True, exist_ok=True)
-        tmp = index.with_name(f"{index.name}.partial-{owner_tag()}")
-        tmp.write_text(json.dumps(known))
-        tmp.replace(index)
+        write_atomic(index, json.dumps(known))
     return known[key]
+
+
+def write_atomic(file: Path, text: str) -> None:
+    """Replace ``file`` by ``text`` all at once: written under a temporary name beside it, then renamed, so a reader
+    (or a crash) never sees half of it."""
+    tmp = file.with_name(f".{file.name}.partial-{owner_tag()}")
+    tmp.write_text(text)
+    tmp.replace(file)
+
+
+def write_jsonl(file: Path, rows: list[dict]) -> None:
+    with Path(file).open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(file: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(file).read_text().splitlines() if line]
+
+
+def link(src: Path, dst: Path) -> None:
+    """Hard-link ``src`` to ``dst`` (no copy of large files), copying where links are not possible."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def _json(file: Path) -> None:
@@ -195,6 +219,7 @@ def sweep_partials(parent: Path, lock_for) -> int:
 
 def sweep_hash_index_leftovers() -> None:
     """Temporary copies of the hash index written by processes that died mid-write."""
-    for tmp in cache_root().glob("file-hashes.json.partial-*"):
+    leftovers = [*cache_root().glob(".file-hashes.json.partial-*"), *cache_root().glob("file-hashes.json.partial-*")]
+    for tmp in leftovers:
         if not _owner_alive(tmp.name):
             tmp.unlink(missing_ok=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from harness import distributed
-from harness.config import TrainSettings
-from harness.errors import HarnessError
-from harness.progress import Progress
+from harness.compute import distributed
+from harness.compute.progress import Progress
+from harness.config.errors import HarnessError
+from harness.config.presets import TrainSettings
 
 
 def loss_step(loss_fn: Callable) -> Callable:

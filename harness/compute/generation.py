@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from harness.config import EvalSettings
-from harness.progress import Progress
+from harness.compute.progress import Progress
+from harness.config.presets import EvalSettings
 
 log = logging.getLogger(__name__)
 

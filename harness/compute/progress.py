@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from harness import distributed
+from harness.compute import distributed
 
 log = logging.getLogger("harness")
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from harness.errors import HarnessError
+from harness.config.errors import HarnessError
 
 
 class Params(BaseModel):

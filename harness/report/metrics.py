@@ -1,10 +1,18 @@
-"""Detection and quality metrics (paper Section 4.1): ROC AUC, TPR at fixed FPRs, median perplexity."""
+"""Detection and quality metrics (paper Section 4.1): ROC AUC, TPR at fixed FPRs, median perplexity; and a run's
+metrics from what it stores, which is all ``harness rescore`` and the tables read."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from harness.store.files import read_jsonl
+
 FPRS = (0.001, 0.01, 0.05, 0.1)
+# Bump when the code that turns stored per-text scores into metrics changes: runs keep their hash and are brought up
+# to date from their scores (``harness rescore``), with no detector or model loaded.
+METRICS_VERSION = "1"
 
 
 def tpr_at_fpr(pos: np.ndarray, neg: np.ndarray, fpr: float) -> float:
@@ -65,3 +73,29 @@ def detection_metrics(
 
 def median(values: list[float]) -> float:
     return float(np.median(np.asarray(values, float)))
+
+
+def run_metrics(folder: Path) -> dict:
+    """A run's metrics from what it stores: its per-text scores (``scores.jsonl``: label 1 = generated, with the
+    oracle's perplexity; 0 = human) and, for text attacks, how much each text was rewritten (``generations.jsonl``)."""
+    scores = read_jsonl(folder / "scores.jsonl")
+    pos = [s for s in scores if s["label"] == 1]
+    neg = [s for s in scores if s["label"] == 0]
+    has_p = all("p_value" in s for s in scores)  # exact P(X >= G) where the scheme has one
+    result = detection_metrics(
+        [s["score"] for s in pos],
+        [s["score"] for s in neg],
+        [s["p_value"] for s in pos] if has_p else None,
+        [s["p_value"] for s in neg] if has_p else None,
+    )
+    if all("ppl" in s for s in pos):  # attribution scores carry none
+        result["median_ppl"] = median([s["ppl"] for s in pos])
+    gens = read_jsonl(folder / "generations.jsonl")
+    if gens and "unigram_overlap" in gens[0]:  # a text attack: how much it rewrote, and how much meaning it kept
+        from harness.report import textsim
+
+        result["paraphrase"] = textsim.summary(
+            [g["unigram_overlap"] for g in gens], [g["embedding_cosine"] for g in gens]
+        )
+    result["metrics_version"] = METRICS_VERSION
+    return result

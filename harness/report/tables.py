@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.errors import HarnessError
-from harness.store import Stage, Store
+from harness.config.errors import HarnessError
+from harness.report import metrics
+from harness.store.stages import Stage, Store
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def collect(store: Store) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    stale = df[df["metrics_version"] != _metrics_version()]
+    stale = df[df["metrics_version"] != metrics.METRICS_VERSION]
     if len(stale):
         log.warning("%d runs hold metrics of older metric code: 'harness rescore' updates them", len(stale))
     keys = ["setup", "seed", "method", "params", "category", "attack", "attack_params", "attack_config"]
@@ -71,12 +72,6 @@ def collect(store: Store) -> pd.DataFrame:
     return (
         df[~dupes].sort_values(["setup", "method", "method_config", "category", "attack", "run"]).reset_index(drop=True)
     )
-
-
-def _metrics_version() -> str:
-    from harness.pipeline import METRICS_VERSION
-
-    return METRICS_VERSION
 
 
 def _row(run: Path) -> dict:
@@ -126,7 +121,7 @@ def setup_key(preset: dict) -> str:
 @cache
 def _resolved(name: str, settings: str) -> str | None:
     """The resolved settings (JSON) of method ``name`` built from ``settings`` (JSON); None if it does not build."""
-    from harness.registry import methods
+    from harness.config.registry import methods
 
     try:
         return json.dumps(methods.build(name, json.loads(settings)).params.model_dump(), sort_keys=True)
@@ -443,7 +438,7 @@ def watermark_config(df: pd.DataFrame) -> pd.DataFrame:
 @cache
 def _tradeoff_settings(name: str | None) -> tuple[str, ...]:
     """The settings method ``name`` varies for tab:watermark-config (``WatermarkMethod.tradeoff_settings``)."""
-    from harness.registry import methods
+    from harness.config.registry import methods
 
     try:
         return tuple(methods.load(name).tradeoff_settings) if name else ()

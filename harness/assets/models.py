@@ -17,20 +17,11 @@ from collections.abc import Mapping
 from fnmatch import fnmatch
 from pathlib import Path
 
-from harness import distributed
-from harness.errors import HarnessError
-from harness.files import file_sha256
+from harness.compute import distributed
+from harness.config.errors import HarnessError, first_line
+from harness.config.refs import BUILDABLE_CHECKS, BUILTIN_MODELS, load_target, looks_like_path
+from harness.store.files import file_sha256
 
-LOCAL_PREFIXES = ("/", "~", ".")  # a reference starting so (./, ../, ~/...) is a path, never a hub id
-TINY_LM = "builtin:tiny-lm"
-# Models the harness builds on this machine and caches (``module:function`` returning the folder, imported lazily).
-BUILTINS = {
-    TINY_LM: "harness.tiny:tiny_lm",
-    "builtin:tiny-paraphraser": "harness.paraphraser:tiny_paraphraser",
-    "builtin:small-lm": "harness.small:small_lm",
-    "builtin:small-oracle": "harness.small:small_oracle",
-}
-GPU_BUILTINS = ("builtin:small-lm", "builtin:small-oracle")  # built on a GPU only: checked before any work
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 ALLOW_PICKLE_ENV = "HARNESS_ALLOW_PICKLE"
 
@@ -40,15 +31,9 @@ def pickle_allowed() -> bool:
     return os.environ.get(ALLOW_PICKLE_ENV, "") not in ("", "0")
 
 
-def looks_like_path(ref: str) -> bool:
-    """A reference that can only be a local path: it starts like one, or has more than one '/' (a hub id is
-    ``name`` or ``owner/name``)."""
-    return ref.startswith(LOCAL_PREFIXES) or ref.count("/") > 1 or "\\" in ref or not ref.strip()
-
-
 def _check_builtin(ref: str) -> None:
-    if ref not in BUILTINS:
-        raise HarnessError(f"unknown built-in model '{ref}'. Built-in models: {', '.join(BUILTINS)}")
+    if ref not in BUILTIN_MODELS:
+        raise HarnessError(f"unknown built-in model '{ref}'. Built-in models: {', '.join(BUILTIN_MODELS)}")
 
 
 def check(ref: str) -> None:
@@ -56,10 +41,8 @@ def check(ref: str) -> None:
     loads no weights (a hub id's config is fetched, or read from the local HF cache)."""
     if ref.startswith("builtin:"):
         _check_builtin(ref)
-        if ref in GPU_BUILTINS:
-            from harness import small
-
-            small.check_buildable(ref)
+        if ref in BUILDABLE_CHECKS:
+            load_target(BUILDABLE_CHECKS[ref])(ref)
         return
     folder = Path(resolve(ref))
     if folder.exists():
@@ -92,8 +75,7 @@ def resolve(ref: str) -> str:
     """Return a local folder or a hub id for ``ref``, building the tiny model if needed."""
     if ref.startswith("builtin:"):
         _check_builtin(ref)
-        module, _, function = BUILTINS[ref].partition(":")
-        return str(getattr(importlib.import_module(module), function)())
+        return str(load_target(BUILTIN_MODELS[ref])())
     if ref.startswith("package:"):
         package = ref.removeprefix("package:")
         spec = importlib.util.find_spec(package)
@@ -139,12 +121,6 @@ def fingerprint(path_or_id: str) -> str:
     for file in files:
         digest.update(f"{file.name}:{file_sha256(file)};".encode())
     return digest.hexdigest()[:16]
-
-
-def first_line(err: BaseException) -> str:
-    """The first non-empty line of an exception's message, or its type when it has none."""
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(err).__name__
 
 
 def _load_error(path_or_id: str, err: Exception) -> HarnessError:

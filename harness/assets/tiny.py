@@ -12,8 +12,9 @@ import json
 import logging
 from pathlib import Path
 
-from harness import data, files
-from harness.config import DataSource, TrainSettings
+from harness.assets import data
+from harness.config.presets import DataSource, TrainSettings
+from harness.store import files
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def build_lm(out: Path, recipe: dict, texts: list[str], desc: str, device: str |
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.training import loss_step, train
+    from harness.compute.training import loss_step, train
 
     tokenizer = build_tokenizer(texts, recipe["vocab_size"])
     tokenizer.save_pretrained(out)

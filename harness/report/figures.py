@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.store import Store
-from harness.tables import _main, _tradeoff_settings, _value, method_rank, natural_key, setups, watermark_config
+from harness.report.tables import _main, _tradeoff_settings, _value, method_rank, natural_key, setups, watermark_config
+from harness.store.stages import Store
 
 
 def _pyplot():

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import distributed
-from harness.errors import HarnessError
+from harness.compute import distributed
+from harness.config.errors import HarnessError
 
 log = logging.getLogger("harness")
 
@@ -23,8 +23,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from harness.config import PRESETS
-    from harness.registry import attacks, methods
+    from harness.config.presets import PRESETS
+    from harness.config.registry import attacks, methods
 
     parser = Parser(prog="harness", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -137,8 +137,8 @@ def build_parser() -> Parser:
 
 
 def cmd_list() -> None:
-    from harness.config import PRESETS
-    from harness.registry import attacks, methods
+    from harness.config.presets import PRESETS
+    from harness.config.registry import attacks, methods
 
     for registry in (methods, attacks):
         print(f"{registry.kind}s:")
@@ -177,19 +177,20 @@ def format_cells(cells) -> str:
 
 
 def cmd_run(args) -> None:
-    from harness import config, models
-    from harness.pipeline import Pipeline, check_inputs
-    from harness.plugins import parse_assignments
-    from harness.registry import attacks, methods
-    from harness.store import Store
+    from harness.assets import models
+    from harness.config import presets
+    from harness.config.plugins import parse_assignments
+    from harness.config.registry import attacks, methods
+    from harness.run.pipeline import Pipeline, check_inputs
+    from harness.store.stages import Store
 
     # Validate everything cheap before any model loads.
-    preset = config.apply_overrides(config.get_preset(args.preset), parse_assignments(args.overrides, "setting"))
+    preset = presets.apply_overrides(presets.get_preset(args.preset), parse_assignments(args.overrides, "setting"))
     method = methods.build(
-        args.method, {**preset.methods.get(args.method, {}), **parse_assignments(args.method_arg, "method setting")}
+        args.method, parse_assignments(args.method_arg, "method setting"), preset
     )
     attack = attacks.build(
-        args.attack, {**preset.attacks.get(args.attack, {}), **parse_assignments(args.attack_arg, "attack setting")}
+        args.attack, parse_assignments(args.attack_arg, "attack setting"), preset
     )
     updates = {f: getattr(args, f) for f in ("base_model", "oracle_model") if getattr(args, f)}
     preset = preset.model_copy(update=updates)
@@ -208,8 +209,8 @@ def cmd_run(args) -> None:
 
 
 def cmd_tables(args) -> None:
-    from harness.store import Store
-    from harness.tables import collect, collect_attribution, robustness, setups, write_tables
+    from harness.report.tables import collect, collect_attribution, robustness, setups, write_tables
+    from harness.store.stages import Store
 
     store = Store(args.results)
     if not store.root.is_dir():
@@ -221,7 +222,7 @@ def cmd_tables(args) -> None:
     if not written:
         raise HarnessError(f"no finished runs in '{store.root}' that could be read")
     if not args.no_figures:
-        from harness.figures import write_figures
+        from harness.report.figures import write_figures
 
         written += write_figures(df, store, args.out)
     for name, part in setups(df).items():
@@ -237,7 +238,7 @@ def cmd_tables(args) -> None:
 
 def _device_env(args) -> None:
     """--device (else $HARNESS_DEVICE) for every stage of this process, checked first."""
-    from harness import models
+    from harness.assets import models
 
     if args.device:
         models.check_device(args.device)
@@ -247,7 +248,8 @@ def _device_env(args) -> None:
 
 
 def cmd_grid(args) -> int:
-    from harness import grid, models
+    from harness.assets import models
+    from harness.run import grid
 
     if distributed.world_size() > 1:
         raise HarnessError(
@@ -304,8 +306,8 @@ def cmd_grid(args) -> int:
 
 
 def cmd_rescore(args) -> None:
-    from harness.pipeline import rescore_store
-    from harness.store import Store
+    from harness.run.scoring import rescore_store
+    from harness.store.stages import Store
 
     store = Store(args.results)
     if not store.root.is_dir():
@@ -356,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "rescore":
             cmd_rescore(args)
         elif args.command == "doctor":
-            from harness.doctor import report
+            from harness.cli.doctor import report
 
             print(report())
     except HarnessError as err:

@@ -20,53 +20,24 @@ import logging
 import os
 import platform
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from harness import distributed, files
-from harness.errors import HarnessError
+from harness.compute import distributed
+from harness.config.errors import HarnessError
+from harness.store import files
+from harness.store.versions import git_sha, versions
 
 log = logging.getLogger(__name__)
-
-TRACKED_PACKAGES = ("watermark-harness", "torch", "transformers", "accelerate", "mergekit", "datasets", "tokenizers")
 
 
 def spec_hash(spec: dict) -> str:
     """Stable short hash of a JSON-able spec (key order does not matter)."""
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def package_versions(names) -> dict[str, str | None]:
-    """Installed version of each distribution in ``names`` (None where it is not installed)."""
-    found: dict[str, str | None] = {}
-    for name in names:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def versions() -> dict:
-    return {"python": platform.python_version(), **package_versions(TRACKED_PACKAGES)}
-
-
-def git_sha() -> str | None:
-    """The harness checkout's commit, when it runs from one (an installed wheel has none)."""
-    checkout = Path(__file__).resolve().parent.parent
-    if not (checkout / ".git").exists():
-        return None
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 CONTENTS = "contents.json"
@@ -170,6 +141,15 @@ class Stage:
             tmp.rename(self.path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+    def update(self, texts: dict[str, str]) -> None:
+        """Replace files of this finished stage (e.g. its metrics brought up to date) and publish its contents anew:
+        each file, then ``contents.json``, is written atomically. Call while holding the stage's lock, after checking
+        that the stage is intact (``problem``)."""
+        for name, text in texts.items():
+            files.write_atomic(self.path / name, text)
+        files.write_atomic(self.path / CONTENTS, json.dumps(contents(self.path), indent=1, sort_keys=True))
 
 
 class Store:

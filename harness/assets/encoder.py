@@ -1,0 +1,193 @@
+"""A frozen sentence encoder E: the n-gram embeddings PRO's policy reads, and the meaning a paraphrase kept
+(``harness.report.textsim``). Any encoder loads by reference (a folder, ``package:``, a hub id); pooling and
+normalisation are read from its sentence-transformers config, plain encoders use the CLS token.
+
+torch and transformers are imported inside functions and classes so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+# Families that are decoder-only language models: their hidden states are not sentence embeddings.
+DECODER_ONLY_TYPES = frozenset(
+    {
+        "llama", "mistral", "mixtral", "gpt2", "gptj", "gpt_neo", "gpt_neox", "gpt_bigcode", "opt", "phi", "phi3",
+        "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "gemma3_text", "falcon", "bloom", "mpt", "starcoder2",
+        "codegen", "olmo", "olmo2", "stablelm", "persimmon", "cohere", "dbrx", "jamba", "mamba", "rwkv", "xglm",
+    }
+)  # fmt: skip
+GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
+def is_sentence_encoder(folder: str) -> str | None:
+    """None if ``folder`` (or a hub id) looks like a sentence encoder E can be, else the reason it cannot: its config
+    must load, it must not be a decoder / causal LM, and it must have a tokenizer."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        from harness.config.errors import first_line
+
+        return f"its config does not load ({first_line(err)})"
+    generative = [a for a in (config.architectures or []) if a.endswith(GENERATIVE_SUFFIXES)]
+    if generative:
+        return f"it is a generative model ({generative[0]}), not a sentence encoder"
+    if config.model_type in DECODER_ONLY_TYPES:
+        return f"its model type '{config.model_type}' is a decoder-only language model, not a sentence encoder"
+    if getattr(config, "is_decoder", False):
+        return "its config says it is a decoder (is_decoder=true), not a sentence encoder"
+    path = Path(folder)
+    if path.is_dir():
+        if not any((path / f).exists() for f in TOKENIZER_FILES):
+            return "it has no tokenizer (no tokenizer.json, tokenizer_config.json or vocab.txt)"
+    else:
+        from transformers import AutoTokenizer
+
+        try:
+            AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError) as err:
+            return f"its tokenizer does not load ({type(err).__name__})"
+    return None
+
+
+def pooling_of(folder: str) -> tuple[str, bool]:
+    """(pooling, normalize) of an encoder folder: sentence-transformers' ``modules.json`` / ``*_Pooling/config.json``
+    when present (mean or cls; ``Normalize`` module -> L2-normalised), else CLS without normalisation (plain
+    encoders such as the paper's compositional-bert-large, a SimCSE-style BERT, use the CLS token)."""
+    from harness.config.errors import HarnessError
+
+    path = Path(folder)
+    modules_file = path / "modules.json"
+    if not modules_file.exists():
+        return "cls", False
+    modules = json.loads(modules_file.read_text())
+    pooling, normalize = "cls", False
+    for module in modules:
+        kind = module.get("type", "")
+        if kind.endswith(".Pooling"):
+            cfg = json.loads((path / module.get("path", "") / "config.json").read_text())
+            if cfg.get("pooling_mode_cls_token"):
+                pooling = "cls"
+            elif cfg.get("pooling_mode_mean_tokens"):
+                pooling = "mean"
+            else:
+                modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
+                raise HarnessError(f"embedding model {folder}: unsupported pooling {modes} (PRO supports mean, cls)")
+        elif kind.endswith(".Normalize"):
+            normalize = True
+    return pooling, normalize
+
+
+class Embedder:
+    """The frozen encoder E with an LRU cache of n-gram embeddings.
+
+    Written by hand rather than through sentence-transformers: one code path serves plain encoders (CLS pooling,
+    like the paper's compositional-bert-large) and sentence-transformers folders (pooling and normalisation read from
+    their config files), and batching and the n-gram cache are under our control. The cache is keyed by the tuple
+    of base-model token ids, so each distinct n-gram is decoded and embedded once, across training batches, the
+    anti-watermarked pool (whose n-grams generation already embedded) and detection.
+    """
+
+    def __init__(
+        self, folder: str, device: str = "cpu", cache_size: int = 200_000, batch_size: int = 256, max_length: int = 128
+    ):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        from harness.assets.models import pickle_allowed
+
+        self.folder = str(folder)
+        self.device = torch.device(device)
+        self.pooling, self.normalize = pooling_of(self.folder)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        # safetensors only unless the user passed --allow-pickle (as harness.models.load_causal_lm)
+        safetensors_only = None if pickle_allowed() else True
+        self.model = AutoModel.from_pretrained(self.folder, use_safetensors=safetensors_only).to(self.device).eval()
+        self.model.requires_grad_(False)
+        self.dim = int(self.model.config.hidden_size)
+        self.cache_size, self.batch_size, self.max_length = cache_size, batch_size, max_length
+        self.cache: OrderedDict[tuple[int, ...], object] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def embed_texts(self, texts: list[str]):
+        """(N, dim) float32 embeddings of ``texts``, in sub-batches of ``batch_size`` padded to their longest."""
+        import torch
+
+        out = []
+        # Longest first, so that each sub-batch pads to about its own length; put back in order at the end.
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        texts = [texts[i] for i in order]
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                enc = self.tokenizer(
+                    texts[start : start + self.batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_tensors="pt",
+                ).to(self.device)
+                hidden = self.model(**enc).last_hidden_state.float()
+                if self.pooling == "mean":
+                    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                    emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+                else:
+                    emb = hidden[:, 0]
+                if self.normalize:
+                    emb = torch.nn.functional.normalize(emb, dim=-1)
+                out.append(emb)
+        if not out:
+            return torch.zeros(0, self.dim, device=self.device)
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return torch.cat(out)[inverse.to(self.device)].clone()  # clone: a normal tensor, usable by autograd
+
+    def embed_ngrams(self, ngrams: Sequence[tuple[int, ...]], tokenizer):
+        """(N, dim) embeddings of n-grams of base-model ids, each decoded to text with the base ``tokenizer``
+        (special tokens kept, so distinct n-grams stay distinct texts). Each distinct n-gram not in the cache is
+        embedded once; ``hits`` / ``misses`` count distinct n-grams found / not found in the cache."""
+        import torch
+
+        keys = [tuple(int(t) for t in g) for g in ngrams]
+        found: dict[tuple[int, ...], object] = {}
+        todo: list[tuple[int, ...]] = []
+        for key in dict.fromkeys(keys):  # distinct, in order
+            vec = self.cache.get(key)
+            if vec is None:
+                todo.append(key)
+            else:
+                self.cache.move_to_end(key)
+                found[key] = vec
+        self.hits += len(found)
+        self.misses += len(todo)
+        if todo:
+            texts = [tokenizer.decode(list(k), skip_special_tokens=False) for k in todo]
+            order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # like lengths together: less padding
+            new = self.embed_texts([texts[i] for i in order])
+            new = new[torch.argsort(torch.tensor(order, device=new.device))]
+            for key, vec in zip(todo, new, strict=True):
+                found[key] = vec
+                if self.cache_size > 0:
+                    self.cache[key] = vec
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+        if not keys:
+            return torch.zeros(0, self.dim, device=self.device)
+        return torch.stack([found[k] for k in keys])
+
+
+_SHARED: dict[tuple[str, str], Embedder] = {}
+
+
+def shared_embedder(folder: str, device: str = "cpu", **kwargs) -> Embedder:
+    """One Embedder (and so one cache) per encoder folder and device in this process."""
+    key = (str(folder), str(device))
+    if key not in _SHARED:
+        _SHARED[key] = Embedder(folder, device, **kwargs)
+    return _SHARED[key]

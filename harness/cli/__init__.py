@@ -1,0 +1,1 @@
+"""The ``harness`` command (``harness.cli.main``)."""

@@ -1,0 +1,1 @@
+"""Where the arithmetic happens: the training loop, sampling and perplexity, several processes, progress."""

@@ -1,0 +1,42 @@
+"""How models and datasets are named: ``builtin:NAME`` (built here on first use and cached), ``package:NAME`` (a
+model folder inside an installed package), a local path, or a Hugging Face id.
+
+Built-ins are ``"module:function"`` strings, imported only when one is asked for (as the plugin registry does): the
+code that resolves a reference never imports the code that builds it, and naming one costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+LOCAL_PREFIXES = ("/", "~", ".")  # a reference starting so (./, ../, ~/...) is a path, never a hub id
+
+TINY_LM = "builtin:tiny-lm"
+# Models the harness builds on this machine and caches: reference -> function returning the folder.
+BUILTIN_MODELS = {
+    TINY_LM: "harness.assets.tiny:tiny_lm",
+    "builtin:tiny-paraphraser": "attacks.tiny_paraphraser:tiny_paraphraser",
+    "builtin:small-lm": "harness.assets.small:small_lm",
+    "builtin:small-oracle": "harness.assets.small:small_oracle",
+}
+# Built-ins that only a GPU machine builds: reference -> function that refuses, before any work, where it cannot.
+BUILDABLE_CHECKS = {
+    "builtin:small-lm": "harness.assets.small:check_buildable",
+    "builtin:small-oracle": "harness.assets.small:check_buildable",
+}
+
+TINY_CORPUS = "builtin:tiny-corpus"
+TINY_CODE_INSTRUCT = "builtin:tiny-code-instruct"
+SMALL_CORPUS = "builtin:small-corpus"
+
+
+def looks_like_path(ref: str) -> bool:
+    """A reference that can only be a local path: it starts like one, or has more than one '/' (a hub id is
+    ``name`` or ``owner/name``)."""
+    return ref.startswith(LOCAL_PREFIXES) or ref.count("/") > 1 or "\\" in ref or not ref.strip()
+
+
+def load_target(target: str):
+    """The object a ``"module:attribute"`` string names, imported now."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,137 @@
+"""A run's record and its scores: the spec a run stores (what the tables read), publishing its per-text scores and
+metrics, and rescoring stored runs when only the metric code changed.
+
+``run_spec`` is the one place a run's record is assembled: the pipeline stores it, and tests of what reads the store
+build their runs with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from harness.config.errors import HarnessError
+from harness.config.presets import Preset
+from harness.report import metrics
+from harness.store import files
+from harness.store.stages import Stage, Store
+
+log = logging.getLogger(__name__)
+
+SCORING_VERSION = "2"  # bump when detection code changes a run's per-text scores (it is part of the run hash)
+BASE_ROW = "Unwatermarked base"  # the control row: the base model's texts under the method's detector
+
+
+def preset_settings(preset: Preset) -> dict:
+    """The preset as runs store it: without the settings that cannot change a result (scoring's batch size,
+    ``TrainSettings.unhashed``)."""
+    return preset.model_dump(exclude={"eval": {"ppl_batch_size"}, "train": preset.train.unhashed()})
+
+
+def method_info(method) -> dict:
+    return {
+        "name": method.name,
+        "label": method.label,
+        "params": method.params.model_dump(),
+        "config_label": method.config_label(),
+    }
+
+
+def attack_info(attack, config_label: str | None = None) -> dict:
+    """What tables need of the attack a run evaluates (None: the unwatermarked base)."""
+    if attack is None:
+        return {"name": None, "category": "Reference", "label": "No watermark", "config_label": "base model"}
+    return {
+        "name": attack.name,
+        "category": attack.category,
+        "label": attack.table_label(),
+        "params": attack.params.model_dump(),
+        "config_label": attack.config_label() if config_label is None else config_label,
+    }
+
+
+def attack_row(attack, config_label: str | None = None) -> str:
+    """The row a run prints as: ``Unaltered``, or the attack's label and settings (e.g. ``SLERP t=0.5``)."""
+    if attack.identity:
+        return "Unaltered"
+    return f"{attack.table_label()} {attack.config_label() if config_label is None else config_label}".strip()
+
+
+def run_spec(
+    preset: Preset,
+    method,
+    attack,
+    config_label: str | None,
+    *,
+    trained_key: str,
+    generate_key: str,
+    oracle: dict,
+    upstream: dict,
+) -> dict:
+    """The spec of one run (hashed into its key, stored as ``spec.json``): ``method``'s detector, keyed by the train
+    stage ``trained_key``, on the generations ``generate_key`` of the model ``attack`` made (None: the unwatermarked
+    base; ``config_label``: which of the attack's outputs), scored with ``oracle``'s perplexity. ``upstream`` is what
+    the upstream hashes stand for (models' and data's fingerprints included), so that one file is readable alone."""
+    return {
+        "stage": "run",
+        "row": BASE_ROW if attack is None else attack_row(attack, config_label),
+        "preset": preset.name,
+        "scoring_version": SCORING_VERSION,
+        "detector": {"method": method.name, "key_from": trained_key, "reads": preset.eval.score_on},
+        "generate": generate_key,
+        "oracle": oracle,
+        # The full resolved settings, for readers and for tables.
+        "config": {
+            "preset": preset_settings(preset),
+            "method": method_info(method),
+            "attack": attack_info(attack, config_label),
+        },
+        "upstream": upstream,
+    }
+
+
+def publish_scores(out: Path, generations: Path, gens: list[dict], pos: list[dict], neg: list[dict]) -> None:
+    """Write a scoring stage's per-text scores (label 1: generated, 0: human), link its generations (the file
+    ``generations``) and write the metrics computed from them."""
+    scores = [{"i": g["i"], "label": 1, **s} for g, s in zip(gens, pos, strict=True)]
+    scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
+    files.write_jsonl(out / "scores.jsonl", scores)
+    files.link(generations, out / "generations.jsonl")
+    (out / "metrics.json").write_text(json.dumps(metrics.run_metrics(out), indent=2))
+
+
+def rescore(run: Stage) -> bool:
+    """Recompute a finished run's ``metrics.json`` from its stored scores when metric code changed since it was made
+    (``METRICS_VERSION``), and republish the run under its lock. Returns whether anything changed."""
+    version = metrics.METRICS_VERSION
+    metrics_file = run.path / "metrics.json"
+    if json.loads(metrics_file.read_text()).get("metrics_version") == version:
+        return False
+    with files.locked(run.lock_file, f"rescoring of run {run.key}"):
+        problem = run.problem()  # scores that no longer match what was published are never rescored
+        if problem is not None:
+            raise HarnessError(f"run {run.path} cannot be rescored: {problem}")
+        old = json.loads(metrics_file.read_text())
+        if old.get("metrics_version") == version:  # another process did it while we waited
+            return False
+        manifest = run.manifest()
+        manifest.setdefault("rescored", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from": old.get("metrics_version", "0"),
+             "to": version}
+        )  # fmt: skip
+        new = metrics.run_metrics(run.path)
+        run.update({"metrics.json": json.dumps(new, indent=2), "manifest.json": json.dumps(manifest, indent=2)})
+    log.info("rescored run %s (metrics version %s -> %s)", run.key, old.get("metrics_version", "0"), version)
+    return True
+
+
+def rescore_store(store: Store) -> tuple[int, int]:
+    """``rescore`` every finished run and attribution stage of ``store``; return (rescored, total)."""
+    stages = [Stage("run", {}, p.name, p, store.root) for p in store.runs()]
+    stages += [
+        Stage("attribution", {}, p.parent.name, p.parent, store.root)
+        for p in sorted((store.root / "stages" / "attribution").glob("*/DONE"))
+    ]
+    return sum(rescore(s) for s in stages), len(stages)
