@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from harness.config.plugins import Params, Plugin
+from harness.config.plugins import Params, Plugin, Sweep
 from harness.config.presets import DataSource
 
 MODEL = "model"  # the sub-folder of an attack stage that holds the (one) attacked model
@@ -32,10 +32,17 @@ class AttackContext:
 
 
 class Attack(Plugin):
-    """What every attack declares: where its rows go in tab:robustness."""
+    """What every attack declares: its label and category, and the tables and figures its rows go in (the report
+    reads these; it names no attack). Row groups and their order follow the registry's order of attacks."""
 
     category: ClassVar[str]  # row group in tab:robustness, e.g. "Merging"
     label: ClassVar[str]  # e.g. "SLERP"
+    description: ClassVar[str] = ""  # what captions call it (default: the label), e.g. "DIPPER paraphrasing"
+    # The tables its rows go in: "robustness" (tab:robustness, under its category), "ft_steps" (tab:ft_steps: the
+    # featured method against the best other at each of its outputs), "own" (a table of its own named after the
+    # attack, as tab:dipper: AUC per configuration, with how much the texts were rewritten).
+    tables: ClassVar[tuple[str, ...]] = ("robustness",)
+    sweep: ClassVar[Sweep | None] = None  # a figure of AUC against its strength
     identity: ClassVar[bool] = False  # True only for ``none``: the pipeline then uses the input model as is
 
     def table_label(self) -> str:
@@ -64,7 +71,10 @@ class ModelAttack(Attack, ABC):
 
 
 class TextAttack(Attack, ABC):
-    """Base of every texts -> texts attack: it rewrites the unaltered watermarked model's completions."""
+    """Base of every texts -> texts attack: it rewrites the unaltered watermarked model's completions. Its rows go
+    in a table of its own (as DIPPER's tab:dipper), with how much the texts were rewritten and kept."""
+
+    tables: ClassVar[tuple[str, ...]] = ("own",)
 
     @abstractmethod
     def apply_texts(self, texts: list[str], ctx: AttackContext) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from attacks.base import AttackContext, ModelAttack, versions
-from harness.config.plugins import Params
+from harness.config.plugins import Params, Sweep
 from harness.config.presets import DataSource
 
 
@@ -112,6 +112,9 @@ class FineTune(ModelAttack):
     name = "finetune"
     category = "Finetuning"
     label = "Fine-tuning"
+    description = "fine-tuning steps s"
+    tables = ("robustness", "ft_steps")
+    sweep = Sweep("fine-tuning steps", "Fine-tuning on {label}", panels=True)  # x: the step of each checkpoint
     version = "1"
     Params = FineTuneParams
     collective = True  # the paper's 8B student trains across GPUs (FSDP): every process fine-tunes

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from attacks.base import MODEL, AttackContext, ModelAttack, versions
-from harness.config.plugins import Params
+from harness.config.plugins import Params, Sweep
 
 
 class SlerpParams(Params):
@@ -23,6 +23,7 @@ class Slerp(ModelAttack):
     name = "slerp"
     category = "Merging"
     label = "SLERP"
+    sweep = Sweep("SLERP t (weight of the unwatermarked base)", "Merging with the base", setting="t", error_bars=True)
     version = "1"
     Params = SlerpParams
     requires = {"mergekit": "merge"}

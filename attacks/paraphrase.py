@@ -96,6 +96,7 @@ class Dipper(TextAttack):
     name = "dipper"
     category = "Paraphrase"
     label = "DIPPER"
+    description = "DIPPER paraphrasing"
     version = "1"
     Params = DipperParams
 

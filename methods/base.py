@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from harness.config.plugins import Plugin
+from harness.config.plugins import Ablation, Plugin
 from harness.config.presets import DataSource, TrainSettings
 
 
@@ -69,10 +69,13 @@ class WatermarkMethod(Plugin, ABC):
     """Base of every method: ``train`` writes ``out/model`` (weights + tokenizer, what is released) and the detection
     key beside it (``out/key.json`` and any files it names), never inside ``out/model``."""
 
-    label: ClassVar[str]  # name in tables, e.g. "Gu-KGW"
+    label: ClassVar[str]  # name in tables, e.g. "Gu-KGW"; columns follow the registry's order of methods
     # The settings the paper varies to trade detection for quality (tab:watermark-config, the AUC-PPL figure): tables
     # take a configuration that differs from the preset's only in these as one point of that trade-off.
     tradeoff_settings: ClassVar[tuple[str, ...]] = ()
+    # tab:ft_steps compares the featured method with the best other one at every fine-tuning step.
+    featured: ClassVar[bool] = False
+    ablations: ClassVar[tuple[Ablation, ...]] = ()  # tables of its configurations that differ in one setting alone
 
     @abstractmethod
     def train(self, ctx: TrainContext, out: Path) -> dict:

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from harness.assets import data
 from harness.compute import distributed
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params
+from harness.config.plugins import Ablation, Params
 from methods.base import Detector, TrainContext, WatermarkMethod, score_long_enough
 
 # The paper's delta grid per base model (Section 4.1).
@@ -95,6 +95,20 @@ class PRO(WatermarkMethod):
     name = "pro"
     label = "PRO"
     tradeoff_settings = ("delta",)
+    featured = True  # the paper's method: tab:ft_steps sets it against the best baseline
+    ablations = (
+        Ablation(
+            "ablation",
+            ("alpha", "beta"),
+            "Ablation of PRO's alpha and beta: AUC and PPL unaltered, AUC after SLERP t = 0.5",
+            "horizontal",
+            under=("slerp", {"t": 0.5}),
+            under_column="Merge AUC",
+            settings_tex={"alpha": r"$\alpha$", "beta": r"$\beta$"},
+        ),
+        Ablation("embedding", ("embedding_model",), "PRO under different embedding models", "vertical",
+                 index_name="Embedding model"),  # fmt: skip
+    )
     version = "2"  # 2: the anti-watermarked pool is drawn per text (the same with several processes)
     Params = PROParams
 

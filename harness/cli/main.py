@@ -209,7 +209,8 @@ def cmd_run(args) -> None:
 
 
 def cmd_tables(args) -> None:
-    from harness.report.tables import collect, collect_attribution, robustness, setups, write_tables
+    from harness.report.collect import collect, collect_attribution, setups
+    from harness.report.tables import robustness, write_tables
     from harness.store.stages import Store
 
     store = Store(args.results)

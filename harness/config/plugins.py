@@ -4,7 +4,8 @@ checked before any model loads."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -72,6 +73,36 @@ class Plugin:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in err.errors())
             valid = ", ".join(cls.Params.model_fields) or "none"
             raise HarnessError(f"bad settings for {kind} '{cls.name}': {problems} (settings: {valid})") from None
+
+
+# --- what a plugin declares for the tables and figures (harness/report reads these; it names no plugin) ----------
+@dataclass(frozen=True)
+class Sweep:
+    """How the figures plot AUC against an attack's strength (``auc_vs_<attack>``): the unaltered model at x = 0,
+    one line per method, one panel per table label (e.g. per fine-tuning dataset) when ``panels``."""
+
+    xlabel: str
+    title: str  # ``{label}`` is replaced by the panel's table label
+    setting: str | None = None  # x = this setting; None: the last number of the row's config label (``s=9``)
+    error_bars: bool = False  # the AUC's bootstrap interval
+    panels: bool = False
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """A table of one method's configurations that differ from its main one (the preset's) in one of ``settings``
+    alone: ``horizontal`` as tab:ablation-horizontal (a block per setting; AUC and PPL unaltered, and the AUC
+    ``under`` an attack with given settings, as the column ``under_column``), ``vertical`` as tab:embedding (a row
+    per value; AUC, TPR@1% and TPR@10% unaltered)."""
+
+    file: str  # the table's file name in each setup's folder
+    settings: tuple[str, ...]
+    caption: str
+    layout: Literal["horizontal", "vertical"]
+    under: tuple[str, dict] | None = None  # (attack name, the settings its run must have)
+    under_column: str = ""
+    index_name: str = ""  # the vertical table's first column
+    settings_tex: dict[str, str] = field(default_factory=dict)  # a setting's name in LaTeX, e.g. alpha -> $\alpha$
 
 
 def parse_assignments(items: list[str], what: str) -> dict[str, str]:

@@ -15,22 +15,24 @@ from typing import Any
 
 from harness.config.errors import HarnessError
 
-# One line per plugin. Planned entries (None) say which piece of work will add them.
+# One line per plugin. Planned entries (None) say which piece of work will add them. The order is the tables' order:
+# methods are columns in this order (the paper's), and attacks' categories are row groups in the order they first
+# appear here; plugins from entry points follow.
 METHODS: dict[str, str | None] = {
-    "gu-kgw": "methods.gu_kgw:GuKGW",
     "gu-kth": "methods.gu_kth:GuKTH",
+    "gu-kgw": "methods.gu_kgw:GuKGW",
     "gloaguen-kgw": "methods.gloaguen_kgw:GloaguenKGW",
     "pro": "methods.pro:PRO",
 }
 
 ATTACKS: dict[str, str | None] = {
     "none": "attacks.identity:NoAttack",
-    "slerp": "attacks.merge:Slerp",
     "gptq": "attacks.quant:GPTQ",
     "int8": "attacks.quant:Int8",
     "hqq": "attacks.quant:HQQ",
     "wanda": "attacks.prune:Wanda",
     "sparsegpt": "attacks.prune:SparseGPT",
+    "slerp": "attacks.merge:Slerp",
     "finetune": "attacks.finetune:FineTune",
     "dipper": "attacks.paraphrase:Dipper",
 }
@@ -53,6 +55,11 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self.entries())
+
+    def ordered(self) -> list[str]:
+        """The implemented names in the registry's order (built-ins as listed, then outside plugins by name)."""
+        builtins = [name for name, target in self.builtins.items() if target]
+        return builtins + sorted(set(self.available()) - set(builtins))
 
     def available(self) -> list[str]:
         return sorted(name for name, target in self.entries().items() if target)

@@ -1,19 +1,22 @@
 """The paper's figures from stored runs only (no model is loaded), as PNG and PDF: the AUC-PPL trade-off, ROC
-curves, AUC against the SLERP ratio and against fine-tuning steps, and green-token ratios of the KGW methods.
+curves, AUC against each attack's strength (``auc_vs_<attack>`` for the attacks that declare a ``Sweep``: SLERP's
+ratio, fine-tuning steps), and green-token ratios of the methods whose scores count green tokens.
 
-Each figure plots what ``harness.tables.collect`` found for one setup; ROC curves and green ratios read the runs'
-per-text scores. Files are byte-identical when rebuilt from the same store (no timestamps in them).
+Each figure plots what ``harness.report.collect.collect`` found for one setup; ROC curves and green ratios read the
+runs' per-text scores. Files are byte-identical when rebuilt from the same store (no timestamps in them).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from harness.report.tables import _main, _tradeoff_settings, _value, method_rank, natural_key, setups, watermark_config
+from harness.config.plugins import Sweep
+from harness.report import collect
+from harness.report.collect import main_runs, method_rank, natural_key, param, setups, unaltered
+from harness.report.tables import watermark_config
 from harness.store.stages import Store
 
 
@@ -37,10 +40,6 @@ def _save(fig, folder: Path, name: str) -> list[Path]:
     return paths
 
 
-def _scores(store: Store, run: str) -> list[dict]:
-    return [json.loads(line) for line in (store.root / run / "scores.jsonl").read_text().splitlines() if line]
-
-
 def _methods(df: pd.DataFrame) -> list[str]:
     return sorted(df["method"].unique(), key=method_rank)
 
@@ -55,7 +54,7 @@ def auc_ppl(part: pd.DataFrame, plt):
     for method in _methods(table.reset_index()):
         points = table.loc[method].sort_values("PPL")
         ax.plot(points["PPL"], points["AUC"], marker="o", label=method)
-        varied = _tradeoff_settings(names.get(method))
+        varied = collect.tradeoff_settings(names.get(method))
         for config, row in points.iterrows():
             short = ", ".join(p for p in config.split(", ") if p.split("=")[0] in varied) or config
             ax.annotate(short, (row["PPL"], row["AUC"]), fontsize=6, xytext=(3, -8), textcoords="offset points")
@@ -69,14 +68,14 @@ def roc(part: pd.DataFrame, store: Store, plt):
     """ROC curve of each method's main configuration, unaltered, from its stored per-text scores."""
     from sklearn.metrics import roc_curve
 
-    runs = _main(part)
-    runs = runs[runs["category"] == "Unaltered"]
+    runs = main_runs(part)
+    runs = runs[unaltered(runs)]
     if runs.empty:
         return None
     fig, ax = plt.subplots(figsize=(3.6, 3.4))
     for method in _methods(runs):
         run = runs[runs["method"] == method].sort_values("seed")["run"].iloc[0]
-        scores = _scores(store, run)
+        scores = collect.scores(store, run)
         fpr, tpr, _ = roc_curve([s["label"] for s in scores], [s["score"] for s in scores], drop_intermediate=False)
         auc = runs[runs["method"] == method]["AUC"].iloc[0]
         ax.plot(fpr, tpr, label=f"{method} (AUC {auc:.3f})")
@@ -87,49 +86,45 @@ def roc(part: pd.DataFrame, store: Store, plt):
     return fig
 
 
-def auc_vs_slerp(part: pd.DataFrame, plt):
-    """AUC against the SLERP ratio t (t = 0: the watermarked model itself), with bootstrap intervals."""
-    runs = _main(part)
-    merged = runs[runs["attack_name"] == "slerp"]
-    if merged.empty:
+def auc_vs(part: pd.DataFrame, attack: str, sweep: Sweep, plt):
+    """AUC against ``attack``'s strength (x = 0: the unaltered model), one line per method, one panel per table
+    label (e.g. per fine-tuning dataset) where ``sweep.panels``; with bootstrap intervals where ``error_bars``."""
+    runs = main_runs(part)
+    swept = runs[runs["attack_name"] == attack]
+    if swept.empty:
         return None
-    fig, ax = plt.subplots(figsize=(4.2, 3.2))
-    for method in _methods(merged):
-        mine = runs[runs["method"] == method]
-        points = [(0.0, r) for r in mine[mine["category"] == "Unaltered"].itertuples()]
-        points += [(_value(r.attack_params, "t"), r) for r in mine[mine["attack_name"] == "slerp"].itertuples()]
-        points.sort(key=lambda p: p[0])
-        t = np.array([p[0] for p in points])
-        auc = np.array([p[1].AUC for p in points])
-        err = np.array([[p[1].AUC - p[1].AUC_lo for p in points], [p[1].AUC_hi - p[1].AUC for p in points]])
-        ax.errorbar(t, auc, yerr=err, marker="o", capsize=2, label=method)
-    ax.axhline(0.5, color="grey", linestyle=":", linewidth=0.8)
-    ax.set(xlabel="SLERP t (weight of the unwatermarked base)", ylabel="AUC", title="Merging with the base")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    labels = sorted(swept["attack"].unique()) if sweep.panels else [None]
+    size = (4.2 * len(labels), 3.2)
+    if sweep.panels:
+        fig, axes = plt.subplots(1, len(labels), figsize=size, squeeze=False)
+        axes = list(axes[0])
+    else:
+        fig, ax = plt.subplots(figsize=size)
+        axes = [ax]
 
+    def x(row) -> float:
+        if sweep.setting is not None:
+            return param(row.attack_params, sweep.setting)
+        return int(natural_key(row.attack_config)[-1][1])
 
-def auc_vs_finetune(part: pd.DataFrame, plt):
-    """AUC against fine-tuning steps (step 0: the unaltered model), one panel per fine-tuning dataset."""
-    runs = _main(part)
-    tuned = runs[runs["category"] == "Finetuning"]
-    if tuned.empty:
-        return None
-    datasets = sorted(tuned["attack"].unique())
-    fig, axes = plt.subplots(1, len(datasets), figsize=(4.2 * len(datasets), 3.2), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets, strict=True):
-        for method in _methods(tuned):
+    for ax, label in zip(axes, labels, strict=True):
+        for method in _methods(swept):
             mine = runs[runs["method"] == method]
-            points = [(0, r.AUC) for r in mine[mine["category"] == "Unaltered"].itertuples()]
-            points += [
-                (int(natural_key(r.attack_config)[-1][1]), r.AUC)
-                for r in mine[(mine["category"] == "Finetuning") & (mine["attack"] == dataset)].itertuples()
-            ]
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+            points = [(0.0 if sweep.error_bars else 0, r) for r in mine[unaltered(mine)].itertuples()]
+            mine = mine[mine["attack_name"] == attack]
+            if label is not None:
+                mine = mine[mine["attack"] == label]
+            points += [(x(r), r) for r in mine.itertuples()]
+            if sweep.error_bars:
+                points.sort(key=lambda p: p[0])
+                err = [[p[1].AUC - p[1].AUC_lo for p in points], [p[1].AUC_hi - p[1].AUC for p in points]]
+                ax.errorbar(np.array([p[0] for p in points]), np.array([p[1].AUC for p in points]),
+                            yerr=np.array(err), marker="o", capsize=2, label=method)  # fmt: skip
+            else:
+                pairs = sorted((p[0], p[1].AUC) for p in points)
+                ax.plot([p[0] for p in pairs], [p[1] for p in pairs], marker="o", label=method)
         ax.axhline(0.5, color="grey", linestyle=":", linewidth=0.8)
-        ax.set(xlabel="fine-tuning steps", ylabel="AUC", title=f"Fine-tuning on {dataset}")
+        ax.set(xlabel=sweep.xlabel, ylabel="AUC", title=sweep.title.format(label=label))
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
@@ -138,12 +133,12 @@ def auc_vs_finetune(part: pd.DataFrame, plt):
 def green_ratio(part: pd.DataFrame, store: Store, plt):
     """Histograms of the green-token share of generated and human texts under each KGW method's main configuration
     (unaltered): runs whose scores count green tokens."""
-    runs = _main(part)
-    runs = runs[runs["category"] == "Unaltered"]
+    runs = main_runs(part)
+    runs = runs[unaltered(runs)]
     panels = []
     for method in _methods(runs):
         run = runs[runs["method"] == method].sort_values("seed")["run"].iloc[0]
-        scores = [s for s in _scores(store, run) if s.get("scored")]
+        scores = [s for s in collect.scores(store, run) if s.get("scored")]
         if scores and all("green" in s for s in scores):
             panels.append((method, scores))
     if not panels:
@@ -168,13 +163,12 @@ def write_figures(df: pd.DataFrame, store: Store, out_dir: Path) -> list[Path]:
     written: list[Path] = []
     for name, part in setups(df).items():
         folder = out_dir / name / "figures"
-        figures = {
-            "auc_ppl": auc_ppl(part, plt),
-            "roc": roc(part, store, plt),
-            "auc_vs_slerp": auc_vs_slerp(part, plt),
-            "auc_vs_finetune": auc_vs_finetune(part, plt),
-            "green_ratio": green_ratio(part, store, plt),
-        }
+        figures = {"auc_ppl": auc_ppl(part, plt), "roc": roc(part, store, plt)}
+        for attack in sorted(part["attack_name"].dropna().unique()):
+            sweep = getattr(collect.plugin_class("attack", attack), "sweep", None)
+            if sweep is not None:
+                figures[f"auc_vs_{attack}"] = auc_vs(part, attack, sweep, plt)
+        figures["green_ratio"] = green_ratio(part, store, plt)
         for figure_name, fig in figures.items():
             if fig is not None:
                 folder.mkdir(parents=True, exist_ok=True)

@@ -174,7 +174,8 @@ def test_sweep_keeps_the_partial_of_a_live_build(tmp_path):
 
 
 def test_tables_skip_a_damaged_run_and_write_the_rest(tmp_path, caplog, fake_run):
-    from harness.report.tables import collect, write_tables
+    from harness.report.collect import collect
+    from harness.report.tables import write_tables
 
     store = Store(tmp_path / "runs")
     runs = [

@@ -5,7 +5,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.config.presets import TINY, apply_overrides
-from harness.report import tables
+from harness.report import collect, tables
 from harness.store.stages import Store
 
 
@@ -51,7 +51,7 @@ def test_tables_are_byte_identical_when_rebuilt_and_show_missing_cells(store, tm
 
 
 def test_robustness_layout_and_colour_rule(store):
-    df = tables.collect(store)
+    df = collect.collect(store)
     table = tables.robustness(df)
     assert list(dict.fromkeys(table.columns.get_level_values(0))) == ["Gu-KTH", "Gu-KGW", "Gloaguen-KGW", "PRO"]
     assert [r[0] for r in table.index] == ["Unaltered", "Quantization", "Merging", "Finetuning", "Finetuning"]
@@ -64,7 +64,7 @@ def test_robustness_layout_and_colour_rule(store):
 
 
 def test_each_table_takes_the_configurations_it_varies(store):
-    df = tables.collect(store)
+    df = collect.collect(store)
     # The main configurations only, in tab:robustness and tab:fpr_tpr.
     assert len(tables.fpr_tpr(df)) == 4
     config = tables.watermark_config(df)
@@ -87,8 +87,8 @@ def test_another_setup_gets_its_own_tables(fake_run, tmp_path):
     fake_run(store, "pro", {}, "none", {}, 0.99)
     other = apply_overrides(TINY, {"eval.new_tokens": "32"})
     fake_run(store, "pro", {}, "slerp", {"t": 0.5}, 0.9, preset=other)
-    df = tables.collect(store)
-    parts = tables.setups(df)
+    df = collect.collect(store)
+    parts = collect.setups(df)
     assert len(parts) == 2
     for part in parts.values():
         assert part["setup"].nunique() == 1
@@ -104,7 +104,7 @@ def test_seeds_are_averaged(tmp_path, fake_run):
     import json
 
     aucs = [json.loads((p / "metrics.json").read_text())["auc"] for p in (a, b)]
-    table = tables.robustness(tables.collect(store))
+    table = tables.robustness(collect.collect(store))
     assert table.loc[("Unaltered", "", ""), ("Gu-KGW", "AUC")] == pytest.approx(sum(aucs) / 2)
 
 
@@ -127,5 +127,5 @@ def test_rescore_recomputes_metrics_from_stored_scores(tmp_path, fake_run, monke
     assert Stage("run", {}, run.name, run, store.root).problem() is None  # republished: it still verifies
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["rescored"][-1]["to"] == "999"
-    df = tables.collect(store)
+    df = collect.collect(store)
     assert list(df["metrics_version"]) == ["999"]

@@ -1,0 +1,282 @@
+"""The stored runs as one frame, and what tables need to know of them: which setup a run belongs to, which runs are
+a method's main configuration, and what the plugins declare (labels, order, table membership).
+
+``collect`` reads each finished run's ``spec.json`` and ``metrics.json`` into one row. Runs are grouped into *setups*
+(the preset with its base model, data and training and evaluation settings; seeds are averaged), and each setup gets
+its own folder of tables: numbers are never carried over from another preset or base model. Within a setup, a method's
+*main* configuration is the preset's own settings for it; the other configurations feed the tables that vary them.
+
+Nothing here names a method or an attack: their order, table membership and captions come from the plugin classes
+through the registry (``attacks.base.Attack``, ``methods.base.WatermarkMethod``). A run whose plugin is not installed
+here keeps its stored labels and goes where a model attack goes (tab:robustness, after the known row groups).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from functools import cache
+from pathlib import Path
+
+import pandas as pd
+
+from harness.config.errors import HarnessError
+from harness.report import metrics
+from harness.store.stages import Stage, Store
+
+log = logging.getLogger(__name__)
+
+METRICS = {"AUC": "auc", "TPR@5": "tpr@0.05", "PPL": "median_ppl"}
+TPRS = {"TPR@0.1%": "tpr@0.001", "TPR@1%": "tpr@0.01", "TPR@5%": "tpr@0.05", "TPR@10%": "tpr@0.1"}
+MISSING = "missing"
+# Settings that are not part of a setup: seeds are averaged; plugin defaults only say which configuration is main.
+NOT_SETUP = {"name", "notes", "methods", "attacks"}
+
+
+# --- reading the store ------------------------------------------------------------------------------------------
+def collect(store: Store) -> pd.DataFrame:
+    """One row per finished run that verifies (a damaged, edited or unreadable one is left out with one warning
+    naming it); of runs with identical labels, the newest."""
+    rows = []
+    for run in store.runs():
+        try:
+            problem = Stage("run", {}, run.name, run, store.root).problem()
+            if problem is None:
+                rows.append(_row(run))
+        except HarnessError as err:  # edited after it was published
+            problem = str(err)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+            problem = f"unreadable ({type(err).__name__}: {err})"
+        if problem is not None:
+            log.warning("skipping run %s: %s", run, problem)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    stale = df[df["metrics_version"] != metrics.METRICS_VERSION]
+    if len(stale):
+        log.warning("%d runs hold metrics of older metric code: 'harness rescore' updates them", len(stale))
+    keys = ["setup", "seed", "method", "params", "category", "attack", "attack_params", "attack_config"]
+    dupes = df.duplicated(keys, keep="last")
+    if dupes.any():
+        log.warning("%d older runs with the same labels are left out (newest kept)", int(dupes.sum()))
+    return (
+        df[~dupes].sort_values(["setup", "method", "method_config", "category", "attack", "run"]).reset_index(drop=True)
+    )
+
+
+def _row(run: Path) -> dict:
+    spec = json.loads((run / "spec.json").read_text())
+    m = json.loads((run / "metrics.json").read_text())
+    cfg = spec["config"]
+    preset = cfg["preset"]
+    method = cfg["method"]
+    name, params = method.get("name"), method.get("params", {})
+    return {
+        "preset": spec["preset"],
+        "setup": setup_key(preset),
+        "base_model": preset["base_model"],
+        "seed": preset.get("train", {}).get("seed", 0),
+        "method": method["label"],
+        "method_config": method["config_label"],
+        "method_name": name,
+        "preset_method": json.dumps(preset.get("methods", {}).get(name, {}), sort_keys=True),
+        "main": only(name, params, preset.get("methods", {}).get(name, {}), ()),
+        "params": json.dumps(params, sort_keys=True),
+        "category": cfg["attack"]["category"],
+        "attack": cfg["attack"]["label"],
+        "attack_name": cfg["attack"].get("name"),
+        "attack_config": cfg["attack"]["config_label"],
+        "attack_params": json.dumps(cfg["attack"].get("params", {}), sort_keys=True),
+        **{k: m.get(v) for k, v in METRICS.items()},
+        **{k: m.get(v) for k, v in TPRS.items()},
+        "AUC_lo": m["auc_ci95"][0],
+        "AUC_hi": m["auc_ci95"][1],
+        "n_pos": m["n_pos"],
+        "n_neg": m["n_neg"],
+        "overlap": (m.get("paraphrase") or {}).get("mean_unigram_overlap"),
+        "cosine": (m.get("paraphrase") or {}).get("mean_embedding_cosine"),
+        "metrics_version": m.get("metrics_version", "0"),
+        "run": run.name,
+    }
+
+
+def collect_attribution(store: Store) -> pd.DataFrame:
+    """One row per stored attribution stage: detector (method, configuration), whose texts, share flagged."""
+    rows = []
+    for done in sorted((store.root / "stages" / "attribution").glob("*/DONE")):
+        folder = done.parent
+        try:
+            stage = Stage("attribution", {}, folder.name, folder, store.root)
+            problem = stage.problem()
+            if problem is not None:
+                log.warning("skipping attribution %s: %s", folder, problem)
+                continue
+            spec = json.loads((folder / "spec.json").read_text())
+            m = json.loads((folder / "metrics.json").read_text())
+            labels = spec["labels"]
+            rows.append(
+                {
+                    "preset": spec["preset"],
+                    "setup": setup_key(spec["preset_settings"]),
+                    "detector": f"{labels['detector']['method']} ({labels['detector']['config']})",
+                    "texts": labels["source"]["label"],
+                    **{k: m.get(v) for k, v in TPRS.items()},
+                    "AUC": m.get("auc"),
+                }
+            )
+        except (HarnessError, OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("skipping attribution %s: %s", folder, f"{type(err).__name__}: {err}")
+    return pd.DataFrame(rows)
+
+
+def scores(store: Store, run: str) -> list[dict]:
+    """A run's stored per-text scores."""
+    return [json.loads(line) for line in (store.root / run / "scores.jsonl").read_text().splitlines() if line]
+
+
+# --- setups and configurations -----------------------------------------------------------------------------------
+def setup_key(preset: dict) -> str:
+    """What makes runs comparable: the preset's settings (base model, data, training, evaluation) without its seed
+    and name. Short hash."""
+    kept = {k: v for k, v in preset.items() if k not in NOT_SETUP}
+    kept["train"] = {k: v for k, v in kept.get("train", {}).items() if k != "seed"}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def setups(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """``{folder name: runs}``: ``<preset>`` for a preset's one setup, ``<preset>-<setup hash>`` where a preset has
+    several (another base model, other settings)."""
+    out = {}
+    for preset, part in df.groupby("preset", sort=True):
+        keys = sorted(part["setup"].unique())
+        for key in keys:
+            out[preset if len(keys) == 1 else f"{preset}-{key}"] = part[part["setup"] == key]
+    return out
+
+
+@cache
+def _resolved(name: str, settings: str) -> str | None:
+    """The resolved settings (JSON) of method ``name`` built from ``settings`` (JSON); None if it does not build."""
+    from harness.config.registry import methods
+
+    try:
+        return json.dumps(methods.build(name, json.loads(settings)).params.model_dump(), sort_keys=True)
+    except HarnessError:
+        return None
+
+
+def only(name: str | None, params: dict, preset_settings: dict, settings: tuple[str, ...]) -> bool:
+    """Whether a run's method is its preset's main configuration with at most ``settings`` changed (settings that
+    derive from those, such as KGW's special-token handling from k, may change with them)."""
+    if name is None:
+        return False
+    chosen = {k: params[k] for k in settings if k in params}
+    built = _resolved(name, json.dumps({**preset_settings, **chosen}, sort_keys=True))
+    return built is not None and built == json.dumps(params, sort_keys=True)
+
+
+def only_mask(df: pd.DataFrame, settings: tuple[str, ...]) -> pd.Series:
+    """``only`` for every run of ``df``."""
+    return pd.Series(
+        [only(n, json.loads(p), json.loads(d), settings) for n, p, d in zip(df["method_name"], df["params"],
+                                                                              df["preset_method"], strict=True)],
+        index=df.index, dtype=bool,
+    )  # fmt: skip
+
+
+def main_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Each method's main configuration (the preset's settings for it)."""
+    return df[df["main"]]
+
+
+def mean_over_seeds(df: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
+    """Average over seeds (one seed: the values themselves)."""
+    return df.groupby(keys, sort=False, dropna=False)[values].mean().reset_index()
+
+
+def param(params: str, key: str):
+    """The value of setting ``key`` in a run's stored settings (JSON)."""
+    return json.loads(params).get(key)
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key that orders the numbers inside a label by value: ``t=0.3`` < ``t=0.5``, ``s=300`` < ``s=1200``."""
+    parts = re.split(r"(\d+(?:\.\d+)?)", str(text))
+    return tuple((0, float(p)) if i % 2 else (1, p) for i, p in enumerate(parts) if p)
+
+
+# --- what the plugins declare -------------------------------------------------------------------------------------
+@cache
+def plugin_class(kind: str, name: str | None):
+    """The class registered as method or attack ``name`` (``kind``), or None where it is not installed here."""
+    from harness.config.registry import attacks, methods
+
+    if not isinstance(name, str):  # the base model's rows: no attack (None, or NaN in a frame)
+        return None
+    try:
+        return (methods if kind == "method" else attacks).load(name)
+    except (HarnessError, ImportError, AttributeError):
+        return None
+
+
+@cache
+def _method_order() -> dict[str, int]:
+    from harness.config.registry import methods
+
+    order: dict[str, int] = {}
+    for name in methods.ordered():
+        cls = plugin_class("method", name)
+        if cls is not None:
+            order.setdefault(cls.label, len(order))
+    return order
+
+
+def method_rank(label: str) -> tuple:
+    """Sort key of a method's table label: the registry's order, then unknown labels by name."""
+    order = _method_order()
+    return (order[label], "") if label in order else (len(order), label)
+
+
+@cache
+def _category_order() -> dict[str, int]:
+    from harness.config.registry import attacks
+
+    order: dict[str, int] = {}
+    for name in attacks.ordered():
+        cls = plugin_class("attack", name)
+        if cls is not None:
+            order.setdefault(cls.category, len(order))
+    return order
+
+
+def category_rank(category: str) -> tuple:
+    """Sort key of a row group: the order in which the registry's attacks first name it, then by name."""
+    order = _category_order()
+    return (order.get(category, len(order)), category)
+
+
+def attack_tables(name: str | None) -> tuple[str, ...]:
+    """The tables an attack's rows go in (``Attack.tables``); the base model's rows go in none of them."""
+    if not isinstance(name, str):
+        return ()
+    cls = plugin_class("attack", name)
+    return cls.tables if cls is not None else ("robustness",)
+
+
+def in_table(df: pd.DataFrame, table: str) -> pd.Series:
+    """Which runs of ``df`` were made by an attack whose rows go in ``table``."""
+    return df["attack_name"].map(lambda name: table in attack_tables(name)).astype(bool)
+
+
+def tradeoff_settings(name: str | None) -> tuple[str, ...]:
+    """The settings method ``name`` varies for tab:watermark-config (``WatermarkMethod.tradeoff_settings``)."""
+    cls = plugin_class("method", name)
+    return tuple(cls.tradeoff_settings) if cls is not None else ()
+
+
+def unaltered(df: pd.DataFrame) -> pd.Series:
+    """Which runs of ``df`` evaluate the unaltered watermarked model (an attack that declares ``identity``)."""
+    identity = df["attack_name"].map(lambda name: bool(getattr(plugin_class("attack", name), "identity", False)))
+    return identity.astype(bool)

@@ -1,0 +1,71 @@
+"""Plugins written outside the harness, as a third party would: one module, registered only through the entry-point
+groups ``harness.methods`` and ``harness.attacks`` (tests/smoke/test_outside_plugins.py installs it in a folder of its
+own). A method, a model attack of a category the harness has never seen, and a text attack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from attacks.base import MODEL, AttackContext, ModelAttack, TextAttack
+from harness.config.plugins import Params
+from methods.gu_kgw import GuKGW, GuKGWParams
+
+
+class UnigramParams(GuKGWParams):
+    k: int = Field(0, ge=0, le=0)  # Zhao et al.'s Unigram: a green list that ignores the context
+
+
+class Unigram(GuKGW):
+    name = "unigram"
+    label = "Unigram"
+    Params = UnigramParams
+
+
+class NoiseParams(Params):
+    sigma: float = Field(0.05, ge=0)  # noise per weight, in units of its tensor's standard deviation
+    seed: int = 0
+
+
+class Noise(ModelAttack):
+    name = "noise"
+    category = "Perturbation"
+    label = "Gaussian noise"
+    Params = NoiseParams
+
+    def config_label(self) -> str:
+        return f"sigma={self.params.sigma:g}"
+
+    def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
+        import torch
+
+        from harness.assets.models import load_causal_lm, load_tokenizer
+        from harness.compute.training import save_model
+
+        model = load_causal_lm(str(model_dir), "cpu", dtype="float32")
+        generator = torch.Generator().manual_seed(self.params.seed)
+        with torch.no_grad():
+            for weight in model.parameters():
+                scale = weight.std() if weight.numel() > 1 else weight.abs()
+                weight.add_(torch.randn(weight.shape, generator=generator) * self.params.sigma * scale)
+        save_model(model, out_dir / MODEL, load_tokenizer(str(model_dir)))
+        return {"sigma": self.params.sigma, "evaluated": "the noised model"}
+
+
+class TruncateParams(Params):
+    keep: float = Field(0.5, gt=0, le=1)  # share of each text's words kept
+
+
+class Truncate(TextAttack):
+    name = "truncate"
+    category = "Editing"
+    label = "Truncation"
+    description = "truncation of each text"
+    Params = TruncateParams
+
+    def config_label(self) -> str:
+        return f"keep={self.params.keep:g}"
+
+    def apply_texts(self, texts: list[str], ctx: AttackContext) -> list[str]:
+        return [" ".join(t.split()[: max(1, round(len(t.split()) * self.params.keep))]) for t in texts]

@@ -1,0 +1,97 @@
+"""A method and two attacks from a package outside the harness (tests/smoke/outside/outside_plugins.py), installed in
+a folder of their own and registered only through entry points, run through `harness run` and `harness grid` and
+appear in every table they belong in, with no edit to harness/: a new attack category becomes a row group of
+tab:robustness, a new text attack gets a table of its own, and a new method becomes a column."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.smoke
+
+SETTINGS = {
+    "train.steps": "3",
+    "train.batch_size": "2",
+    "train.seq_len": "16",
+    "eval.num_prompts": "6",
+    "eval.prompt_tokens": "4",
+    "eval.new_tokens": "8",
+    "eval.batch_size": "3",
+}
+ENTRY_POINTS = """\
+[harness.methods]
+unigram = outside_plugins:Unigram
+
+[harness.attacks]
+noise = outside_plugins:Noise
+truncate = outside_plugins:Truncate
+"""
+
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory, random_llamas, script):
+    """``run(*args)``: the harness console script with the outside package installed beside it (a folder on
+    PYTHONPATH holding the module and its .dist-info with entry_points.txt, as pip would install it)."""
+    root = tmp_path_factory.mktemp("outside")
+    site = root / "site"
+    (site / "outside_plugins-0.1.dist-info").mkdir(parents=True)
+    shutil.copy(Path(__file__).parent / "outside" / "outside_plugins.py", site / "outside_plugins.py")
+    (site / "outside_plugins-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: outside-plugins\n"
+                                                                     "Version: 0.1\n")  # fmt: skip
+    (site / "outside_plugins-0.1.dist-info" / "entry_points.txt").write_text(ENTRY_POINTS)
+    corpus = root / "corpus.jsonl"
+    texts = [
+        "The quick brown fox jumps over the lazy dog and runs into the forest to find more food today.",
+        "A watermark is a hidden signal in generated text that a detector can find with a secret key.",
+    ] * 12
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    paths = {"base_model": str(random_llamas[1]), "oracle_model": str(random_llamas[1]),
+             "train_data.path": str(corpus), "eval_data.path": str(corpus)}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        out = subprocess.run([script("harness"), *args], capture_output=True, text=True, env=env, timeout=900)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out
+
+    return run, root, {**paths, **SETTINGS}
+
+
+def test_outside_plugins_run_and_fill_the_tables(outside):
+    run, root, settings = outside
+    assert {"unigram", "noise", "truncate"} <= {line.split()[0] for line in run("list").stdout.splitlines()[1:]}
+    store = root / "runs"
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    out = run("run", "--method", "unigram", "--attack", "truncate", "--attack-arg", "keep=0.5", *sets,
+              "--results", str(store))  # fmt: skip
+    assert "Truncation keep=0.5" in out.stdout
+    spec = root / "grid.yaml"
+    overrides = "".join(f"  {k}: {v}\n" for k, v in settings.items())
+    groups = (
+        "groups:\n  g:\n    methods: {unigram: [{}], gu-kgw: [{}]}\n"
+        "    attacks: {none: [{}], noise: [{sigma: 0.05}], truncate: [{keep: 0.5}]}\n"
+    )
+    spec.write_text(f"preset: tiny\noverrides:\n{overrides}{groups}")
+    out = run("grid", str(spec), "--results", str(store))
+    assert "6 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
+    tables = root / "tables"
+    run("tables", "--results", str(store), "--out", str(tables))
+    with open(tables / "tiny" / "robustness.csv") as fh:
+        rows = list(csv.reader(fh))
+    methods = set(rows[0][3:])
+    assert {"Unigram", "Gu-KGW"} <= methods, rows[0]  # the new method is a column
+    noise = [r for r in rows if r[0] == "Perturbation"]
+    assert [r[1:3] for r in noise] == [["Gaussian noise", "sigma=0.05"]]  # the new category is a row group
+    assert "missing" not in noise[0][3:], noise  # with a number for both methods
+    assert not [r for r in rows if r[0] == "Editing"]  # a text attack has a table of its own, not these rows
+    own = pd.read_csv(tables / "tiny" / "truncate.csv", header=[0, 1], index_col=0)
+    assert list(own.index) == ["Gu-KGW", "Unigram"]  # registered methods first, then outside ones
+    assert own[("keep=0.5", "AUC")].notna().all()
+    tex = (tables / "tiny" / "truncate.tex").read_text()
+    assert "AUC under truncation of each text" in tex and "Truncation (keep=0.5)" in tex
