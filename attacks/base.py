@@ -4,10 +4,7 @@ between calls)."""
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -121,30 +118,6 @@ def calibration_ids(tokenizer, params: CalibrationParams):
     ids = torch.tensor(stream[: windows * length], dtype=torch.long).view(windows, length)
     pick = torch.randperm(windows, generator=torch.Generator().manual_seed(params.seed))[:n]
     return ids[pick.sort().values]
-
-
-@contextmanager
-def library_output(log_file: Path) -> Iterator[None]:
-    """Send everything written to this process's stdout and stderr (by Python or by C code: banners, progress bars,
-    per-layer tables of quantization and pruning libraries) to ``log_file`` while the block runs, so that the
-    harness's own lines stay readable; the file stays in the stage folder for whoever wants the details."""
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(log_file, "ab") as sink:
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
 
 
 def versions(*distributions: str) -> dict[str, str | None]:

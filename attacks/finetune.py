@@ -142,14 +142,14 @@ class FineTune(ModelAttack):
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         from harness.assets import data
-        from harness.assets.models import load_causal_lm, load_tokenizer
+        from harness.assets.models import load_tokenizer, load_trainable
         from harness.compute import distributed
         from harness.compute.training import loss_step, save_model, train
         from harness.config.presets import TrainSettings
 
         p, d = self.params, self.data
         tokenizer = load_tokenizer(str(model_dir))
-        model = load_causal_lm(str(model_dir), ctx.device, dtype="float32").requires_grad_(True)
+        model = load_trainable(str(model_dir), ctx.device)
         last = max(p.steps)
         settings = TrainSettings(
             steps=last, batch_size=p.batch_size, seq_len=p.seq_len, lr=p.lr, warmup_frac=p.warmup_steps / last,

@@ -35,9 +35,9 @@ from attacks.base import (
     CalibrationParams,
     ModelAttack,
     calibration_ids,
-    library_output,
     versions,
 )
+from harness.compute.progress import library_output
 
 TOKENIZER_FILES = (
     "tokenizer*",

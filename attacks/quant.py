@@ -34,9 +34,9 @@ from attacks.base import (
     CalibrationParams,
     ModelAttack,
     calibration_ids,
-    library_output,
     versions,
 )
+from harness.compute.progress import library_output
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
 

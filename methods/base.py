@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +31,41 @@ class TrainContext:
     # from the Gu-KGW student of the same settings).
     train_method: Callable[[str, dict], Path] | None = None
     train_data: DataSource | None = None  # where ``train_texts`` come from, for a method that reads them twice
+
+    def load_tokenizer(self, folder: str | Path | None = None):
+        """The base model's tokenizer (or the one saved in ``folder``)."""
+        from harness.assets.models import load_tokenizer
+
+        return load_tokenizer(str(folder or self.base_model))
+
+    def load_teacher(self):
+        """The frozen base model the student learns from, in ``settings.teacher_dtype``."""
+        from harness.assets.models import load_causal_lm
+
+        return load_causal_lm(self.base_model, self.device, dtype=self.settings.teacher_dtype)
+
+    def load_student(self, folder: str | Path | None = None):
+        """A trainable float32 copy of the base model (or of the model saved in ``folder``)."""
+        from harness.assets.models import load_trainable
+
+        return load_trainable(str(folder or self.base_model), self.device)
+
+
+KEY_FILE = "key.json"
+
+
+def save_trained(out: Path, student, tokenizer, key: dict) -> None:
+    """What ``WatermarkMethod.train`` leaves in its stage folder: the released model (``out/model``: weights and
+    tokenizer) and, beside it, the detection key (``out/key.json``, which may name other files in ``out``)."""
+    from harness.compute.training import save_model
+
+    save_model(student, out / "model", tokenizer)
+    (out / KEY_FILE).write_text(json.dumps(key, indent=2))
+
+
+def read_key(folder: Path | str) -> dict:
+    """The detection key that ``save_trained`` wrote into a train stage's folder."""
+    return json.loads((Path(folder) / KEY_FILE).read_text())
 
 
 @dataclass(frozen=True)

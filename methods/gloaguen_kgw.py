@@ -19,7 +19,6 @@ rather than across the model keeps layers whose weights have different scales fr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import Field
@@ -27,7 +26,7 @@ from pydantic import Field
 from harness.assets import data
 from harness.assets.models import weight_reader
 from harness.config.presets import TrainSettings
-from methods.base import TrainContext
+from methods.base import TrainContext, read_key, save_trained
 from methods.gu_kgw import GuKGW, GuKGWParams, distill
 
 FINETUNED = "finetuned"
@@ -55,8 +54,6 @@ class GloaguenKGW(GuKGW):
         return label if self.params.stable_fraction == 0.5 else f"{label}, stable={self.params.stable_fraction:g}"
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from harness.assets.models import load_causal_lm, load_tokenizer
-        from harness.compute.training import save_model
         from methods.kgw import KGWKey
 
         if ctx.train_method is None or ctx.stage is None:
@@ -70,18 +67,17 @@ class GloaguenKGW(GuKGW):
             "Gloaguen-KGW stage 2 (fine-tuning for stable parameters)",
             collective=True,  # it trains the whole student: across GPUs (FSDP) at the paper's scale
         )
-        tokenizer = load_tokenizer(str(stage1 / "model"))
-        key = json.loads((stage1 / "key.json").read_text())
-        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
-        student = load_causal_lm(str(stage1 / "model"), ctx.device, dtype="float32").requires_grad_(True)
+        tokenizer = ctx.load_tokenizer(stage1 / "model")
+        key = read_key(stage1)
+        teacher = ctx.load_teacher()
+        student = ctx.load_student(stage1 / "model")
         # Read from the two saved models a tensor at a time, as training places them: no process holds the
         # fine-tuned model or a full set of masks (at 8B, 32 GB and 8 GB of host memory per process).
         masks = StableMasks(stage1 / "model", finetuned / FINETUNED, p.stable_fraction)
         teacher_key = KGWKey.from_dict(key["teacher"])
         what = "distill Gloaguen-KGW (stable parameters)"
         report = distill(student, teacher, teacher_key, tokenizer, ctx, what, masks)
-        save_model(student, out / "model", tokenizer)
-        (out / "key.json").write_text(json.dumps({**key, "method": self.name}, indent=2))
+        save_trained(out, student, tokenizer, {**key, "method": self.name})
         total = sum(param.numel() for param in student.parameters())
         kept = sum(kept_count(param.numel(), p.stable_fraction) for param in student.parameters())
         report.update(
@@ -98,12 +94,11 @@ class GloaguenKGW(GuKGW):
     def finetune(self, model_dir: Path, folder: Path, ctx: TrainContext) -> dict:
         """Stage 2: fine-tune the stage-1 student on plain training text (a differently shuffled pass of the same
         corpus, as the paper fine-tunes on OpenWebText again) and save it."""
-        from harness.assets.models import load_causal_lm, load_tokenizer
         from harness.compute.training import loss_step, save_model, train
 
         p, s = self.params, ctx.settings
-        tokenizer = load_tokenizer(str(model_dir))
-        model = load_causal_lm(str(model_dir), ctx.device, dtype="float32").requires_grad_(True)
+        tokenizer = ctx.load_tokenizer(model_dir)
+        model = ctx.load_student(model_dir)
         settings = TrainSettings(
             **{
                 **s.model_dump(),

@@ -3,14 +3,13 @@ logit distillation from the frozen base model plus ``delta`` on each context's g
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import Field, model_validator
 
 from harness.assets import data
 from harness.config.plugins import Params
-from methods.base import Detector, TrainContext, WatermarkMethod, score_long_enough
+from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
 from methods.distill import logit_distill
 
 
@@ -84,26 +83,21 @@ class GuKGW(WatermarkMethod):
         )
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from harness.assets.models import load_causal_lm, load_tokenizer
-        from harness.compute.training import save_model
-
-        tokenizer = load_tokenizer(ctx.base_model)
+        tokenizer = ctx.load_tokenizer()
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
-        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
-        student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
+        teacher, student = ctx.load_teacher(), ctx.load_student()
         report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gu-KGW")
-        save_model(student, out / "model", tokenizer)
         key = {
             "method": self.name,
             "teacher": teacher_key.to_dict(),
             "detector": self.key(tokenizer, self.params.detector_drop_special).to_dict(),
             "ignore_repeated_ngrams": self.params.ignore_repeated_ngrams,
         }
-        (out / "key.json").write_text(json.dumps(key, indent=2))
+        save_trained(out, student, tokenizer, key)
         return report
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
-        key = json.loads((Path(key_dir) / "key.json").read_text())
+        key = read_key(key_dir)
         return KGWDetector(key["detector"], key["ignore_repeated_ngrams"], ctx)
 
     def config_label(self) -> str:

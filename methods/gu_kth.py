@@ -20,7 +20,15 @@ from pydantic import Field, model_validator
 from harness.assets import data
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
-from methods.base import DetectContext, Detector, TrainContext, WatermarkMethod, score_long_enough
+from methods.base import (
+    DetectContext,
+    Detector,
+    TrainContext,
+    WatermarkMethod,
+    read_key,
+    save_trained,
+    score_long_enough,
+)
 
 
 class GuKTHParams(Params):
@@ -93,13 +101,12 @@ class GuKTH(WatermarkMethod):
         return s.model_copy(update={"batch_size": p.batch_size or s.batch_size, "seq_len": p.seq_len or s.seq_len})
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from harness.assets.models import load_causal_lm, load_tokenizer
-        from harness.compute.training import loss_step, save_model, train
+        from harness.compute.training import loss_step, train
 
         if ctx.stage is None:
             raise RuntimeError("Gu-KTH trains through the pipeline (its teacher texts are a stage)")
         p, s = self.params, self.settings(ctx.settings)
-        tokenizer = load_tokenizer(ctx.base_model)
+        tokenizer = ctx.load_tokenizer()
         key = self.key(tokenizer)
         count = -(-s.tokens // s.seq_len)  # one teacher text per training sequence
         spec = {"key": key.to_dict(), "texts": count, "prompt_tokens": p.prompt_tokens, "new_tokens": s.seq_len,
@@ -113,19 +120,18 @@ class GuKTH(WatermarkMethod):
         texts = (json.loads(line)["text"] for line in (teacher / "texts.jsonl").read_text().splitlines())
         stream = data.token_stream(tokenizer, texts, max_tokens=s.tokens)
         batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
-        student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
+        student = ctx.load_student()
         step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
         report = train(student, step, batches, s, desc="train Gu-KTH (sampling distillation)", device=ctx.device)
-        save_model(student, out / "model", tokenizer)
         detector = {"statistic": p.statistic, "gamma": p.gamma, "reference_texts": p.reference_texts}
-        (out / "key.json").write_text(json.dumps({"method": self.name, "key": key.to_dict(), **detector}, indent=2))
+        save_trained(out, student, tokenizer, {"method": self.name, "key": key.to_dict(), **detector})
         report["teacher_texts"] = teacher.name
         return report
 
     def detector(self, key_dir: Path, tokenizer=None, ctx: DetectContext | None = None) -> Detector:
         from methods.kth import KTHKey
 
-        saved = json.loads((Path(key_dir) / "key.json").read_text())
+        saved = read_key(key_dir)
         key = KTHKey.from_dict(saved["key"])
         if ctx is None:
             raise RuntimeError("the Gu-KTH detector needs its reference statistics (a DetectContext)")

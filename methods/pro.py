@@ -8,7 +8,6 @@ torch is imported only inside methods, so that ``harness list`` and argument che
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Literal
@@ -19,7 +18,7 @@ from harness.assets import data
 from harness.compute import distributed
 from harness.config.errors import HarnessError
 from harness.config.plugins import Ablation, Params
-from methods.base import Detector, TrainContext, WatermarkMethod, score_long_enough
+from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
 
 # The paper's delta grid per base model (Section 4.1).
 PAPER_DELTAS = {
@@ -106,8 +105,13 @@ class PRO(WatermarkMethod):
             under_column="Merge AUC",
             settings_tex={"alpha": r"$\alpha$", "beta": r"$\beta$"},
         ),
-        Ablation("embedding", ("embedding_model",), "PRO under different embedding models", "vertical",
-                 index_name="Embedding model"),  # fmt: skip
+        Ablation(
+            "embedding",
+            ("embedding_model",),
+            "PRO under different embedding models",
+            "vertical",
+            index_name="Embedding model",
+        ),  # fmt: skip
     )
     version = "2"  # 2: the anti-watermarked pool is drawn per text (the same with several processes)
     Params = PROParams
@@ -149,15 +153,15 @@ class PRO(WatermarkMethod):
         from safetensors.torch import save_file
 
         from harness.assets.encoder import Embedder
-        from harness.assets.models import fingerprint, load_causal_lm, load_tokenizer, resolve
-        from harness.compute.training import save_model, train
+        from harness.assets.models import fingerprint, resolve
+        from harness.compute.training import train
         from methods.pro_policy import PolicyMLP
 
         p, s = self.params, ctx.settings
         emb_folder = (ctx.models or {}).get("embedding_model") or resolve(p.embedding_model)
-        tokenizer = load_tokenizer(ctx.base_model)
-        teacher = load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
-        student = load_causal_lm(ctx.base_model, ctx.device, dtype="float32").requires_grad_(True)
+        tokenizer = ctx.load_tokenizer()
+        teacher = ctx.load_teacher()
+        student = ctx.load_student()
         device = str(student.device)
         embedder = Embedder(emb_folder, device, cache_size=p.embed_cache, batch_size=p.embed_batch)
         vocab = student.get_output_embeddings().weight.shape[0]  # the logits width, so M adds without padding
@@ -168,9 +172,7 @@ class PRO(WatermarkMethod):
         step = PROStep(p, s, teacher, tokenizer, embedder, policy)
         report = train(student, step, batches, s, desc="train PRO", device=ctx.device, lr=p.student_lr)
 
-        save_model(student, out / "model", tokenizer)
         policy = policy.cpu().eval()
-        save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))
         key = {
             "method": self.name,
             "version": self.version,
@@ -184,7 +186,8 @@ class PRO(WatermarkMethod):
             "policy": dict(policy.sizes),
             "policy_file": POLICY_FILE,
         }
-        (out / "key.json").write_text(json.dumps(key, indent=2))
+        save_trained(out, student, tokenizer, key)
+        save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))
         report.update(step.report())
         return report
 
@@ -196,7 +199,7 @@ class PRO(WatermarkMethod):
         from methods.pro_policy import PolicyMLP
 
         key_dir = Path(key_dir)
-        key = json.loads((key_dir / "key.json").read_text())
+        key = read_key(key_dir)
         folder = resolve(key["embedding_model"])
         found = fingerprint(folder)
         if found != key["embedding_fingerprint"]:

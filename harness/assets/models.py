@@ -158,6 +158,11 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
     return (model if quantized else model.to(device)).eval().requires_grad_(False)
 
 
+def load_trainable(path_or_id: str, device: str | None = None):
+    """A causal LM to train: float32 weights with gradients on (a watermarked student, a model being fine-tuned)."""
+    return load_causal_lm(path_or_id, device, dtype="float32").requires_grad_(True)
+
+
 def check_device(device: str, origin: str = "device") -> None:
     """One-line error for a device the harness cannot run on: unknown to torch, not visible (``cuda`` on a CPU-only
     machine, ``cuda:3`` with two GPUs), or not a compute device (``meta``). ``origin`` names where it came from."""

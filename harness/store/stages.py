@@ -142,7 +142,6 @@ class Stage:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
-
     def update(self, texts: dict[str, str]) -> None:
         """Replace files of this finished stage (e.g. its metrics brought up to date) and publish its contents anew:
         each file, then ``contents.json``, is written atomically. Call while holding the stage's lock, after checking
