@@ -4,8 +4,8 @@ import pytest
 
 from harness.assets import data
 from harness.config.errors import HarnessError
-from harness.config.presets import TINY, DataSource, apply_overrides, get_preset
-from harness.config.registry import methods
+from harness.config.presets import PRESETS, TINY, DataSource, apply_overrides
+from harness.config.registry import attacks, methods
 
 
 def test_overrides_validate_and_nest():
@@ -16,20 +16,22 @@ def test_overrides_validate_and_nest():
         apply_overrides(TINY, {"train.lr": "fast"})
 
 
-def test_presets_hold_valid_method_defaults():
-    for name in ("tiny", "paper"):
-        preset = get_preset(name)
-        for method, values in preset.methods.items():
-            methods.load(method).parse_params("method", values)
+def test_presets_hold_valid_plugin_defaults():
+    """Every preset's settings for every method and attack validate (a renamed setting would fail here)."""
+    for preset in PRESETS.values():
+        for kind, registry in (("method", methods), ("attack", attacks)):
+            for name, values in getattr(preset, f"{kind}s").items():
+                registry.load(name).parse_params(kind, values)
 
 
 def test_tiny_corpus_splits_are_disjoint_and_stable():
     train = data.load_texts(DataSource(path=data.TINY_CORPUS, split="train"))
     held = data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))
-    assert len(held) >= 250 and len(train) > 5 * len(held)
+    assert (len(train), len(held)) == (2083, 279)  # the held-out rule on the bundled corpus
     assert all(len(d) >= data.HELDOUT_MIN_CHARS for d in held)  # long enough for prompt + continuation
     assert not set(train) & set(held)
-    assert data.fingerprint(DataSource(path=data.TINY_CORPUS)) == data.fingerprint(DataSource(path=data.TINY_CORPUS))
+    # The content hash every tiny run records: a changed corpus (or hashing) changes every run's hash.
+    assert data.fingerprint(DataSource(path=data.TINY_CORPUS)) == "79c35bf804483f9e"
 
 
 def test_local_jsonl_source(tmp_path):

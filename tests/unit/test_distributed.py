@@ -62,11 +62,10 @@ def test_uneven_batch_is_refused_before_any_work(monkeypatch, tmp_path, capsys, 
     assert not (tmp_path / "cache").exists()
 
 
-def test_grid_is_refused_under_a_multi_process_launch(monkeypatch, tmp_path):
-    from harness.cli.main import main
-
+def test_grid_is_refused_under_a_multi_process_launch(cli, monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["grid", str(tmp_path / "nope.yaml")]) == 2
+    out = cli("grid", str(tmp_path / "nope.yaml"))
+    assert out.returncode == 2 and "harness grid runs each cell in one process" in out.stderr, out.stderr
 
 
 def test_fsdp1_training_is_refused_before_any_step(monkeypatch):

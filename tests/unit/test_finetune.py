@@ -80,8 +80,8 @@ def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset):
         ({"steps": "-5,10"}, "steps must be positive"),
         ({"steps": "ten"}, "whole numbers"),
         ({"dataset": "openmathinstrukt"}, "unknown fine-tuning dataset"),
-        ({"lr": "0"}, "lr"),
-        ({"steps": "10", "warmup_steps": "10"}, "warmup_steps"),
+        ({"lr": "0"}, "lr: Input should be greater than 0"),
+        ({"steps": "10", "warmup_steps": "10"}, r"warmup_steps \(10\) must be below the last step \(10\)"),
     ],
 )
 def test_bad_settings_are_one_line(settings, message):

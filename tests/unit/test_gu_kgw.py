@@ -86,19 +86,25 @@ def test_chunked_kl_equals_the_whole_kl_with_its_gradient(monkeypatch):
 def test_memory_settings_of_the_training_step(random_llamas, tmp_path, monkeypatch):
     """Gradient checkpointing trains the same weights; a bfloat16 teacher is loaded as such and still teaches."""
     from safetensors.torch import load_file
+    from transformers import PreTrainedModel
 
     from harness.assets import models
 
     base, _ = random_llamas
     method = methods.build("gu-kgw", {"k": "0", "delta": "2"})
     plain = TrainSettings(steps=3, batch_size=4, seq_len=16, lr=1e-2)
-    weights = {}
+    weights, engaged = {}, {}
+    enable = PreTrainedModel.gradient_checkpointing_enable
     for name, settings in {
         "plain": plain,
         "checkpointed": plain.model_copy(update={"gradient_checkpointing": True}),
     }.items():
+        calls = []
+        monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable",
+                            lambda self, calls=calls, **kw: calls.append(kw) or enable(self, **kw))  # fmt: skip
         method.train(TrainContext(str(base), iter(TEXTS), settings, "cpu"), tmp_path / name)
-        weights[name] = load_file(str(tmp_path / name / "model" / "model.safetensors"))
+        weights[name], engaged[name] = load_file(str(tmp_path / name / "model" / "model.safetensors")), calls
+    assert engaged == {"plain": [], "checkpointed": [{"gradient_checkpointing_kwargs": {"use_reentrant": False}}]}
     assert weights["plain"].keys() == weights["checkpointed"].keys()
     assert all(torch.allclose(weights["plain"][k], weights["checkpointed"][k], atol=1e-6) for k in weights["plain"])
     assert plain.unhashed() == {"gradient_checkpointing", "teacher_dtype"}

@@ -54,6 +54,9 @@ def test_batched_masks_equal_definition_at_every_position(scheme):
 
 def test_simple_0_is_one_fixed_list():
     masks = GreenLists(KGWKey(0.25, 1.0, "simple_0", 300)).masks(torch.tensor([[1, 2, 3, 250, 7]]))
+    expected = torch.zeros(300, dtype=torch.bool)
+    expected[definition_green_ids("simple_0", [1], 300)] = True
+    assert int(masks[0, 0].sum()) == 75 and torch.equal(masks[0, 0], expected)
     assert all(torch.equal(masks[0, 0], row) for row in masks[0])
 
 
@@ -106,7 +109,7 @@ def test_detector_counts_green_tokens_of_the_completion(scheme):
     t = 40 - key.context_width
     assert (score.num_scored, score.num_green) == (t, t)
     assert score.z_score == pytest.approx((t - 0.25 * t) / (t * 0.25 * 0.75) ** 0.5)
-    assert score.p_value == pytest.approx(0.25**t)  # P(X >= t) with every token green
+    assert score.p_value == pytest.approx(0.25**t, rel=1e-9, abs=0)  # P(X >= t) with every token green
     assert score.p_value_gu == 0.0  # Gu et al.'s P(X > t): impossible, so zero
 
 
@@ -129,8 +132,10 @@ def test_ignore_repeated_ngrams_counts_each_bigram_once():
     key = KGWKey(0.25, 2.0, "simple_1", 300)
     seq = _green_walk(key, 3) * 5  # the same two bigrams (plus the joins) over and over
     repeated = score_sequences(GreenLists(key), [seq], ignore_repeated_ngrams=True)[0]
-    assert repeated.num_scored == len({tuple(seq[i : i + 2]) for i in range(len(seq) - 1)})
-    assert repeated.num_scored < len(seq) - 1
+    bigrams = {tuple(seq[i : i + 2]) for i in range(len(seq) - 1)}
+    green = sum(b in set(definition_green_ids("simple_1", [a], 300).tolist()) for a, b in bigrams)
+    assert (repeated.num_scored, repeated.num_green) == (len(bigrams), green)
+    assert repeated.num_scored == 3 < len(seq) - 1  # the walk's two bigrams and the join, each once
 
 
 def test_detector_rejects_too_short_text():
@@ -155,15 +160,22 @@ def test_batched_hits_equal_full_masks_with_exclusions():
 
 
 def test_exact_p_value_is_calibrated_where_gus_is_not():
-    """Under H0 (every token green with probability gamma) P(p <= a) <= a for the exact p-value; Gu et al.'s
-    P(X > G) rejects about twice as often as its nominal level (issue: 2% at 1%, 8.5% at 5% on human text)."""
-    rng = np.random.default_rng(0)
+    """The detector's p-values of a 64-token text for every green count G: the exact P(X >= G) holds its level under
+    H0 (P(p <= a) <= a with G ~ Binomial(64, gamma)); Gu et al.'s P(X > G) rejects more often than its level."""
     n, gamma = 64, 0.25
-    greens = rng.binomial(n, gamma, size=200_000)
-    exact, gu = binom.sf(greens - 1, n, gamma), binom.sf(greens, n, gamma)
+    key = KGWKey(gamma, 2.0, "simple_0", 300)  # one fixed green list: a text's green count is chosen freely
+    green_ids = set(definition_green_ids("simple_0", [0], 300).tolist())
+    green, red = min(green_ids), min(set(range(300)) - green_ids)
+    texts = [[red] + [green] * g + [red] * (n - g) for g in range(n + 1)]  # the first token is context only
+    scores = score_sequences(GreenLists(key), texts)
+    assert [(s.num_scored, s.num_green) for s in scores] == [(n, g) for g in range(n + 1)]
+    exact = np.array([s.p_value for s in scores])
+    gu = np.array([s.p_value_gu for s in scores])
+    assert exact == pytest.approx(binom.sf(np.arange(n + 1) - 1, n, gamma), rel=1e-9, abs=0)
+    under_h0 = binom.pmf(np.arange(n + 1), n, gamma)  # how often each green count occurs without a watermark
     for level in (0.01, 0.05):
-        assert (exact <= level).mean() <= level
-        assert (gu <= level).mean() > level  # anti-conservative
+        assert under_h0[exact <= level].sum() <= level
+        assert under_h0[gu <= level].sum() > level  # anti-conservative
 
 
 @pytest.mark.parametrize("scheme", ["simple_0", "simple_1"])

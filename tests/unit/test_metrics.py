@@ -45,7 +45,7 @@ def test_auc_counts_ties_as_half():
 
 
 def test_median():
-    assert median([3, 1, 100]) == 3
+    assert median([100, 3, 1]) == 3 and median([4, 1, 3, 2]) == 2.5
 
 
 def test_completion_perplexity_masks_the_prompt(random_llamas):
