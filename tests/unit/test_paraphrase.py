@@ -74,7 +74,8 @@ def test_dipper_codes_sampling_is_seeded_and_no_prompts(random_t5, monkeypatch):
     assert calls[0][0][1] == "lexical = 100, order = 20 <sent> One sentence. </sent>"  # no prompt: no prefix
     assert [len(inputs) for inputs, _ in calls] == [2, 1, 1]  # 3 windows of 2 sentences, 1 window
     out_b, _ = run_dipper(random_t5, texts, None, monkeypatch, lexical=0, order=80, sent_interval=2, seed=3)
-    assert out_a == out_b
+    out_c, _ = run_dipper(random_t5, texts, None, monkeypatch, lexical=0, order=80, sent_interval=2, seed=4)
+    assert out_a == out_b and out_c != out_a  # the seed, and only the seed, chooses the draws
 
 
 def test_long_sentences_are_cut_only_when_asked(random_t5, monkeypatch):
@@ -84,7 +85,7 @@ def test_long_sentences_are_cut_only_when_asked(random_t5, monkeypatch):
     _, calls = run_dipper(random_t5, [f"{long} Short one."], None, monkeypatch, sent_interval=1, max_window_words=4)
     windows = [inputs[0].split("<sent> ")[1].removesuffix(" </sent>") for inputs, _ in calls]
     assert windows == ["one two three four", "five six seven eight", "nine ten.", "Short one."]
-    with pytest.raises(HarnessError, match="max_window_words"):
+    with pytest.raises(HarnessError, match="max_window_words: Input should be greater than 0"):
         attacks.build("dipper", {"max_window_words": 0})
 
 
@@ -103,7 +104,7 @@ def test_dipper_settings():
 
 @pytest.mark.parametrize("settings", [{"lexical": "30"}, {"order": 120}, {"lexical": -20}, {"temperature": 1}])
 def test_dipper_refuses_bad_settings(settings):
-    with pytest.raises(HarnessError, match="dipper"):
+    with pytest.raises(HarnessError, match=rf"^bad settings for attack 'dipper': {next(iter(settings))}: "):
         attacks.build("dipper", settings)
 
 

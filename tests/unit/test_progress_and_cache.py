@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from harness.compute.progress import Progress
 
@@ -25,7 +26,7 @@ import os, sys, time
 from harness.assets import tiny
 def fake_build(out):
     with open(sys.argv[1], "a") as fh:
-        fh.write(f"{os.getpid()}\\\\n")
+        fh.write(f"{os.getpid()}\\n")
     print("building", flush=True)
     time.sleep(float(sys.argv[2]))
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
@@ -49,14 +50,16 @@ def test_parallel_processes_build_the_tiny_model_once(tmp_path):
     procs = [_fake_tiny(tmp_path, 1.5) for _ in range(3)]
     folders = {p.communicate(timeout=60)[0].strip().splitlines()[-1] for p in procs}
     assert [p.returncode for p in procs] == [0, 0, 0]
-    assert len(folders) == 1 and len((tmp_path / "builders.txt").read_text().split()) == 1
+    assert len(folders) == 1 and len((tmp_path / "builders.txt").read_text().splitlines()) == 1  # one builder
 
 
 def test_interrupted_tiny_build_leaves_nothing(tmp_path):
     proc = _fake_tiny(tmp_path, 30)
     assert proc.stdout.readline().strip() == "building"
     proc.send_signal(signal.SIGINT)
-    proc.wait(30)
-    assert not [p for p in (tmp_path / "cache").iterdir() if "partial" in p.name]
+    assert proc.wait(30) != 0
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]  # nothing published, nothing half-written
     proc = _fake_tiny(tmp_path, 0)  # the next process builds it
-    assert proc.communicate(timeout=60)[0].strip().splitlines()[-1].endswith(tuple("0123456789abcdef"))
+    folder = proc.communicate(timeout=60)[0].strip().splitlines()[-1]
+    assert proc.returncode == 0 and (Path(folder) / "DONE").exists()
+    assert len((tmp_path / "builders.txt").read_text().splitlines()) == 2  # the interrupted build and this one

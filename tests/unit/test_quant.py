@@ -69,13 +69,13 @@ def test_gptq_weights_on_grid(llama, calib_file, tmp_path, bits):
     pytest.importorskip("gptqmodel")
     from harness.assets import data
 
-    group = 16
+    group = 32  # more entries than 4 bits have codes, so the count of distinct values below can fail
     settings = {"bits": str(bits), "group_size": str(group), "calib_data": str(calib_file), "calib_name": None}
     attack = attacks.build("gptq", settings | {"calib_samples": "4", "calib_len": "16"})
     assert attack.data_refs()["calibration"].path == str(calib_file)
     record = attack.apply(llama, tmp_path, AttackContext(str(llama), "cpu"))
 
-    assert record["bits"] == bits and record["group_size"] == group and record["versions"]["gptqmodel"]
+    assert record["versions"]["gptqmodel"] and record["quantize_config"]["group_size"] == group
     assert record["calibration"]["fingerprint"] == data.fingerprint(attack.params.calibration_source())
     assert "dequantized" in record["evaluated"]
     assert record["quantize_config"]["bits"] == bits
@@ -91,8 +91,9 @@ def test_gptq_weights_on_grid(llama, calib_file, tmp_path, bits):
         scale = packed[f"{name}.scales"].float().t()[:, g_idx]  # (out_features, in_features)
         grouped = w.view(w.shape[0], -1, group)
         assert_on_grid(grouped, scale.view_as(grouped), bits)
-        distinct = max(len(torch.unique(grouped[r, j])) for r in range(w.shape[0]) for j in range(grouped.shape[1]))
-        assert distinct <= 2**bits
+        if bits == 4:  # (8 bits have more codes than a group has entries)
+            distinct = max(len(torch.unique(grouped[r, j])) for r in range(w.shape[0]) for j in range(grouped.shape[1]))
+            assert distinct <= 16
         assert not torch.equal(w, source[f"{name}.weight"])
     for key in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
         assert torch.equal(out[key], source[key])  # GPTQ quantizes the decoder's linear layers only
@@ -101,7 +102,7 @@ def test_gptq_weights_on_grid(llama, calib_file, tmp_path, bits):
 
 def test_hqq_weights_on_grid(llama, tmp_path):
     pytest.importorskip("hqq")
-    group = 16
+    group = 32  # more entries than 4 bits have codes
     record = attacks.build("hqq", {"group_size": str(group)}).apply(llama, tmp_path, AttackContext(str(llama), "cpu"))
     assert record["bits"] == 4 and record["axis"] == 1 and record["versions"]["hqq"]
     assert "dequantized" in record["evaluated"]
@@ -159,7 +160,7 @@ def test_bad_settings_one_line(name, settings, needle):
     with pytest.raises(HarnessError) as err:
         attacks.build(name, settings)
     message = str(err.value)
-    assert "\n" not in message and needle in message and f"'{name}'" in message
+    assert "\n" not in message and message.startswith(f"bad settings for attack '{name}': {needle}: "), message
 
 
 def test_labels_and_defaults():

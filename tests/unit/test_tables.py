@@ -6,7 +6,9 @@ import pytest
 from harness.cli.main import main
 from harness.config.presets import TINY, apply_overrides
 from harness.report import collect, tables
+from harness.report.latex import colour
 from harness.store.stages import Store
+from methods.pro import PRO
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +45,8 @@ def test_tables_are_byte_identical_when_rebuilt_and_show_missing_cells(store, tm
         assert {f"{figure}.png", f"{figure}.pdf"} <= names, figure
     for rel in files:
         assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
+        if rel.suffix == ".pdf":
+            assert b"/CreationDate" not in (outs[0] / rel).read_bytes(), rel  # no time stamp in the figures
     csv = (outs[0] / "tiny" / "robustness.csv").read_text().splitlines()
     merged = next(line for line in csv if line.startswith("Merging,SLERP,t=0.5"))
     assert merged.endswith("missing,missing,missing,missing,missing")  # PRO's cell (AUC, TPR@5, PPL, CI) is missing
@@ -59,8 +63,8 @@ def test_robustness_layout_and_colour_rule(store):
     assert "Paraphrase" not in table.index.get_level_values(0)  # DIPPER has its own table
     tex = tables.robustness_tex(table, "caption")
     for value in table.xs("AUC", axis=1, level=1).stack().dropna():
-        assert f"\\cellcolor{{{tables.colour(value)}!25}}${value:.3f}$" in tex
-    assert tables.colour(0.8) == "green" and tables.colour(0.7) == "yellow" and tables.colour(0.6999) == "red"
+        assert f"\\cellcolor{{{colour(value)}!25}}${value:.3f}$" in tex
+    assert colour(0.8) == "green" and colour(0.7) == "yellow" and colour(0.6999) == "red"
 
 
 def test_each_table_takes_the_configurations_it_varies(store):
@@ -70,16 +74,17 @@ def test_each_table_takes_the_configurations_it_varies(store):
     config = tables.watermark_config(df)
     assert list(config.loc["Gu-KGW"].index) == ["k=0, delta=1", "k=1, delta=2"]
     assert list(config.loc["PRO"].index) == ["delta=0.5, n=1, alpha=0.005, beta=5", "delta=1, n=1, alpha=0.005, beta=5"]
-    ablation = tables.ablation(df)
+    ablation_spec, embedding_spec = PRO.ablations
+    ablation = tables.ablation(df, "PRO", ablation_spec)
     assert list(ablation.loc["alpha"].index) == [0, 0.005, 0.05]
     assert list(ablation.loc["beta"].index) == [5, 10]
     assert ablation.loc[("alpha", 0.005), "main"] and not ablation.loc[("alpha", 0), "main"]
     assert ablation["Merge AUC"].isna().tolist() == [False, True, False, True, True]  # the main PRO was not merged
-    steps = tables.ft_steps(df)
+    steps = tables.ft_steps(df, "PRO")
     assert steps["baseline"].iloc[0] != "PRO"
     assert steps.loc[(steps.index[1]), "AUC vs baseline"] > 0
-    assert len(tables.dipper(df)) == 4 and len(tables.embedding(df)) == 1
-    assert tables.dipper(df).notna().all().all()  # AUC and how much was rewritten and kept, for every method
+    assert len(tables.own(df, "dipper")) == 4 and len(tables.variants(df, "PRO", embedding_spec)) == 1
+    assert tables.own(df, "dipper").notna().all().all()  # AUC and how much was rewritten and kept, for every method
 
 
 def test_another_setup_gets_its_own_tables(fake_run, tmp_path):
@@ -119,11 +124,13 @@ def test_rescore_recomputes_metrics_from_stored_scores(tmp_path, fake_run, monke
     before = json.loads((run / "metrics.json").read_text())
     assert main(["rescore", "--results", str(store.root)]) == 0
     assert "0 of 1 stored runs rescored" in capsys.readouterr().out  # up to date: nothing to do
-    monkeypatch.setattr(metrics, "METRICS_VERSION", "999")  # the metric code changed
+    monkeypatch.setattr(metrics, "METRICS_VERSION", "999")  # the metric code changed: it now reports TPR at 20% too
+    monkeypatch.setattr(metrics, "FPRS", (*metrics.FPRS, 0.2))
     assert main(["rescore", "--results", str(store.root)]) == 0
     assert "1 of 1 stored runs rescored" in capsys.readouterr().out
     after = json.loads((run / "metrics.json").read_text())
-    assert after["metrics_version"] == "999" and after["auc"] == before["auc"]
+    assert after["metrics_version"] == "999" and after["auc"] == before["auc"] and "tpr@0.2" not in before
+    assert after["tpr@0.2"] >= after["tpr@0.1"]  # computed anew from the stored scores
     assert Stage("run", {}, run.name, run, store.root).problem() is None  # republished: it still verifies
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["rescored"][-1]["to"] == "999"

@@ -1,0 +1,78 @@
+"""The shape of harness/ that the next contributor relies on: its import picture has no circle (imports inside
+functions included), it reaches the plugins only through their interfaces (methods/base.py, attacks/base.py) and the
+registry's ``module:Class`` strings, and the report names no method or attack (their labels, categories and tables
+come from the plugins)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+INTERFACES = {"methods.base", "attacks.base"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for file in sorted((ROOT / "harness").rglob("*.py")):
+        name = ".".join(file.relative_to(ROOT).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = file
+    return found
+
+
+def _imports(name: str, file: Path) -> set[str]:
+    """Every module ``file`` imports, at module level or inside a function (``from x import y`` gives x and x.y)."""
+    package = name if file.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            out |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return out
+
+
+def test_harness_reaches_plugins_only_through_their_interfaces():
+    upward = {
+        (name, target)
+        for name, file in _modules().items()
+        for target in _imports(name, file)
+        if target.split(".")[0] in ("methods", "attacks") and ".".join(target.split(".")[:2]) not in INTERFACES
+    }
+    assert not upward, upward
+
+
+def test_harness_has_no_import_circle():
+    modules = _modules()
+    graph = {name: {t for t in _imports(name, file) if t in modules and t != name} for name, file in modules.items()}
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            raise AssertionError(f"import circle: {' -> '.join(path[path.index(node) :] + [node])}")
+        if node in done:
+            return
+        for nxt in sorted(graph[node]):
+            visit(nxt, [*path, node])
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert "harness.report.collect" in graph and graph["harness.run.scoring"]  # the walk saw real modules
+
+
+def test_the_report_names_no_method_or_attack():
+    """harness/report reads labels, categories and table membership from the plugins; a name written into it (a
+    filter on "dipper", a column order of labels) would leave an outside plugin out of the tables."""
+    from harness.config.registry import attacks, methods
+
+    names: set[str] = set()
+    for registry in (methods, attacks):
+        for name in registry.ordered():
+            cls = registry.load(name)
+            names |= {name, cls.label, getattr(cls, "category", name)} - {""}
+    for file in sorted((ROOT / "harness" / "report").glob("*.py")):
+        literals = {n.value for n in ast.walk(ast.parse(file.read_text())) if isinstance(n, ast.Constant)}
+        assert not literals & names, (file.name, literals & names)
