@@ -2,6 +2,7 @@
 bf16 mixed precision with a bf16 teacher, with and without gradient checkpointing, through the harness's own loop;
 prints the step time and peak memory of each (issue 17: the figures the README's FSDP memory estimate rests on)."""
 
+import math
 import time
 
 import pytest
@@ -44,5 +45,4 @@ def test_llama_1b_distillation_step_in_bf16(checkpointing):
     peak = torch.cuda.max_memory_allocated() / 2**30
     print(f"\n1B-shape KGW distillation, bf16, checkpointing={checkpointing}: "
           f"{(time.perf_counter() - start) / steps:.3f} s/step (first step included), peak {peak:.1f} GiB")  # fmt: skip
-    assert report["loss_last_10"] == report["loss_last_10"]  # finite (not NaN)
-    assert peak < 80
+    assert math.isfinite(report["loss_last_10"])

@@ -18,6 +18,14 @@ CELLS = {  # attack -> its settings over the tiny preset's
     "dipper": (),
 }
 EIGHT_BITS = {"gptq", "int8"}
+EVALUATED = {  # what each attack's report says its evaluated folder holds
+    "gptq": "dequantized by gptqmodel",
+    "int8": "Linear8bitLt layers",
+    "hqq": "dequantized by hqq",
+    "wanda": "the pruned model",
+    "sparsegpt": "the pruned model",
+    "finetune": "the fine-tuned model",
+}
 
 
 # DIPPER's cell first builds the tiny paraphraser (minutes on 2 cores): slow. Its code path is tested on a random T5.
@@ -43,7 +51,7 @@ def test_attacked_rows_lie_between_base_and_unaltered(attack, tiny_store, harnes
         )
         manifest = json.loads((run / "manifest.json").read_text())
         if attack != "dipper":
-            assert manifest["report"]["evaluated"], manifest  # which model was evaluated (e.g. a dequantized copy)
+            assert EVALUATED[attack] in manifest["report"]["evaluated"], manifest  # e.g. a dequantized copy
         else:
             para = m["paraphrase"]
             assert 0 < para["mean_unigram_overlap"] < 0.95 and para["mean_embedding_cosine"] > 0.3, para
@@ -56,4 +64,11 @@ def test_tables_hold_every_attack(tiny_store, harness, tmp_path):
     csv = (tmp_path / "tiny" / "robustness.csv").read_text()
     for label in ("GPTQ", "INT8", "HQQ", "Wanda", "SparseGPT", "SLERP", "StdlibCodeInstruct"):
         assert label in csv, (label, csv)
-    assert "s=9" in csv and "s=45" in csv and "8 bits" in csv and "rho=0.5" in csv
+    rows = {tuple(line.split(",")[:3]) for line in csv.splitlines()}
+    expected = [
+        ("Quantization", "GPTQ", "8 bits"), ("Quantization", "INT8", "8 bits"), ("Quantization", "HQQ", "4 bits"),
+        ("Pruning", "Wanda", "rho=0.5"), ("Pruning", "SparseGPT", "rho=0.2"), ("Merging", "SLERP", "t=0.5"),
+        ("Finetuning", "StdlibCodeInstruct", "s=9"), ("Finetuning", "StdlibCodeInstruct", "s=45"),
+    ]  # fmt: skip
+    for row in expected:
+        assert row in rows, (row, csv)

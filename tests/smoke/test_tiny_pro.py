@@ -19,4 +19,6 @@ def test_pro_watermark_is_learned_on_the_tiny_preset(tmp_path, harness):
     assert set(found) == {"Unwatermarked base", "Unaltered"}
     assert found["Unaltered"]["auc"] > 0.95, found
     assert 0.35 < found["Unwatermarked base"]["auc"] < 0.65, found
-    assert "CAWP only" in out.stdout or "Unaltered" in out.stdout
+    unaltered = next(p.parent for p in root.glob("*/DONE") if json.loads((p.parent / "spec.json").read_text())["row"]
+                     == "Unaltered")  # fmt: skip
+    assert json.loads((unaltered / "spec.json").read_text())["config"]["method"]["config_label"].endswith(", no FPL")

@@ -37,8 +37,9 @@ def make_preset(tmp_path, base, oracle):
     return apply_overrides(TINY, overrides)
 
 
-def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama, tmp_path):
+def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama, tmp_path, monkeypatch):
     from harness.assets.models import load_tokenizer
+    from harness.run import pipeline
 
     base, _ = random_llamas
     assert load_tokenizer(str(base)).get_vocab() != load_tokenizer(str(other_tokenizer_llama)).get_vocab()
@@ -46,20 +47,28 @@ def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama
     store = Store(tmp_path / "runs")
     method = methods.build("gu-kgw", {"k": "1", "delta": "2"})
     attack = attacks.build("slerp", {"t": "0.5"})
+    seen = []  # what the oracle read: (prompt ids, completion ids) in its own tokenizer
+    perplexity = pipeline.completion_perplexity
+    monkeypatch.setattr(
+        pipeline, "completion_perplexity", lambda m, p, c, *a: seen.append((p, c)) or perplexity(m, p, c, *a)
+    )
     cells = Pipeline(preset, store, "cpu").run(method, attack)
     assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered", "SLERP t=0.5"]
+    oracle_tok = load_tokenizer(str(other_tokenizer_llama))
     assert not any(c.reused for c in cells)
     for cell in cells:
         m = cell.metrics
-        assert (m["n_pos"], m["n_neg"]) == (6, 6) and 0 <= m["auc"] <= 1 and m["median_ppl"] > 1
         gens = read_jsonl(cell.run.path / "generations.jsonl")
+        assert (m["n_pos"], m["n_neg"]) == (6, 6) and m["median_ppl"] > 1
+        retokenized = oracle_tok([g["completion"] for g in gens], add_special_tokens=False)["input_ids"]
+        assert (oracle_tok([g["prompt"] for g in gens])["input_ids"], retokenized) in seen  # the oracle's own tokens
+        assert retokenized != [g["completion_ids"] for g in gens]
         assert all(len(g["completion_ids"]) == 8 and len(g["prompt_ids"]) == 4 for g in gens)
         spec = json.loads((cell.run.path / "spec.json").read_text())
         assert spec["upstream"]["train"]["base_model"]["fingerprint"].isalnum()
         assert json.loads((cell.run.path / "artefacts.json").read_text())["model"]
     again = Pipeline(preset, store, "cpu").run(method, attack)
-    assert all(c.reused for c in again)
-    assert [c.metrics for c in again] == [c.metrics for c in cells]
+    assert all(c.reused for c in again) and [c.run.key for c in again] == [c.run.key for c in cells]
     scoring_batch = apply_overrides(preset, {"eval.ppl_batch_size": "2"})  # does not change results
     assert all(c.reused for c in Pipeline(scoring_batch, store, "cpu").run(method, attack))
     sampling_batch = apply_overrides(preset, {"eval.batch_size": "2"})  # changes the sampled texts
@@ -114,6 +123,11 @@ def test_detector_reads_retokenized_text_by_default(random_llamas, tmp_path):
     assert [c.run.key for c in text_cells] != [c.run.key for c in ids_cells]
     assert len(list((tmp_path / "runs" / "stages" / "generate").iterdir())) == 2  # generations shared
     tok = load_tokenizer(str(base))
+    gens = read_jsonl(text_cells[1].run.path / "generations.jsonl")
+    # (the check below tells the two apart only where re-tokenizing changes a text's length: it does for some)
+    assert any(
+        len(tok(g["completion"], add_special_tokens=False)["input_ids"]) != len(g["completion_ids"]) for g in gens
+    )
     for cell, reads in ((text_cells[1], "text"), (ids_cells[1], "ids")):
         spec = json.loads((cell.run.path / "spec.json").read_text())
         assert spec["detector"]["reads"] == reads
@@ -128,7 +142,7 @@ def test_detector_reads_retokenized_text_by_default(random_llamas, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigkill_anywhere_then_rerun_gives_identical_metrics(harness, random_llamas, tmp_path):
+def test_sigkill_anywhere_then_rerun_gives_identical_metrics(harness, script, random_llamas, tmp_path):
     """Kill the CLI at several points of a run; each re-run must end with byte-identical metrics to an
     uninterrupted run and leave no partial folder behind."""
     import signal
@@ -157,7 +171,7 @@ def test_sigkill_anywhere_then_rerun_gives_identical_metrics(harness, random_lla
     def metrics(root):
         return sorted((p.parent.name, (p.parent / "metrics.json").read_bytes()) for p in root.glob("*/DONE"))
 
-    command = harness("--help").args[0]
+    command = script("harness")
     for delay in (1.0, 3.0, 5.0):
         killed = tmp_path / f"killed-{delay}"
         proc = subprocess.Popen([command, *args, "--results", str(killed)], stderr=subprocess.DEVNULL)
@@ -172,7 +186,7 @@ def test_sigkill_anywhere_then_rerun_gives_identical_metrics(harness, random_lla
 
 def test_damage_is_repaired_and_edits_refused_through_the_pipeline(random_llamas, tmp_path):
     """The issue's cases end to end: a truncated metrics.json or a deleted model file is rebuilt to identical
-    numbers; a key edited after publication (run folder deleted, so it would be re-scored) is refused by name."""
+    numbers; a key edited after publication is refused by name when the train stage is verified, before any run."""
     from harness.store.stages import EditedStage
 
     base, _ = random_llamas
@@ -189,10 +203,7 @@ def test_damage_is_repaired_and_edits_refused_through_the_pipeline(random_llamas
     assert len(list((tmp_path / "runs" / "damaged").iterdir())) == 2  # both set aside, not deleted
     key = trained / "key.json"
     key.write_text(key.read_text().replace('"gamma": 0.25', '"gamma": 0.5'))
-    import shutil
-
-    shutil.rmtree(first[1].run.path)
-    with pytest.raises(EditedStage, match="key.json was changed"):
+    with pytest.raises(EditedStage, match=r"stages/train/\w+/key\.json was changed after its train stage"):
         Pipeline(preset, store, "cpu").run(method, none)
 
 
@@ -216,5 +227,5 @@ def test_pro_through_the_pipeline(random_llamas, tmp_path):
     assert not [p for p in (trained / "model").iterdir() if "policy" in p.name or "key" in p.name]
     for cell in cells:
         scores = read_jsonl(cell.run.path / "scores.jsonl")
-        assert len(scores) == 12 and all(-1 <= s["score"] <= 1 for s in scores)
+        assert len(scores) == 12 and all(s["scored"] > 0 for s in scores)  # none fell back to the neutral score
     assert json.loads((trained / "manifest.json").read_text())["report"]["fpl"] is True

@@ -30,8 +30,8 @@ def test_docstrings_are_read_from_source_without_importing(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the small models can be built")
-def test_small_preset_is_refused_without_a_gpu(harness, tmp_path):
-    out = harness("run", "--preset", "small", "--method", "gu-kgw", "--results", str(tmp_path / "runs"))
+def test_small_preset_is_refused_without_a_gpu(cli, tmp_path):
+    out = cli("run", "--preset", "small", "--method", "gu-kgw", "--results", str(tmp_path / "runs"))
     assert out.returncode == 2 and "no GPU is visible" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("DONE"))
 
