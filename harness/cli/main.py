@@ -248,7 +248,7 @@ def _device_env(args) -> None:
 
 def cmd_grid(args) -> int:
     from harness.assets import models
-    from harness.run import grid
+    from harness.run import executors, grid, jobs
 
     if distributed.world_size() > 1:
         raise HarnessError(
@@ -260,8 +260,8 @@ def cmd_grid(args) -> int:
     if not args.verbose:
         _quiet_transformers()
     shard = grid.parse_shard(args.shard) if args.shard else None
-    if args.executor not in grid.EXECUTORS:
-        raise HarnessError(f"unknown executor '{args.executor}'. Valid executors: {', '.join(grid.EXECUTORS)}")
+    if args.executor not in executors.EXECUTORS:
+        raise HarnessError(f"unknown executor '{args.executor}'. Valid executors: {', '.join(executors.EXECUTORS)}")
     if args.allow_pickle:
         os.environ[models.ALLOW_PICKLE_ENV] = "1"
     _device_env(args)
@@ -276,7 +276,7 @@ def cmd_grid(args) -> int:
                 state = "cannot tell (as above)"
             else:
                 try:
-                    rows = grid.plan(cell, args.results, args.device)
+                    rows = jobs.plan(cell, args.results, args.device)
                     done = sum(s for _, s in rows)
                     state = "stored" if done == len(rows) else f"{done}/{len(rows)} runs stored"
                     stored += done == len(rows)
@@ -286,11 +286,11 @@ def cmd_grid(args) -> int:
             print(f"  {k:3d}  {cell.name(spec.several_seeds):60s} {state}")
         print(f"{stored} of {len(cells)} cells stored; {len(cells) - stored} to compute")
         return 0
-    resources = grid.Resources(
+    resources = executors.Resources(
         args.partition, args.account, args.gpus, args.cpus, args.mem_gb, args.time_min, args.max_parallel
     )
     start = time.time()
-    summary = grid.run(spec, args.results, args.device, args.executor, shard, args.jobs_dir, resources)
+    summary = executors.run(spec, args.results, args.device, args.executor, shard, args.jobs_dir, resources)
     minutes, seconds = divmod(round(time.time() - start), 60)
     print(
         f"\n{args.spec}{part}: {summary['cells']} cells: {summary['reused']} reused, {summary['computed']} computed, "

@@ -445,3 +445,25 @@ class Pipeline:
 
 def source_spec(src) -> dict:
     return {**src.model_dump(), "fingerprint": data.fingerprint(src)}
+
+
+def attribute(entries: list[tuple[Pipeline, object]]) -> int:
+    """Attribution (the paper's appendix): the detector of each ``(pipeline, method)`` on the unaltered texts of every
+    entry's model and of the base model (the first entry's), generating nothing that the entries' runs stored
+    already. Returns how many (detector, texts) pairs were scored."""
+    none = attacks.build("none", {})
+    first = entries[0][0]
+    base = first.generate(first.base["path"], f"base:{first.base['fingerprint']}", "base model")
+    sources = [({"label": scoring.BASE_ROW, "method": None, "config": None}, base)]
+    trained = []
+    for pipe, method in entries:
+        stage = pipe.train(method)
+        (out,) = pipe.attack(none, stage)
+        label = {"label": f"{method.label} ({method.config_label()})", "method": method.label,
+                 "config": method.config_label(), "train": stage.key}  # fmt: skip
+        sources.append((label, pipe.generate(out.path, out.model_id, out.row)))
+        trained.append((pipe, method, stage))
+    for pipe, method, stage in trained:
+        for label, generated in sources:
+            pipe.attribution(method, stage, generated, label)
+    return len(trained) * len(sources)

@@ -147,10 +147,9 @@ def test_the_shipped_grids_are_valid():
     root = Path(__file__).resolve().parents[2] / "grids"
     tiny = grid.load(root / "tiny.yaml")
     paper = grid.load(root / "paper.yaml")
-    for g in (tiny, paper):
-        methods = {c.method for c in g.cells}
-        assert methods == {"gu-kgw", "gu-kth", "gloaguen-kgw", "pro"}
-        attacks = {c.attack for c in g.cells}
-        assert attacks == {"none", "gptq", "int8", "hqq", "wanda", "sparsegpt", "slerp", "finetune", "dipper"}
+    for g in (tiny, paper):  # the paper's methods and attacks (a grid may hold others)
+        assert {c.method for c in g.cells} >= {"gu-kgw", "gu-kth", "gloaguen-kgw", "pro"}
+        assert {c.attack for c in g.cells} >= {"none", "gptq", "int8", "hqq", "wanda", "sparsegpt", "slerp", "finetune",
+                                               "dipper"}  # fmt: skip
     assert {c.preset.name for c in tiny.cells} == {"tiny"} and {c.preset.name for c in paper.cells} == {"paper"}
     assert len({c.preset.base_model for c in paper.cells}) == 2  # tab:embedding is on LLaMA-3.2-3B

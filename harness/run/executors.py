@@ -1,0 +1,166 @@
+"""Running a grid's jobs: here, one after the other (``inline``), or as submitit jobs on this machine (``local``) or
+on a Slurm cluster (``slurm``); first one job per model to train, then one per cell, then one for attribution."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.config.errors import HarnessError
+from harness.run.grid import Cell, Grid, shard
+from harness.run.jobs import _first_line, attribute, check_cells, run_cell, train_cell
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What each cluster job asks for (submitit's parameters; the ones left None are the cluster's defaults)."""
+
+    partition: str | None = None
+    account: str | None = None
+    gpus: int | None = None
+    cpus: int | None = None
+    mem_gb: int | None = None
+    time_min: int = 240
+    max_parallel: int | None = None
+
+
+EXECUTORS = ("inline", "local", "slurm")
+
+
+def make_executor(kind: str, jobs_dir: Path, res: Resources):
+    """A submitit executor for ``local`` (subprocesses on this machine) or ``slurm``; ``inline`` is None (cells run in
+    this process, one after the other)."""
+    if kind == "inline":
+        return None
+    if kind not in EXECUTORS:
+        raise HarnessError(f"unknown executor '{kind}'. Valid executors: {', '.join(EXECUTORS)}")
+    try:
+        import submitit
+    except ImportError:
+        raise HarnessError(
+            f"executor '{kind}' needs the Python package 'submitit': pip install 'watermark-harness[cluster]'"
+        ) from None
+    params: dict[str, Any] = {"timeout_min": res.time_min}
+    if res.gpus is not None:
+        params["gpus_per_node"] = res.gpus
+    if res.cpus is not None:
+        params["cpus_per_task"] = res.cpus
+    if res.mem_gb is not None:
+        params["mem_gb"] = res.mem_gb
+    if kind == "slurm":
+        import shutil
+
+        if shutil.which("sbatch") is None:
+            raise HarnessError("executor 'slurm' needs Slurm's 'sbatch' on this machine's PATH and found none")
+        params.update(
+            {
+                k: v
+                for k, v in {
+                    "slurm_partition": res.partition,
+                    "slurm_account": res.account,
+                    "slurm_array_parallelism": res.max_parallel,
+                }.items()
+                if v is not None
+            }
+        )
+    elif res.partition or res.account:
+        raise HarnessError("--partition and --account are Slurm options: use them with --executor slurm")
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    executor = submitit.AutoExecutor(folder=str(jobs_dir / "%j"), cluster=kind)
+    executor.update_parameters(**params)
+    return executor
+
+
+def _map(
+    executor, fn, items: list[Cell], results: Path, device: str | None, what: str, with_seed: bool = False
+) -> list[dict]:
+    """``fn(item, results, device)`` for every item: inline in order, or as one submitit job array (waited for)."""
+    if not items:
+        return []
+    if executor is None:
+        out = []
+        for k, item in enumerate(items, 1):
+            log.info("%s %d/%d: %s", what, k, len(items), item.name(with_seed))
+            out.append(fn(item, str(results), device))
+            log.info("%s %d/%d: %s", what, k, len(items), out[-1]["status"])
+        return out
+    import submitit
+
+    jobs = executor.map_array(fn, items, [str(results)] * len(items), [device] * len(items))
+    log.info("%s: submitted %d jobs (%s); waiting", what, len(jobs), ", ".join(j.job_id for j in jobs[:5]))
+    out = []
+    for job in jobs:
+        try:
+            out.append(job.result())
+        except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
+            out.append({"status": "failed", "error": f"job {job.job_id}: {_first_line(err)}", "traceback": str(err)})
+    return out
+
+
+def run(
+    grid: Grid,
+    results: Path,
+    device: str | None = None,
+    executor_kind: str = "inline",
+    shard_of: tuple[int, int] | None = None,
+    jobs_dir: Path | None = None,
+    resources: Resources | None = None,
+) -> dict:
+    """Run the grid's cells (or one shard of them) and its attribution; return the summary counts and failures."""
+    from harness.store.stages import Store
+
+    cells = list(grid.cells) if shard_of is None else shard(grid.cells, *shard_of)
+    executor = make_executor(executor_kind, jobs_dir or results / "jobs", resources or Resources())
+    check_cells(cells)  # before any cell runs: a missing model or dataset fails the grid in seconds
+    Store(results).check_writable()
+    Store(results).sweep()
+    trainings = list({c.training: c for c in cells}.values())
+    failures: list[tuple[str, dict]] = []
+    if executor is not None and len(trainings) > 1:  # one job per model first: cells then never wait on a training
+        for cell, res in zip(
+            trainings,
+            _map(executor, train_cell, trainings, results, device, "training", grid.several_seeds),
+            strict=True,
+        ):
+            if res["status"] == "failed":
+                log.warning("training for %s failed: %s", cell.name(), res["error"])
+    outcomes = _map(executor, run_cell, cells, results, device, "cell", grid.several_seeds)
+    summary = {"cells": len(cells), "reused": 0, "computed": 0, "failed": 0}
+    for cell, res in zip(cells, outcomes, strict=True):
+        summary[res["status"]] += 1
+        if res["status"] == "failed":
+            failures.append((cell.name(grid.several_seeds), res))
+    if grid.attribution and shard_of is None:
+        log.info("attribution: %d detectors on the texts of %d models and the base", len(grid.attribution),
+                 len(grid.attribution))  # fmt: skip
+        if executor is None:
+            res = attribute(grid.attribution, str(results), device)
+        else:  # one job, where the detectors' models (GPU) are
+            import submitit
+
+            job = executor.submit(attribute, grid.attribution, str(results), device)
+            try:
+                res = job.result()
+            except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
+                res = {"status": "failed", "error": f"job {job.job_id}: {_first_line(err)}", "traceback": str(err)}
+        if res["status"] == "failed":
+            failures.append(("attribution", res))
+        summary["attribution"] = res["status"]
+    summary["failures"] = [(name, res["error"], _keep_trace(results, name, res["traceback"])) for name, res in failures]
+    return summary
+
+
+def _keep_trace(results: Path, name: str, trace: str) -> Path:
+    """Write a failure's traceback under ``<results>/failures/`` and return the file."""
+    import hashlib
+    import time
+
+    folder = results / "failures"
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / f"{time.strftime('%Y%m%dT%H%M%S')}-{hashlib.sha256(name.encode()).hexdigest()[:10]}.txt"
+    file.write_text(f"{name}\n\n{trace}")
+    return file

@@ -1,0 +1,99 @@
+"""What one job of a grid does, wherever it runs (this process, a local subprocess, a Slurm node): train a cell's
+model, run a cell, or the attribution matrix. A job never raises for its own failure (the grid goes on): it returns
+its outcome, with the traceback of a failure."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from harness.run.grid import Cell
+
+
+def check_cells(cells: list[Cell]) -> None:
+    """The inputs of every cell (models, data, plugins' own checks), once per distinct preset and plugin."""
+    from harness.run.pipeline import check_inputs
+
+    seen: set = set()
+    for cell in cells:
+        m, a = cell.build()
+        key = (cell.preset.model_dump_json(), m.name, str(m.params), a.name, str(a.params))
+        if key not in seen:
+            seen.add(key)
+            check_inputs(cell.preset, (m, a))
+
+
+def plan(cell: Cell, results: Path, device: str | None) -> list[tuple[str, bool]]:
+    """``(row, stored)`` of each run the cell makes, building nothing."""
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
+
+    m, a = cell.build()
+    pipe = Pipeline(cell.preset, Store(results), device, plan=True)
+    return [(c.row, c.run.done) for c in pipe.run(m, a)]
+
+
+def run_cell(cell: Cell, results: str, device: str | None) -> dict:
+    """Run one cell (the unit a job runs); never raises for the cell's own failure: the grid goes on."""
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
+
+    try:
+        m, a = cell.build()
+        done = Pipeline(cell.preset, Store(Path(results)), device).run(m, a)
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001  (one failed cell must not stop the others; its traceback is kept)
+        return _failed(err)
+    return {
+        "status": "reused" if all(c.reused for c in done) else "computed",
+        "rows": [(c.row, c.metrics.get("auc")) for c in done],
+    }
+
+
+def train_cell(cell: Cell, results: str, device: str | None) -> dict:
+    """Train (or reuse) the model of a cell: the first wave of a cluster grid, so that its cells do not all wait on
+    one training."""
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
+
+    try:
+        m, _ = cell.build()
+        pipe = Pipeline(cell.preset, Store(Path(results)), device)
+        pipe.prompts  # noqa: B018
+        pipe.train(m)
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001  (one failure must not stop the grid; its traceback is kept)
+        return _failed(err)
+    return {"status": "ok"}
+
+
+def attribute(cells: tuple[Cell, ...], results: str, device: str | None) -> dict:
+    """The attribution matrix of ``cells`` (``pipeline.attribute``): every detector on the stored texts of every
+    cell's model and of the base, generating nothing new once the cells have run."""
+    from harness.run.pipeline import Pipeline, attribute
+    from harness.store.stages import Store
+
+    try:
+        store = Store(Path(results))
+        pairs = attribute([(Pipeline(c.preset, store, device), c.build()[0]) for c in cells])
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:  # noqa: BLE001  (one failure must not stop the grid; its traceback is kept)
+        return _failed(err)
+    return {"status": "ok", "pairs": pairs}
+
+
+def _failed(err: BaseException) -> dict:
+    """The outcome of a job that raised: its one-line error and, for the failures folder, its traceback."""
+    return {
+        "status": "failed",
+        "error": f"{type(err).__name__}: {_first_line(err)}",
+        "traceback": traceback.format_exc(),
+    }
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
