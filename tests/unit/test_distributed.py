@@ -92,12 +92,13 @@ def test_fsdp1_training_is_refused_before_any_step(monkeypatch):
 
 
 def test_another_process_reports_its_failure_in_one_line(monkeypatch, capsys):
+    from harness.cli import commands
     from harness.cli import main as cli
 
     def broken():
         raise RuntimeError("Connection closed by peer [127.0.0.1]:1234.\nmore detail")
 
-    monkeypatch.setattr(cli, "cmd_list", broken)
+    monkeypatch.setattr(commands, "cmd_list", broken)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert cli.main(["list"]) == 1

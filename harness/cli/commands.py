@@ -1,0 +1,202 @@
+"""What each ``harness`` subcommand does, once its arguments are parsed: every input is checked before any costly
+work, and a problem is a ``HarnessError`` that ``harness.cli.main`` prints as one line."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from harness.compute import distributed
+from harness.config.errors import HarnessError
+
+
+def cmd_list() -> None:
+    from harness.config.presets import PRESETS
+    from harness.config.registry import attacks, methods
+
+    for registry in (methods, attacks):
+        print(f"{registry.kind}s:")
+        for name, target in registry.entries().items():
+            if target is None:
+                print(f"  {name:14s} planned (not implemented yet)")
+                continue
+            cls = registry.load(name)
+            settings = ", ".join(f"{k}={f.default!r}" for k, f in cls.Params.model_fields.items()) or "-"
+            needs = ", ".join([f"pip extra [{e}]" for e in cls.requires.values()] + ["CUDA"] * cls.needs_cuda)
+            print(f"  {name:14s} {settings}" + (f"   (needs {needs})" if needs else ""))
+    print("presets:")
+    for p in PRESETS.values():
+        print(f"  {p.name:14s} {p.base_model}: {p.notes}")
+        for name, values in {**p.methods, **p.attacks}.items():
+            print(f"  {'':14s}   {name}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
+
+
+def format_cells(cells) -> str:
+    import pandas as pd
+
+    rows = [
+        {
+            "model": c.row,
+            "AUC": f"{c.metrics['auc']:.3f}",
+            "AUC 95% CI": "[{:.3f}, {:.3f}]".format(*c.metrics["auc_ci95"]),
+            "TPR@1%": f"{c.metrics['tpr@0.01']:.3f}",
+            "TPR@5%": f"{c.metrics['tpr@0.05']:.3f}",
+            "median PPL": f"{c.metrics['median_ppl']:.2f}",
+            "texts": f"{c.metrics['n_pos']}+{c.metrics['n_neg']}",
+            "run": c.run.key + (" (reused)" if c.reused else ""),
+        }
+        for c in cells
+    ]
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def cmd_run(args) -> None:
+    from harness.assets import models
+    from harness.config import presets
+    from harness.config.plugins import parse_assignments
+    from harness.config.registry import attacks, methods
+    from harness.run.pipeline import Pipeline, check_inputs
+    from harness.store.stages import Store
+
+    # Validate everything cheap before any model loads.
+    preset = presets.apply_overrides(presets.get_preset(args.preset), parse_assignments(args.overrides, "setting"))
+    method = methods.build(args.method, parse_assignments(args.method_arg, "method setting"), preset)
+    attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"), preset)
+    if not args.verbose:  # (after the checks above, which import no model library)
+        _quiet_transformers()
+    updates = {f: getattr(args, f) for f in ("base_model", "oracle_model") if getattr(args, f)}
+    preset = preset.model_copy(update=updates)
+    if args.allow_pickle:
+        os.environ[models.ALLOW_PICKLE_ENV] = "1"
+    _device_env(args)
+    store = Store(args.results)
+    store.check_writable()
+    check_inputs(preset, (method, attack))
+    cells = Pipeline(preset, store, args.device).run(method, attack)
+    if not distributed.is_main():
+        return  # one report per launch
+    print(f"\n{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model})")
+    print(format_cells(cells))
+    print(f"\nruns stored in {store.root}/<run>; 'harness tables' rebuilds tab:robustness from them")
+
+
+def cmd_tables(args) -> None:
+    from harness.report.collect import collect, collect_attribution, setups
+    from harness.report.tables import robustness, write_tables
+    from harness.store.stages import Store
+
+    store = Store(args.results)
+    if not store.root.is_dir():
+        raise HarnessError(f"no run store at '{store.root}': run 'harness run' or 'harness grid' first")
+    if args.out.exists() and not args.out.is_dir():
+        raise HarnessError(f"tables folder '{args.out}' is a file, not a folder")
+    df = collect(store)
+    written = write_tables(df, args.out, ci=args.ci, attributions=collect_attribution(store))
+    if not written:
+        raise HarnessError(f"no finished runs in '{store.root}' that could be read")
+    if not args.no_figures:
+        from harness.report.figures import write_figures
+
+        written += write_figures(df, store, args.out)
+    for name, part in setups(df).items():
+        table = robustness(part)
+        if table.empty:
+            continue
+        print(f"tab:robustness ({name}, {part['base_model'].iloc[0]}), AUC:")
+        auc = table.xs("AUC", axis=1, level=1)
+        print(auc.to_string(na_rep="missing", float_format=lambda v: f"{v:.3f}"), end="\n\n")
+    folders = sorted({p.parent for p in written if p.parent != args.out})
+    print(f"wrote {len(written)} files: {args.out / 'runs.csv'}, and in " + ", ".join(str(f) for f in folders))
+
+
+def _device_env(args) -> None:
+    """--device (else $HARNESS_DEVICE) for every stage of this process, checked first."""
+    from harness.assets import models
+
+    if args.device:
+        models.check_device(args.device)
+        os.environ["HARNESS_DEVICE"] = args.device  # every default_device() in this run (detectors too) agrees
+    elif os.environ.get("HARNESS_DEVICE"):
+        models.check_device(os.environ["HARNESS_DEVICE"], "HARNESS_DEVICE")
+
+
+def cmd_grid(args) -> int:
+    from harness.assets import models
+    from harness.run import executors, grid, jobs
+
+    if distributed.world_size() > 1:
+        raise HarnessError(
+            "harness grid runs each cell in one process: spread a grid with --shard or --executor, and launch "
+            "'harness run' (not grid) with several processes"
+        )
+
+    spec = grid.load(args.spec)
+    if not args.verbose:
+        _quiet_transformers()
+    shard = grid.parse_shard(args.shard) if args.shard else None
+    if args.executor not in executors.EXECUTORS:
+        raise HarnessError(f"unknown executor '{args.executor}'. Valid executors: {', '.join(executors.EXECUTORS)}")
+    if args.allow_pickle:
+        os.environ[models.ALLOW_PICKLE_ENV] = "1"
+    _device_env(args)
+    cells = list(spec.cells) if shard is None else grid.shard(spec.cells, *shard)
+    part = f" (shard {shard[0]}/{shard[1]}: {len(cells)} of {len(spec.cells)} cells)" if shard else ""
+    if args.dry_run:
+        print(f"{args.spec}: {len(cells)} cells{part}, {len({c.training for c in cells})} trained models")
+        stored = 0
+        unknown: dict[str, str] = {}  # setup -> why its cells cannot be planned here (asked once per setup)
+        for k, cell in enumerate(cells, 1):
+            if cell.setup in unknown:
+                state = "cannot tell (as above)"
+            else:
+                try:
+                    rows = jobs.plan(cell, args.results, args.device)
+                    done = sum(s for _, s in rows)
+                    state = "stored" if done == len(rows) else f"{done}/{len(rows)} runs stored"
+                    stored += done == len(rows)
+                except HarnessError as err:
+                    unknown[cell.setup] = str(err)
+                    state = f"cannot tell ({err})"
+            print(f"  {k:3d}  {cell.name(spec.several_seeds):60s} {state}")
+        print(f"{stored} of {len(cells)} cells stored; {len(cells) - stored} to compute")
+        return 0
+    resources = executors.Resources(
+        args.partition, args.account, args.gpus, args.cpus, args.mem_gb, args.time_min, args.max_parallel
+    )
+    start = time.time()
+    summary = executors.run(spec, args.results, args.device, args.executor, shard, args.jobs_dir, resources)
+    minutes, seconds = divmod(round(time.time() - start), 60)
+    print(
+        f"\n{args.spec}{part}: {summary['cells']} cells: {summary['reused']} reused, {summary['computed']} computed, "
+        f"{summary['failed']} failed"
+        + (f"; attribution {summary['attribution']}" if "attribution" in summary else "")
+        + f" ({minutes} min {seconds} s)"
+    )
+    for name, error, trace in summary["failures"]:
+        print(f"  failed: {name}: {error} (traceback: {trace})")
+    if shard is not None and spec.attribution:
+        print("attribution runs once every shard is done: run the grid again without --shard (every cell is reused)")
+    print("'harness tables' rebuilds every table and figure from the store")
+    return 1 if summary["failures"] else 0
+
+
+def cmd_rescore(args) -> None:
+    from harness.run.scoring import rescore_store
+    from harness.store.stages import Store
+
+    store = Store(args.results)
+    if not store.root.is_dir():
+        raise HarnessError(f"no run store at '{store.root}'")
+    changed, total = rescore_store(store)
+    print(f"{changed} of {total} stored runs rescored (the others were up to date)")
+
+
+def _quiet_transformers() -> None:
+    """transformers 5 draws a progress bar for every weight load and the hub client logs every retry; our bars
+    and our one-line errors are the ones that matter (-v shows theirs)."""
+    from huggingface_hub.utils import logging as hub_logging
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()

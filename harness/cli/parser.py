@@ -1,0 +1,129 @@
+"""The ``harness`` command line: its subcommands and options (argparse)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DOC = "The ``harness`` command: list plugins, run a method x attack cell, rebuild tables from stored runs."
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line (and exit code 2) like every other user error."""
+
+    def error(self, message: str):  # noqa: D102
+        self.exit(2, f"harness: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> Parser:
+    from harness.config.presets import PRESETS
+    from harness.config.registry import attacks, methods
+
+    parser = Parser(prog="harness", description=DOC)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    sub.add_parser(
+        "list",
+        help="list watermark methods, attacks and presets",
+        description="List methods, attacks "
+        "and presets with their settings; names marked 'planned' are not implemented yet.",
+    )
+
+    run = sub.add_parser(
+        "run",
+        help="train (or reuse) a watermarked model, attack it, and print detection and quality metrics",
+        description="Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model with "
+        "the method's detector. Every stage is stored and reused on the next identical command.",
+    )
+    run.add_argument("--method", required=True, help=f"watermark method: {', '.join(methods.names())}")
+    run.add_argument("--attack", default="none", help=f"attack (default none): {', '.join(attacks.names())}")
+    run.add_argument(
+        "--attack-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="attack setting, repeatable, e.g. --attack-arg t=0.5",
+    )
+    run.add_argument(
+        "--method-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="method setting over the preset's, repeatable, e.g. --method-arg k=1",
+    )
+    run.add_argument("--preset", default="tiny", help=f"settings preset (default tiny): {', '.join(PRESETS)}")
+    run.add_argument("--base-model", help="base model: a local folder or a Hugging Face id (overrides the preset)")
+    run.add_argument("--oracle-model", help="perplexity oracle: a local folder or a Hugging Face id")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        dest="overrides",
+        help="override a preset setting, repeatable, e.g. --set train.steps=50",
+    )
+    run.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    run.add_argument(
+        "--device",
+        help="torch device: cpu, cuda or cuda:N (default: $HARNESS_DEVICE, else cuda if available, else cpu)",
+    )
+    run.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="also load models whose weights are pickles (pytorch_model.bin), which can run code: only ones you trust",
+    )
+
+    grid = sub.add_parser(
+        "grid",
+        help="run every cell of a grid spec (YAML) through the run store",
+        description="Expand a grid spec (see grids/tiny.yaml) into method x attack cells, validate all of it, and run "
+        "each cell as 'harness run' would: stored stages are reused, a failed cell is reported and the others go on, "
+        "and a grid started again computes only what is missing.",
+    )
+    grid.add_argument("spec", type=Path, help="grid spec, e.g. grids/tiny.yaml")
+    grid.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    grid.add_argument("--dry-run", action="store_true", help="list the cells and which are stored; run nothing")
+    grid.add_argument("--shard", metavar="I/N", help="run shard I of N (1 <= I <= N): whole trainings per shard")
+    grid.add_argument(
+        "--executor",
+        default="inline",
+        help="inline (default: this process, one cell after another), local (submitit jobs on this machine) or "
+        "slurm (submitit jobs on a Slurm cluster; the run store must be on a shared file system)",
+    )
+    grid.add_argument("--jobs-dir", type=Path, help="submitit's job folders (default <results>/jobs)")
+    grid.add_argument("--partition", help="Slurm partition")
+    grid.add_argument("--account", help="Slurm account")
+    grid.add_argument("--gpus", type=int, help="GPUs per job")
+    grid.add_argument("--cpus", type=int, help="CPUs per job")
+    grid.add_argument("--mem-gb", type=int, help="memory per job (GB)")
+    grid.add_argument("--time-min", type=int, default=240, help="time limit per job in minutes (default 240)")
+    grid.add_argument("--max-parallel", type=int, help="Slurm jobs running at once")
+    grid.add_argument("--device", help="torch device for inline cells (default as for 'harness run')")
+    grid.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")
+
+    tables = sub.add_parser(
+        "tables",
+        help="rebuild every table (CSV + LaTeX) and figure (PNG + PDF) of the paper from stored runs",
+        description="Read every finished run in the store; load no model. A cell that is not stored is shown as "
+        "missing.",
+    )
+    tables.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    tables.add_argument("--out", type=Path, default=Path("results/tables"), help="output folder")
+    tables.add_argument("--ci", action="store_true", help="add the bootstrap 95%% interval of each AUC as columns")
+    tables.add_argument("--no-figures", action="store_true", help="tables only")
+
+    rescore = sub.add_parser(
+        "rescore",
+        help="recompute stored runs' metrics from their per-text scores after the metric code changed",
+        description="Bring every run whose metrics were computed by older metric code up to date from its stored "
+        "scores; load no model and detect nothing again.",
+    )
+    rescore.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+
+    sub.add_parser(
+        "doctor",
+        help="show which optional backends work on this machine (CUDA, quantization, merging, embeddings)",
+        description="One table: each optional backend, whether it works here, and why not.",
+    )
+    return parser
