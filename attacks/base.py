@@ -120,7 +120,7 @@ def calibration_ids(tokenizer, params: CalibrationParams):
     return ids[pick.sort().values]
 
 
-def versions(*distributions: str) -> dict[str, str | None]:
+def library_versions(*distributions: str) -> dict[str, str | None]:
     """Installed versions of the libraries an attack used, for its report."""
     from harness.store.versions import package_versions
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from attacks.base import AttackContext, ModelAttack, versions
+from attacks.base import AttackContext, ModelAttack, library_versions
 from harness.config.plugins import Params, Sweep
 from harness.config.presets import DataSource
 
@@ -189,7 +189,7 @@ class FineTune(ModelAttack):
             "schedule": f"constant after {p.warmup_steps} warmup steps",
             "settings": p.model_dump(),
             "checkpoints": {s: checkpoint(s) for s in p.steps},
-            "versions": versions("accelerate", "datasets"),
+            "versions": library_versions("accelerate", "datasets"),
             "evaluated": "the fine-tuned model at each requested step (float32 checkpoints)",
             **{k: v for k, v in report.items() if k != "losses"},
             "losses": report["losses"],

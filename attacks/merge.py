@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from attacks.base import MODEL, AttackContext, ModelAttack, versions
+from attacks.base import MODEL, AttackContext, ModelAttack, library_versions
 from harness.config.plugins import Params, Sweep
 
 
@@ -46,6 +46,6 @@ class Slerp(ModelAttack):
         return {
             "mergekit_config": config,
             "t_is_weight_of": "unwatermarked base",
-            "versions": versions("mergekit"),
+            "versions": library_versions("mergekit"),
             "evaluated": "the merged model (float32)",
         }

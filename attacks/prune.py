@@ -35,7 +35,7 @@ from attacks.base import (
     CalibrationParams,
     ModelAttack,
     calibration_ids,
-    versions,
+    library_versions,
 )
 from harness.compute.progress import library_output
 
@@ -148,7 +148,7 @@ class _Prune(ModelAttack):
             "sparsity_overall": zeros / total,
             "untouched": sorted(kept),  # checked bit-identical: embeddings, norms, lm_head
             "seconds": round(seconds, 2),
-            "versions": versions("llmcompressor", "compressed-tensors"),
+            "versions": library_versions("llmcompressor", "compressed-tensors"),
             "evaluated": "the pruned model (dense weights with zeros)",
         }
 

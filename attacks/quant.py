@@ -34,7 +34,7 @@ from attacks.base import (
     CalibrationParams,
     ModelAttack,
     calibration_ids,
-    versions,
+    library_versions,
 )
 from harness.compute.progress import library_output
 from harness.config.errors import HarnessError
@@ -143,7 +143,7 @@ class GPTQ(ModelAttack):
                 "seed": p.seed,
             },
             "quantize_config": stored,
-            "versions": versions("gptqmodel"),
+            "versions": library_versions("gptqmodel"),
             "evaluated": (
                 f"float32 copy of the GPTQ {p.bits}-bit model in {QUANTIZED}/, dequantized by gptqmodel's "
                 "dequantize_model"
@@ -230,7 +230,7 @@ class Int8(ModelAttack):
             "threshold": self.params.threshold,
             "int8_layers": int8_layers,
             "quantization_config": stored,
-            "versions": versions("bitsandbytes"),
+            "versions": library_versions("bitsandbytes"),
             "evaluated": (
                 f"the bitsandbytes LLM.int8 model itself ({int8_layers} Linear8bitLt layers, int8 weights in "
                 f"safetensors, outlier threshold {self.params.threshold:g}), run by bitsandbytes at evaluation"
@@ -321,7 +321,7 @@ class HQQ(ModelAttack):
             "axis": p.axis,
             "quant_config": quant_config,
             "quantized_layers": len(layers),
-            "versions": versions("hqq"),
+            "versions": library_versions("hqq"),
             "evaluated": (
                 f"float32 copy of the HQQ {p.bits}-bit model in {QUANTIZED}/ (packed W_q, scale, zero of each "
                 "layer), dequantized by hqq's HQQLinear.dequantize"

@@ -222,38 +222,28 @@ def plugin_class(kind: str, name: str | None):
 
 
 @cache
-def _method_order() -> dict[str, int]:
-    from harness.config.registry import methods
+def _registry_order(kind: str, attribute: str) -> dict[str, int]:
+    """``{value: rank}`` of a class attribute (a method's ``label``, an attack's ``category``) in the order the
+    registry lists its plugins, each value ranked where it first appears."""
+    from harness.config.registry import attacks, methods
 
     order: dict[str, int] = {}
-    for name in methods.ordered():
-        cls = plugin_class("method", name)
+    for name in (methods if kind == "method" else attacks).ordered():
+        cls = plugin_class(kind, name)
         if cls is not None:
-            order.setdefault(cls.label, len(order))
+            order.setdefault(getattr(cls, attribute), len(order))
     return order
 
 
 def method_rank(label: str) -> tuple:
     """Sort key of a method's table label: the registry's order, then unknown labels by name."""
-    order = _method_order()
+    order = _registry_order("method", "label")
     return (order[label], "") if label in order else (len(order), label)
-
-
-@cache
-def _category_order() -> dict[str, int]:
-    from harness.config.registry import attacks
-
-    order: dict[str, int] = {}
-    for name in attacks.ordered():
-        cls = plugin_class("attack", name)
-        if cls is not None:
-            order.setdefault(cls.category, len(order))
-    return order
 
 
 def category_rank(category: str) -> tuple:
     """Sort key of a row group: the order in which the registry's attacks first name it, then by name."""
-    order = _category_order()
+    order = _registry_order("attack", "category")
     return (order.get(category, len(order)), category)
 
 
