@@ -172,9 +172,8 @@ def _fake_run(
                             oracle={"ref": preset.oracle_model, "fingerprint": "fake"}, upstream={})  # fmt: skip
     rng = np.random.default_rng(int(digest[:8], 16))
     shift = np.sqrt(2) * norm.ppf(min(max(auc, 1e-3), 1 - 1e-3))
-    pos = [{"score": float(rng.normal(shift)), "green": int(rng.integers(20, 60)), "scored": 63,
-            "ppl": float(rng.uniform(5, 9))} for _ in range(n)]  # fmt: skip
-    neg = [{"score": float(rng.normal()), "green": int(rng.integers(5, 30)), "scored": 63} for _ in range(n)]
+    pos = [{**_fake_score(method, rng.normal(shift), rng), "ppl": float(rng.uniform(5, 9))} for _ in range(n)]
+    neg = [_fake_score(method, rng.normal(), rng) for _ in range(n)]
     rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if isinstance(a, TextAttack) else {}
     gens = [{"i": i, **rewritten} for i in range(n)]
     stage = store.stage("run", spec)
@@ -187,6 +186,20 @@ def _fake_run(
 
     stage.build(build)
     return stage.path
+
+
+def _fake_score(method: str, score: float, rng) -> dict:
+    """A per-text score row of the shape ``method``'s detector writes (KGW counts green tokens, KTH has a statistic,
+    PRO the positions it scored), so that what reads the store sees what real runs hold."""
+    from scipy.stats import norm
+
+    score = float(score)
+    if method in ("gu-kgw", "gloaguen-kgw"):
+        p = float(norm.sf(score))
+        return {"score": score, "p_value": p, "p_value_gu": p, "green": int(16 + 4 * score), "scored": 63}
+    if method == "gu-kth":
+        return {"score": score, "statistic": -score, "p_value": float(norm.sf(score))}
+    return {"score": score, "scored": 63}
 
 
 @pytest.fixture(scope="session")

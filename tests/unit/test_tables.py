@@ -136,3 +136,13 @@ def test_rescore_recomputes_metrics_from_stored_scores(tmp_path, fake_run, monke
     assert manifest["rescored"][-1]["to"] == "999"
     df = collect.collect(store)
     assert list(df["metrics_version"]) == ["999"]
+
+
+def test_green_ratio_shows_the_methods_that_count_green_tokens(store):
+    """One panel per method whose scores count green tokens (the KGW methods), none for KTH's or PRO's."""
+    from harness.report import figures
+
+    plt = figures._pyplot()
+    fig = figures.green_ratio(collect.collect(store), store, plt)
+    assert [ax.get_title() for ax in fig.axes] == ["Gu-KGW", "Gloaguen-KGW"]
+    plt.close(fig)
