@@ -51,15 +51,16 @@ class ModelAttack(Attack, ABC):
     """Base of every model -> model attack (quantization, pruning, merging, fine-tuning)."""
 
     # Under a launch of several processes: True if every process computes the attack with the others (it trains the
-    # whole model, which one GPU may not hold), False if the main process builds it alone (harness/distributed.py).
+    # whole model, which one GPU may not hold), False if the main process builds it alone
+    # (harness/compute/distributed.py).
     collective: ClassVar[bool] = False
 
     @abstractmethod
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         """Write the attacked model(s) into the stage folder ``out_dir``: one model (weights + tokenizer, loadable by
-        ``harness.models.load_causal_lm``) per entry of ``outputs()``, in its sub-folder. Return every setting used,
-        library versions included, and under ``"evaluated"`` what the evaluated folder holds (e.g. a dequantized copy
-        of what the library produced)."""
+        ``harness.assets.models.load_causal_lm``) per entry of ``outputs()``, in its sub-folder. Return every setting
+        used, library versions included, and under ``"evaluated"`` what the evaluated folder holds (e.g. a dequantized
+        copy of what the library produced)."""
 
     def outputs(self) -> list[tuple[str, str]]:
         """``(row config label, sub-folder)`` of each model the attack writes. One by default; fine-tuning writes a

@@ -6,7 +6,7 @@ Each example is the model's chat template applied to (instruction, response) whe
 Alpaca-style ``### Instruction / ### Response`` text; the loss is on the response tokens only (supervised
 fine-tuning as TRL does it for prompt/completion data). The learning rate is constant after an absolute warmup, so
 the checkpoint at step s does not depend on which later steps were asked for (a cosine schedule would decay towards
-the last one). The harness's own training loop (``harness.training.train``, through accelerate) does the work.
+the last one). The harness's own training loop (``harness.compute.training.train``, through accelerate) does the work.
 """
 
 from __future__ import annotations

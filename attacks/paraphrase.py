@@ -7,7 +7,7 @@ from the input ``"lexical = {100 - lexical}, order = {100 - order}"`` + ``" " + 
 output, so later windows see the earlier paraphrase; the outputs, joined by spaces, are the paraphrased text.
 Sampling as in the paper's code: nucleus sampling with ``top_p`` 0.75, no top-k, at most ``max_length`` tokens.
 The paper's checkpoint is a T5-XXL (11B) with the T5 v1.1 tokenizer; the tiny preset uses a small paraphraser built
-here in the same format (``builtin:tiny-paraphraser``, harness/paraphraser.py).
+here in the same format (``builtin:tiny-paraphraser``, attacks/tiny_paraphraser.py).
 """
 
 from __future__ import annotations

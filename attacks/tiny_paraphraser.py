@@ -2,7 +2,7 @@
 ``<sent> ... </sent>`` window, swapping words for synonyms.
 
 The paper's DIPPER is an 11B T5 that no offline machine can download, so the tiny preset builds this one here from
-the bundled corpus, once per machine, cached like the tiny base model (harness/tiny.py): a folder under
+the bundled corpus, once per machine, cached like the tiny base model (harness/assets/tiny.py): a folder under
 ``$HARNESS_CACHE`` named by a hash of the recipe and corpus, built under a lock, published only when complete.
 
 Training pairs (made offline, seeded). DIPPER learned from pairs of human paraphrases, with the codes measured on

@@ -50,7 +50,7 @@ def logit_distill(
     masks: dict | None = None,
 ) -> dict:
     """Train ``student`` towards ``watermark(input_ids, teacher_logits)``; the teacher stays frozen. ``masks``: train
-    only these entries of the student's parameters (see ``harness.training.train``)."""
+    only these entries of the student's parameters (see ``harness.compute.training.train``)."""
     import torch
 
     teacher.eval().requires_grad_(False)

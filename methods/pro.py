@@ -221,8 +221,9 @@ class PRO(WatermarkMethod):
 
 
 class PROStep:
-    """One PRO training step for ``harness.training.train`` (``step(model, batch, backward)``): updates M with its
-    own optimiser and leaves the student's CAWP (+ FPL) gradient in ``.grad``. Also used by benchmarks/train_step.py.
+    """One PRO training step for ``harness.compute.training.train`` (``step(model, batch, backward)``): updates M with
+    its own optimiser and leaves the student's CAWP (+ FPL) gradient in ``.grad``. Also used by
+    benchmarks/train_step.py.
 
     Passes per step: teacher forward on the batch, student forward/backward for L_sim; with FPL also a teacher
     forward on the anti-watermarked batch and two student forward/backward passes (L_anti, the probe), plus
@@ -254,8 +255,8 @@ class PROStep:
     def refresh_pool(self, batch) -> None:
         """Anti-watermarked texts: the frozen base sampling with base - delta * M (the current M), seeded by the
         refresh count; pool text ``j`` continues the first ``anti_prompt_tokens`` tokens of batch row ``j mod B``.
-        Every text draws its own random numbers (``harness.generation.sample``'s per-prompt sampler), so with several
-        processes each draws its share of the pool and the pool is the one a single process draws."""
+        Every text draws its own random numbers (``harness.compute.generation.sample``'s per-prompt sampler), so with
+        several processes each draws its share of the pool and the pool is the one a single process draws."""
         import torch
 
         from harness.compute.generation import draw

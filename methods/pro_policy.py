@@ -76,8 +76,9 @@ def norm_loss(m, eps: float, lambda_1: float, reduction: str = "mean"):
         raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
     m = m.float()
     reduce = (lambda t: t.mean()) if reduction == "mean" else (lambda t: t.sum())
-    # Several processes (harness/distributed.py), each with its slice of the samples: the per-token mean over samples
-    # is taken over all of them (an all-reduce with a gradient), the terms over samples scaled so that the averaged
+    # Several processes (harness/compute/distributed.py), each with its slice of the samples: the per-token mean over
+    # samples is taken over all of them (an all-reduce with a gradient), the terms over samples scaled so that the
+    # averaged
     # gradients are those of one process on the whole batch.
     column_mean, share = m.mean(dim=0), 1.0
     if distributed.active():

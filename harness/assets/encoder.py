@@ -106,7 +106,7 @@ class Embedder:
         self.device = torch.device(device)
         self.pooling, self.normalize = pooling_of(self.folder)
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        # safetensors only unless the user passed --allow-pickle (as harness.models.load_causal_lm)
+        # safetensors only unless the user passed --allow-pickle (as harness.assets.models.load_causal_lm)
         safetensors_only = None if pickle_allowed() else True
         self.model = AutoModel.from_pretrained(self.folder, use_safetensors=safetensors_only).to(self.device).eval()
         self.model.requires_grad_(False)

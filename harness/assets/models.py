@@ -188,7 +188,7 @@ def check_device(device: str, origin: str = "device") -> None:
 
 def default_device() -> str:
     """``$HARNESS_DEVICE`` if set, else cuda when torch sees a GPU, else cpu. Under a launcher with several processes
-    (harness/distributed.py), ``cuda`` means this process's own GPU, ``cuda:$LOCAL_RANK``."""
+    (harness/compute/distributed.py), ``cuda`` means this process's own GPU, ``cuda:$LOCAL_RANK``."""
     import torch
 
     device = os.environ.get("HARNESS_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")

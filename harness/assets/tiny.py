@@ -68,7 +68,7 @@ def build(out: Path) -> dict:
 def build_lm(out: Path, recipe: dict, texts: list[str], desc: str, device: str | None = None) -> dict:
     """A byte-level BPE of ``recipe["vocab_size"]`` and a Llama of ``recipe["model"]`` trained on ``texts`` with
     ``recipe["train"]`` (TrainSettings), saved into ``out``; returns what was measured. Shared by the tiny and the
-    small presets' models (harness/small.py)."""
+    small presets' models (harness/assets/small.py)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

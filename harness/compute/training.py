@@ -45,8 +45,8 @@ def train(
     (parameter name -> 0/1 tensor of its shape) zeroes every gradient where its mask is 0, before clipping: only the
     masked-in entries train (Gloaguen-KGW's stable parameters).
 
-    Launched with several processes (harness/distributed.py), every process calls this with the same batches: each
-    trains on its slice of every batch and accelerate averages the gradients, so a step sees the whole batch as one
+    Launched with several processes (harness/compute/distributed.py), every process calls this with the same batches:
+    each trains on its slice of every batch and accelerate averages the gradients, so a step sees the whole batch as one
     process would. Inside a stage that the main process builds alone, it trains alone on whole batches.
     """
     import torch

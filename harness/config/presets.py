@@ -97,13 +97,15 @@ class Preset(Params):
 
 
 TINY_CALIBRATION = {"calib_data": "builtin:tiny-corpus", "calib_name": None, "calib_split": "train", "calib_len": 128}
-# DIPPER with the small paraphraser built here (harness/paraphraser.py), as the 11B checkpoint cannot be downloaded.
-# It was trained on windows of at most 40 words and copies longer ones badly: one sentence per window, long ones cut.
+# DIPPER with the small paraphraser built here (attacks/tiny_paraphraser.py), as the 11B checkpoint cannot be
+# downloaded. It was trained on windows of at most 40 words and copies longer ones badly: one sentence per window, long
+# ones cut.
 TINY_PARAPHRASER = {"model": "builtin:tiny-paraphraser", "tokenizer": None, "sent_interval": 1, "max_window_words": 40}
 
 TINY = Preset(
     name="tiny",
-    # A 3-layer Llama and a 4,096-token BPE trained here on the bundled corpus (harness/tiny.py), cached per machine.
+    # A 3-layer Llama and a 4,096-token BPE trained here on the bundled corpus (harness/assets/tiny.py), cached per
+    # machine.
     base_model="builtin:tiny-lm",
     # The tiny base doubles as the perplexity oracle: no larger offline English model exists on such a machine.
     oracle_model="builtin:tiny-lm",
@@ -172,7 +174,7 @@ SMALL_CALIBRATION = {"calib_data": "builtin:small-corpus", "calib_name": None, "
 SMALL = Preset(
     name="small",
     # A 17M-parameter Llama and an 88M oracle with an 8,192-token BPE, trained here on one GPU from pydoc topics and
-    # installed docstrings (harness/small.py; SPEC section 6), cached per machine. Not yet run on a GPU here: the
+    # installed docstrings (harness/assets/small.py; SPEC section 6), cached per machine. Not yet run on a GPU here: the
     # learning rates and PRO's alpha below are scaled from the tiny and paper presets, not tuned.
     base_model="builtin:small-lm",
     oracle_model="builtin:small-oracle",

@@ -75,7 +75,7 @@ class Pipeline:
 
     def _build(self, stage: Stage, what: str, fn, collective: bool = False) -> bool:
         """Build ``stage`` or reuse it (returns whether it was reused); when planning, only say whether it is stored.
-        ``collective``: with several processes, all of them compute it (harness/distributed.py)."""
+        ``collective``: with several processes, all of them compute it (harness/compute/distributed.py)."""
         if self.plan:
             return stage.done
         return self.store.build_or_reuse(stage, what, fn, collective)
@@ -133,7 +133,7 @@ class Pipeline:
     def aux_stage(self, kind: str, spec: dict, build, what: str, collective: bool = False) -> Path:
         """A stage a method builds for itself (teacher texts, reference statistics), shared by every run whose
         inputs match: keyed by ``spec`` plus the base model and the training data, which such stages read.
-        ``collective``: computed by every process of a launch (harness/distributed.py)."""
+        ``collective``: computed by every process of a launch (harness/compute/distributed.py)."""
         if kind in ("train", "attack", "generate", "text-attack", "run"):
             raise ValueError(f"'{kind}' is a pipeline stage, not a method's own")
         full = {

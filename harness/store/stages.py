@@ -179,8 +179,8 @@ class Store:
         """Build ``stage`` unless a verified copy is stored; return whether it was reused (and say so). A damaged
         copy is set aside and rebuilt; an edited one raises ``EditedStage``. One process builds, others wait.
 
-        Under a launcher with several processes (harness/distributed.py) the main process decides and publishes: a
-        ``collective`` stage's ``fn`` runs in every process (the others write into a scratch folder that is dropped),
+        Under a launcher with several processes (harness/compute/distributed.py) the main process decides and publishes:
+        a ``collective`` stage's ``fn`` runs in every process (the others write into a scratch folder that is dropped),
         any other stage is built by the main process alone while the others wait."""
         main = distributed.is_main()  # one process alone is its own main process
         with files.locked(stage.lock_file, f"{what} ({stage.key})") if main else contextlib.nullcontext():
