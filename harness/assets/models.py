@@ -197,6 +197,18 @@ def default_device() -> str:
     return device
 
 
+def non_finite_weight(folder: Path | str) -> str | None:
+    """The name of the first tensor of a saved model holding a NaN or an infinity, or None (read a tensor at a time)."""
+    import torch
+
+    weights = weight_reader(folder)
+    for name in weights:
+        tensor = weights[name]
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
 class weight_reader(Mapping):  # noqa: N801 (reads as a function)
     """The tensors of a saved model folder, ``{name: tensor}``, each read from its safetensors file (one or several
     shards) when asked for, so that a whole model never sits in memory."""

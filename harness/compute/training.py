@@ -3,6 +3,7 @@ through ``accelerate`` so that the same loop runs on a CPU, one GPU or several."
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -93,6 +94,11 @@ def train(
             batch = batch.to(accelerator.device)
             with accelerator.autocast():
                 loss = step(model, batch, accelerator.backward)
+            if not math.isfinite(float(loss)):  # every later step would be as meaningless: stop, store nothing
+                raise HarnessError(
+                    f"{desc}: the loss is {float(loss)} at step {len(losses) + 1} of {settings.steps}, so the "
+                    "training diverged (a learning rate too large?); nothing of it was stored"
+                )
             if masks is not None:
                 mask_gradients(accelerator.unwrap_model(model), masks)
             if settings.max_grad_norm is not None:
@@ -105,6 +111,12 @@ def train(
             if on_step is not None:
                 on_step(len(losses), accelerator.unwrap_model(model))
     trained = accelerator.unwrap_model(model).eval()
+    diverged = non_finite(trained)
+    if diverged is not None:
+        raise HarnessError(
+            f"{desc}: weight {diverged} is not finite after step {settings.steps}, so the training diverged (a "
+            "learning rate too large?); nothing of it was stored"
+        )
     if settings.gradient_checkpointing:
         trained.gradient_checkpointing_disable()
     seconds = time.perf_counter() - start
@@ -116,6 +128,18 @@ def train(
         "loss_last_10": sum(losses[-10:]) / len(losses[-10:]),
         "losses": losses,
     }
+
+
+def non_finite(model) -> str | None:
+    """The name of the first parameter of ``model`` holding a NaN or an infinity (this process's shard of it under
+    FSDP), or None."""
+    import torch
+
+    for name, param in model.named_parameters():
+        values = param.to_local() if hasattr(param, "to_local") else param
+        if not bool(torch.isfinite(values.detach()).all()):
+            return name
+    return None
 
 
 def placed_like(model, masks: dict) -> dict:

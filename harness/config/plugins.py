@@ -13,9 +13,10 @@ from harness.config.errors import HarnessError
 
 
 class Params(BaseModel):
-    """Base of every plugin's settings: frozen, unknown keys rejected."""
+    """Base of every plugin's settings (and of the presets'): frozen, unknown keys rejected, and numbers finite (an
+    infinite learning rate or strength would train every weight into NaN and store that as a result)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Plugin:

@@ -16,6 +16,7 @@ from attacks.base import MODEL, AttackContext, TextAttack
 from harness.assets import data, models
 from harness.compute import distributed, training
 from harness.compute.generation import SAMPLER, completion_perplexity, sample
+from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.config.registry import attacks
 from harness.report import textsim
@@ -183,9 +184,17 @@ class Pipeline:
         def build(out: Path) -> dict:
             ctx = AttackContext(self.base["path"], self.device, extra)
             report = attack.apply(trained.path / "model", out, ctx)
-            missing = [sub for _, sub in attack.outputs() if not (out / sub / "config.json").is_file()]
-            if missing and distributed.is_main():  # (the others of a collective attack may write nothing)
-                raise RuntimeError(f"attack {attack.name} wrote no model into {', '.join(missing)}")
+            if distributed.is_main():  # (the others of a collective attack may write nothing)
+                missing = [sub for _, sub in attack.outputs() if not (out / sub / "config.json").is_file()]
+                if missing:
+                    raise RuntimeError(f"attack {attack.name} wrote no model into {', '.join(missing)}")
+                for _, sub in attack.outputs():
+                    bad = models.non_finite_weight(out / sub)
+                    if bad is not None:
+                        raise HarnessError(
+                            f"attack {attack.name} ({attack.config_label()}) produced a model whose {bad} is not "
+                            "finite (NaN or infinite weights); nothing of it was stored"
+                        )
             return report
 
         self._build(stage, f"attack {attack.name}", build, collective=attack.collective)

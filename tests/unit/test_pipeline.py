@@ -2,6 +2,7 @@
 Hugging Face model takes, in seconds. It checks plumbing, reuse and the oracle's re-tokenization, not quality."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -229,3 +230,23 @@ def test_pro_through_the_pipeline(random_llamas, tmp_path):
         scores = read_jsonl(cell.run.path / "scores.jsonl")
         assert len(scores) == 12 and all(s["scored"] > 0 for s in scores)  # none fell back to the neutral score
     assert json.loads((trained / "manifest.json").read_text())["report"]["fpl"] is True
+
+
+@pytest.mark.parametrize("setting", ["train.lr=inf", "train.lr=nan", "eval.temperature=inf", "train.max_grad_norm=-inf"])
+def test_non_finite_settings_are_refused_before_any_work(cli, setting):
+    out = cli("run", "--method", "gu-kgw", "--set", setting)
+    assert out.returncode == 2 and "Input should be a finite number" in out.stderr, out.stderr
+    assert not (Path("results") / "runs" / "stages").exists()
+
+
+def test_a_diverging_training_stops_at_its_step_and_stores_nothing(random_llamas, tmp_path):
+    """A finite learning rate too large for the model: the run stops with one line naming the step where the loss
+    stopped being finite, and no train stage (nor anything after it) is published."""
+    from harness.config.errors import HarnessError
+
+    base, _ = random_llamas
+    preset = apply_overrides(make_preset(tmp_path, base, base), {"train.lr": "1e30"})
+    store = Store(tmp_path / "runs")
+    with pytest.raises(HarnessError, match=r"distill Gu-KGW: the loss is nan at step 2 of 3, so the training diverged"):
+        Pipeline(preset, store, "cpu").run(methods.build("gu-kgw", {}), attacks.build("none", {}))
+    assert not list((tmp_path / "runs" / "stages" / "train").glob("*/DONE")) and not store.runs()
