@@ -84,7 +84,8 @@ class EvalSettings(Params):
 
 
 class Preset(Params):
-    name: str
+    # A name that becomes a folder of tables: letters, digits, '.', '_' and '-' only.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     base_model: str
     oracle_model: str
     train_data: DataSource

@@ -17,6 +17,7 @@ from harness.config.plugins import Sweep
 from harness.report import collect
 from harness.report.collect import main_runs, method_rank, natural_key, param, setups, unaltered
 from harness.report.tables import watermark_config
+from harness.store.files import plain_name
 from harness.store.stages import Store
 
 
@@ -162,12 +163,12 @@ def write_figures(df: pd.DataFrame, store: Store, out_dir: Path) -> list[Path]:
     plt = _pyplot()
     written: list[Path] = []
     for name, part in setups(df).items():
-        folder = out_dir / name / "figures"
+        folder = out_dir / plain_name(name) / "figures"
         figures = {"auc_ppl": auc_ppl(part, plt), "roc": roc(part, store, plt)}
         for attack in sorted(part["attack_name"].dropna().unique()):
             sweep = getattr(collect.plugin_class("attack", attack), "sweep", None)
             if sweep is not None:
-                figures[f"auc_vs_{attack}"] = auc_vs(part, attack, sweep, plt)
+                figures[plain_name(f"auc_vs_{attack}")] = auc_vs(part, attack, sweep, plt)
         figures["green_ratio"] = green_ratio(part, store, plt)
         for figure_name, fig in figures.items():
             if fig is not None:

@@ -38,6 +38,7 @@ from harness.report.collect import (
     unaltered,
 )
 from harness.report.latex import cell_kind, esc, fmt, hand_tabular, table_float, tabular
+from harness.store.files import plain_name
 
 
 # --- the tables -------------------------------------------------------------------------------------------------
@@ -352,14 +353,14 @@ def write_tables(
     written = [out_dir / "runs.csv"]
     _csv(df.set_index("run"), written[0])
     for name, part in setups(df).items():
-        folder = out_dir / name
+        folder = out_dir / plain_name(name)
         folder.mkdir(exist_ok=True)
         mine = None
         if attributions is not None and len(attributions):
             mine = attributions[attributions["setup"] == part["setup"].iloc[0]]
         for table_name, (table, tex) in setup_tables(part, ci, mine).items():
-            csv = folder / f"{table_name}.csv"
+            csv, latex = folder / f"{plain_name(table_name)}.csv", folder / f"{plain_name(table_name)}.tex"
             _csv(table, csv)
-            (folder / f"{table_name}.tex").write_text(tex)
-            written += [csv, folder / f"{table_name}.tex"]
+            latex.write_text(tex)
+            written += [csv, latex]
     return written

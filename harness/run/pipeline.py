@@ -180,6 +180,9 @@ class Pipeline:
         }
         extra = self.refs(attack, spec)
         stage = self.store.stage("attack", spec)
+        for _, sub in attack.outputs():  # an output folder inside the stage's, whatever the plugin says
+            if files.plain_name(sub) != sub:
+                raise HarnessError(f"attack {attack.name} names an output folder '{sub}' that is not a plain name")
 
         def build(out: Path) -> dict:
             ctx = AttackContext(self.base["path"], self.device, extra)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 from collections.abc import Callable, Iterator
@@ -50,6 +51,19 @@ def file_sha256(file: Path) -> str:
         index.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(index, json.dumps(known))
     return known[key]
+
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def plain_name(name: str) -> str:
+    """``name`` as one path component that stays inside its folder: kept when it is plain (letters, digits, ``.``,
+    ``_``, ``-``; no separator, no ``..``), else its plain characters and a hash of it (``tiny-..-x`` ->
+    ``tiny-x-1a2b3c4d``), so that a name read from a store or a plugin never writes outside the folder asked for."""
+    if PLAIN_NAME.fullmatch(name) and ".." not in name:
+        return name
+    kept = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:60] or "name"
+    return f"{kept}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def write_atomic(file: Path, text: str) -> None:

@@ -232,7 +232,9 @@ def test_pro_through_the_pipeline(random_llamas, tmp_path):
     assert json.loads((trained / "manifest.json").read_text())["report"]["fpl"] is True
 
 
-@pytest.mark.parametrize("setting", ["train.lr=inf", "train.lr=nan", "eval.temperature=inf", "train.max_grad_norm=-inf"])
+@pytest.mark.parametrize(
+    "setting", ["train.lr=inf", "train.lr=nan", "eval.temperature=inf", "train.max_grad_norm=-inf"]
+)
 def test_non_finite_settings_are_refused_before_any_work(cli, setting):
     out = cli("run", "--method", "gu-kgw", "--set", setting)
     assert out.returncode == 2 and "Input should be a finite number" in out.stderr, out.stderr

@@ -1,9 +1,12 @@
 """Tables and figures are rebuilt from stored runs alone: the paper's layouts and colour rule, stable bytes, missing
 cells shown as missing, and no number carried over from another setup."""
 
+import re
+
 import pytest
 
 from harness.cli.main import main
+from harness.config.errors import HarnessError
 from harness.config.presets import TINY, apply_overrides
 from harness.report import collect, tables
 from harness.report.latex import colour
@@ -146,3 +149,18 @@ def test_green_ratio_shows_the_methods_that_count_green_tokens(store):
     fig = figures.green_ratio(collect.collect(store), store, plt)
     assert [ax.get_title() for ax in fig.axes] == ["Gu-KGW", "Gloaguen-KGW"]
     plt.close(fig)
+
+
+def test_names_read_from_the_store_never_write_outside_the_tables_folder(tmp_path, fake_run):
+    """A preset name is checked when given (--set name=../../x is refused), but a store can hold anything: the name
+    becomes a plain folder name inside --out."""
+    store = Store(tmp_path / "deep" / "er" / "runs")
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.9, preset=TINY.model_copy(update={"name": "../../escaped"}))
+    out = tmp_path / "deep" / "er" / "tables"
+    assert main(["tables", "--results", str(store.root), "--out", str(out), "--no-figures"]) == 0
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and "runs" not in p.parts]
+    assert written and all(out in p.parents for p in written), written
+    (folder,) = [p.name for p in out.iterdir() if p.is_dir()]
+    assert re.fullmatch(r"escaped-[0-9a-f]{8}", folder), folder
+    with pytest.raises(HarnessError, match="bad setting name: String should match pattern"):
+        apply_overrides(TINY, {"name": "../../escaped"})
