@@ -101,14 +101,74 @@ class Grid:
         return len({c.seed for c in self.cells}) > 1
 
 
-def _lines(text: str) -> dict[tuple, int]:
-    """Line number (1-based) of every key and item of a YAML document, by path: ``("groups", "x", "methods")``."""
+MAX_SPEC_BYTES = 1 << 20  # a grid spec is a page of YAML; more is not one (e.g. /dev/zero)
+MAX_SPEC_NODES = 100_000  # entries of the spec with its aliases expanded: the paper's grid has ~600
+
+
+def _document(text: str, source: str):
+    """The YAML document of a spec as one node graph (aliases are shared nodes, not copies), refused in one line
+    where it could not be a grid spec: a key given twice (YAML keeps the last one silently), a key that is not text,
+    an alias that refers to itself, or aliases that expand to more than ``MAX_SPEC_NODES`` entries (a "billion
+    laughs"). Checked on the graph, in time linear in the text."""
+    import yaml
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is None:
+        return None
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_:
+            raise HarnessError(f"{source}:{node.start_mark.line + 1}: an alias that refers to itself")
+        open_.add(id(node))
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, value in node.value:
+                line = key.start_mark.line + 1
+                if key.tag == "tag:yaml.org,2002:merge":  # "<<: *defaults"
+                    total += size(value)
+                    continue
+                if not isinstance(key, yaml.ScalarNode) or key.tag != "tag:yaml.org,2002:str":
+                    what = key.value if isinstance(key, yaml.ScalarNode) else "a collection"
+                    raise HarnessError(f"{source}:{line}: the key {what!r} is not text")
+                if key.value in seen:
+                    raise HarnessError(
+                        f"{source}:{line}: '{key.value}' is given twice (first on line {seen[key.value]}); "
+                        "YAML would keep only the last"
+                    )
+                seen[key.value] = line
+                total += size(value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        open_.discard(id(node))
+        sizes[id(node)] = total
+        if total > MAX_SPEC_NODES:
+            raise HarnessError(
+                f"{source}:{node.start_mark.line + 1}: its aliases expand to more than {MAX_SPEC_NODES:,} entries"
+            )
+        return total
+
+    size(root)
+    return root
+
+
+def _lines(root) -> dict[tuple, int]:
+    """Line number (1-based) of every key and item of a YAML document (``_document``), by path:
+    ``("groups", "x", "methods")``; an aliased node is walked where it is first reached."""
     import yaml
 
     found: dict[tuple, int] = {}
+    walked: set[int] = set()
 
     def walk(node, path: tuple) -> None:
         found.setdefault(path, node.start_mark.line + 1)
+        if id(node) in walked:
+            return
+        walked.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 found[(*path, str(key.value))] = key.start_mark.line + 1
@@ -117,7 +177,6 @@ def _lines(text: str) -> dict[tuple, int]:
             for i, value in enumerate(node.value):
                 walk(value, (*path, i))
 
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
     if root is not None:
         walk(root, ())
     return found
@@ -137,15 +196,22 @@ def load(path: Path) -> Grid:
 
     path = Path(path)
     source = str(path)
+    if not path.exists():
+        raise HarnessError(f"no grid spec at '{path}'")
+    if not path.is_file():
+        raise HarnessError(f"grid spec '{path}' is not a file")
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise HarnessError(f"no grid spec at '{path}'") from None
+        with path.open("rb") as fh:
+            blob = fh.read(MAX_SPEC_BYTES + 1)
+        if len(blob) > MAX_SPEC_BYTES:
+            raise HarnessError(f"grid spec '{path}' is larger than {MAX_SPEC_BYTES // 1024} KiB: not a grid spec")
+        text = blob.decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise HarnessError(f"cannot read grid spec '{path}': {err}") from None
     try:
-        raw = yaml.safe_load(text)
-        lines = _lines(text)
+        root = _document(text, source)
+        raw = yaml.SafeLoader(text).construct_document(root) if root is not None else None
+        lines = _lines(root)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -164,8 +230,6 @@ def load(path: Path) -> Grid:
         what = ".".join(str(p) for p in loc) or "spec"
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
         raise HarnessError(f"{_where(source, lines, loc)}: {what}: {msg}") from None
-    except TypeError as err:  # a non-string key at the top level
-        raise HarnessError(f"{source}:1: {err}") from None
     return expand(spec, source, lines)
 
 

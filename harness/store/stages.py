@@ -136,8 +136,9 @@ class Stage:
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
             (tmp / CONTENTS).write_text(json.dumps(contents(tmp), indent=1, sort_keys=True))
             (tmp / "DONE").write_text("")
-            if self.path.exists():  # an unfinished or foreign folder under our name: replace it
-                shutil.rmtree(self.path)
+            if self.path.exists():  # an unfinished or foreign folder under our name: kept aside, never deleted
+                moved = set_aside(self.root, self.path)
+                log.warning("%s held an unfinished stage (no DONE): moved to %s", self.path, moved)
             tmp.rename(self.path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -149,6 +150,22 @@ class Stage:
         for name, text in texts.items():
             files.write_atomic(self.path / name, text)
         files.write_atomic(self.path / CONTENTS, json.dumps(contents(self.path), indent=1, sort_keys=True))
+
+
+def set_aside(root: Path, folder: Path) -> Path:
+    """Move a damaged or unfinished stage folder to ``<root>/damaged/`` (nothing is deleted) and return where it
+    went; a folder that cannot be moved (a read-only store) is one line saying what to do."""
+    rel = folder.relative_to(root).as_posix().replace("/", "-")
+    dest = root / "damaged" / f"{rel}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(dest)
+    except OSError as err:
+        raise HarnessError(
+            f"'{folder}' must be set aside (it is damaged or unfinished) but cannot be moved to {dest.parent}: "
+            f"{err.strerror or err}; move it away by hand"
+        ) from None
+    return dest
 
 
 class Store:
@@ -212,12 +229,7 @@ class Store:
         return False
 
     def set_aside(self, folder: Path) -> Path:
-        """Move a damaged folder to ``<root>/damaged/`` (nothing is deleted) and return where it went."""
-        rel = folder.relative_to(self.root).as_posix().replace("/", "-")
-        dest = self.root / "damaged" / f"{rel}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        folder.rename(dest)
-        return dest
+        return set_aside(self.root, folder)
 
     def sweep(self) -> int:
         """Remove the temporary folders of processes that died (SIGKILL, power loss); live builds keep theirs."""

@@ -60,6 +60,13 @@ def test_seeds_and_overrides_reach_the_preset(tmp_path):
     assert g.several_seeds and "seed=3" in g.cells[0].name(True)
 
 
+BOMB = (  # 10 entries, then 10 aliases of each of those, 9 levels deep
+    "preset: tiny\nx0: &x0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+    + "".join(f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 10)}]\n" for i in range(1, 9))
+    + "groups: {a: {methods: {gu-kgw: [{}]}}}\n"
+)
+
+
 @pytest.mark.parametrize(
     "text, line, words",
     [
@@ -94,6 +101,16 @@ def test_seeds_and_overrides_reach_the_preset(tmp_path):
         ("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [3]}\n", 4, "valid dictionary"),
         ("- just\n- a list\n", 1, "a grid spec is a mapping"),
         ("preset: tiny\n", 1, "groups"),
+        # Hostile or careless YAML: a group given twice (YAML keeps the last silently), a key that is not text, an
+        # alias that refers to itself, and a "billion laughs" (aliases of aliases: 10^9 entries once expanded).
+        (
+            "preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n  a:\n    methods: {pro: [{}]}\n",
+            5,
+            r"'a' is given twice \(first on line 3\)",
+        ),
+        ("preset: tiny\n3: x\ngroups: {a: {methods: {gu-kgw: [{}]}}}\n", 2, "the key '3' is not text"),
+        ("preset: tiny\ngroups:\n  a: &a\n    methods: {gu-kgw: [*a]}\n", 3, "an alias that refers to itself"),
+        (BOMB, 6, "aliases expand to more than 100,000"),
     ],
 )
 def test_a_bad_spec_is_refused_whole_naming_the_line(tmp_path, capsys, text, line, words):
@@ -153,3 +170,14 @@ def test_the_shipped_grids_are_valid():
                                                "dipper"}  # fmt: skip
     assert {c.preset.name for c in tiny.cells} == {"tiny"} and {c.preset.name for c in paper.cells} == {"paper"}
     assert len({c.preset.base_model for c in paper.cells}) == 2  # tab:embedding is on LLaMA-3.2-3B
+
+
+def test_a_spec_path_that_is_no_file_is_one_line(tmp_path):
+    cases = [("/dev/zero", "is not a file"), (tmp_path, "is not a file"), (tmp_path / "x.yaml", "no grid spec at")]
+    for path, words in cases:
+        with pytest.raises(HarnessError, match=words):
+            grid.load(path)
+    big = tmp_path / "big.yaml"
+    big.write_text("preset: tiny\n" + "# padding\n" * 200_000)
+    with pytest.raises(HarnessError, match="larger than 1024 KiB"):
+        grid.load(big)

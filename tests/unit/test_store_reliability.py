@@ -193,3 +193,33 @@ def test_tables_skip_a_damaged_run_and_write_the_rest(tmp_path, caplog, fake_run
     assert list(df["category"]) == ["Unaltered"]
     assert str(runs[1]) in caplog.text and str(runs[2]) in caplog.text
     assert write_tables(df, tmp_path / "tables")
+
+
+def test_an_unfinished_stage_folder_is_set_aside_with_what_it_holds(tmp_path):
+    """A stage folder with no DONE (a build that never finished, or files a user put there) is moved to damaged/
+    whole when the stage is built, never deleted."""
+    store = Store(tmp_path)
+    stage = store.stage("train", {"x": 2})
+    stage.path.mkdir(parents=True)
+    (stage.path / "my-notes.txt").write_text("keep me")
+    assert reuse(store, stage, []) is False and stage.done
+    (kept,) = (tmp_path / "damaged").iterdir()
+    assert (kept / "my-notes.txt").read_text() == "keep me" and kept.name.startswith(f"stages-train-{stage.key}-")
+
+
+def test_a_damaged_stage_that_cannot_be_moved_is_one_line(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from harness.config.errors import HarnessError
+
+    store = Store(tmp_path)
+    stage = store.stage("train", {"x": 3})
+    reuse(store, stage, [])
+    (stage.path / "key.json").unlink()  # damaged: a file it published is missing
+
+    def refuse(self, target):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "rename", refuse)  # as a read-only store would (root writes even there)
+    with pytest.raises(HarnessError, match=r"must be set aside .* cannot be moved to .*damaged: Permission denied"):
+        reuse(store, stage, [])
