@@ -61,9 +61,38 @@ def collect(store: Store) -> pd.DataFrame:
     dupes = df.duplicated(keys, keep="last")
     if dupes.any():
         log.warning("%d older runs with the same labels are left out (newest kept)", int(dupes.sum()))
-    return (
-        df[~dupes].sort_values(["setup", "method", "method_config", "category", "attack", "run"]).reset_index(drop=True)
-    )
+    df = df[~dupes].reset_index(drop=True)
+    df["main"] = _one_main_configuration(df)
+    return df.sort_values(["setup", "method", "method_config", "category", "attack", "run"]).reset_index(drop=True)
+
+
+def _one_main_configuration(df: pd.DataFrame) -> pd.Series:
+    """``main``, with at most one configuration per method and setup. A run is main when its method's settings are
+    its preset's (``--set methods.<method>.<key>=...`` changes the preset, so two stored "main" configurations can
+    share a setup); where several are, the main one is the preset's own as the harness defines it (``harness list``),
+    else the newest run's, and the others are left out of the main-configuration tables with a warning naming them,
+    never averaged in."""
+    from harness.config.presets import PRESETS
+
+    main = df["main"].copy()
+    for (_, method), part in df[df["main"]].groupby(["setup", "method_name"], sort=True):
+        configs = part["params"].unique()
+        if len(configs) < 2:
+            continue
+        preset = PRESETS.get(part["preset"].iloc[0])
+        defined = _resolved(method, json.dumps(preset.methods.get(method, {}), sort_keys=True)) if preset else None
+        newest = part.loc[part.index.max(), "params"]  # (runs are read oldest first)
+        chosen = defined if defined in configs else newest
+        others = part[part["params"] != chosen]
+        main[others.index] = False
+        labels = sorted(set(others["method_config"]))
+        log.warning(
+            "%s: %d runs of another main configuration (%s) share a setup with %s's %s; tables of main "
+            "configurations show the latter only (runs: %s)",
+            part["method"].iloc[0], len(others), "; ".join(labels), part["preset"].iloc[0],
+            part[part["params"] == chosen]["method_config"].iloc[0], ", ".join(sorted(others["run"])[:5]),
+        )  # fmt: skip
+    return main
 
 
 def _row(run: Path) -> dict:

@@ -13,6 +13,7 @@ red, yellow otherwise.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -39,6 +40,8 @@ from harness.report.collect import (
 )
 from harness.report.latex import cell_kind, esc, fmt, hand_tabular, table_float, tabular
 from harness.store.files import plain_name
+
+log = logging.getLogger(__name__)
 
 
 # --- the tables -------------------------------------------------------------------------------------------------
@@ -272,6 +275,14 @@ def attribution(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- one setup's tables, and writing them -----------------------------------------------------------------------
+def _cells_short_of_seeds(part: pd.DataFrame, seeds: list) -> list[str]:
+    """The main-configuration cells (method x attack setting) stored for fewer than all of ``seeds``."""
+    runs = main_runs(part)
+    counts = runs.groupby(["method", "attack", "attack_config"], sort=True)["seed"].nunique()
+    return [f"{m} x {(a + ' ' + c).strip() or 'unaltered'} ({n} of {len(seeds)})" for (m, a, c), n in counts.items()
+            if n < len(seeds)]  # fmt: skip
+
+
 def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None) -> dict[str, tuple]:
     """``{file name: (table, LaTeX)}`` of one setup's runs; tables with no stored run are left out."""
     base = part["base_model"].iloc[0]
@@ -279,6 +290,11 @@ def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None
     about = f"{base}, preset {part['preset'].iloc[0]}"
     if len(seeds) > 1:
         about += f", mean over seeds {', '.join(map(str, seeds))}"
+        short = _cells_short_of_seeds(part, seeds)
+        if short:
+            about += f" where stored ({len(short)} cells have fewer)"
+            log.warning("%d cells average fewer than the %d seeds stored (%s): %s", len(short), len(seeds),
+                        ", ".join(map(str, seeds)), "; ".join(short[:5]))  # fmt: skip
     mains = {(r.method, r.method_config) for r in main_runs(part).itertuples()}
     mains = sorted(mains, key=lambda mc: method_rank(mc[0]))
     configs = "; ".join(f"{m}: {c}" for m, c in mains)

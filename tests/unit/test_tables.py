@@ -164,3 +164,31 @@ def test_names_read_from_the_store_never_write_outside_the_tables_folder(tmp_pat
     assert re.fullmatch(r"escaped-[0-9a-f]{8}", folder), folder
     with pytest.raises(HarnessError, match="bad setting name: String should match pattern"):
         apply_overrides(TINY, {"name": "../../escaped"})
+
+
+def test_two_main_configurations_in_one_setup_are_never_averaged(tmp_path, fake_run, caplog):
+    """`--set methods.gu-kgw.delta=1.0` makes another "main" configuration in the same setup: tables keep the
+    preset's own (delta=2) and say which runs they left out, instead of averaging the two."""
+    import json
+
+    store = Store(tmp_path / "runs")
+    own = fake_run(store, "gu-kgw", {}, "none", {}, 0.95)
+    other = apply_overrides(TINY, {"methods.gu-kgw.delta": "1.0"})
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.6, preset=other)
+    df = collect.collect(store)
+    assert df["main"].sum() == 1 and df["setup"].nunique() == 1  # one setup, one main configuration
+    table = tables.robustness(df)
+    auc = json.loads((own / "metrics.json").read_text())["auc"]
+    assert table.loc[("Unaltered", "", ""), ("Gu-KGW", "AUC")] == auc
+    assert "another main configuration (k=1, delta=1) share a setup with tiny's k=1, delta=2" in caplog.text
+
+
+def test_cells_with_fewer_seeds_are_named_not_averaged_as_if_complete(tmp_path, fake_run, caplog):
+    store = Store(tmp_path / "runs")
+    for seed in (0, 1):
+        fake_run(store, "gu-kgw", {}, "none", {}, 0.9, seed=seed)
+    fake_run(store, "gu-kgw", {}, "slerp", {"t": 0.5}, 0.8, seed=0)
+    (caption,) = [tex for name, (_, tex) in tables.setup_tables(collect.collect(store), False, None).items()
+                  if name == "robustness"]  # fmt: skip
+    assert "mean over seeds 0, 1 where stored (1 cells have fewer)" in caption
+    assert "Gu-KGW x SLERP t=0.5 (1 of 2)" in caplog.text
