@@ -64,6 +64,24 @@ def _config_dtype(model_dir: Path):
     return dtype
 
 
+def linear_shapes(model: str) -> list[tuple[str, int, int]]:
+    """``(name, in_features, out_features)`` of every Linear layer of ``model`` but ``lm_head`` (the layers the
+    quantizers take), from its config alone: the model is built on the meta device, so no weight loads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from harness.assets.models import resolve
+
+    config = AutoConfig.from_pretrained(resolve(model))
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(config)
+    return [
+        (name, module.in_features, module.out_features)
+        for name, module in built.named_modules()
+        if isinstance(module, torch.nn.Linear) and name.split(".")[-1] != "lm_head"
+    ]
+
+
 # --- GPTQ ----------------------------------------------------------------------------------------------------------
 
 
@@ -110,6 +128,26 @@ class GPTQ(ModelAttack):
 
     def data_refs(self) -> dict:
         return {"calibration": self.params.calibration_source()}
+
+    def validate(self, base_model: str | None = None) -> None:
+        """The group size and bits that gptqmodel's kernel takes, checked before any work (it refuses others only
+        when it packs the model, after training and calibration)."""
+        from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+
+        p = self.params
+        if p.group_size not in TorchLinear.SUPPORTS_GROUP_SIZE:
+            sizes = ", ".join(map(str, TorchLinear.SUPPORTS_GROUP_SIZE))
+            raise HarnessError(f"GPTQ group_size {p.group_size} is not one gptqmodel packs: use one of {sizes}")
+        if base_model is None:
+            return
+        divisors = {"in_features": TorchLinear.SUPPORTS_IN_FEATURES_DIVISIBLE_BY,
+                    "out_features": TorchLinear.SUPPORTS_OUT_FEATURES_DIVISIBLE_BY}  # fmt: skip
+        for name, columns, rows in linear_shapes(base_model):
+            for what, size in (("in_features", columns), ("out_features", rows)):
+                if not any(size % d == 0 for d in divisors[what]):
+                    raise HarnessError(
+                        f"GPTQ cannot pack {name}: its {what} ({size}) is not a multiple of {divisors[what]}"
+                    )
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         from harness.assets import data
@@ -273,6 +311,21 @@ class HQQ(ModelAttack):
     def config_label(self) -> str:
         return _group_label(self.params.bits, self.params.group_size, 64)
 
+    def validate(self, base_model: str | None = None) -> None:
+        """The group size divides every quantized layer along its axis: checked before any work, on the shapes."""
+        if base_model is not None:
+            self.check_groups((name, {0: rows, 1: columns}) for name, columns, rows in linear_shapes(base_model))
+
+    def check_groups(self, widths) -> None:
+        """``widths``: ``(layer name, {axis: its size along that axis})``."""
+        p = self.params
+        along = {0: "out_features", 1: "in_features"}[p.axis]
+        for name, sizes in widths:
+            if sizes[p.axis] % p.group_size:
+                raise HarnessError(
+                    f"HQQ group_size {p.group_size} does not divide the {along} ({sizes[p.axis]}) of {name}"
+                )
+
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         import torch
         from hqq.core.quantize import HQQLinear, hqq_base_quant_config
@@ -287,12 +340,7 @@ class HQQ(ModelAttack):
             for name, module in model.named_modules()
             if isinstance(module, torch.nn.Linear) and name.split(".")[-1] != "lm_head"  # as hqq's HF models
         ]
-        along = {0: "out_features", 1: "in_features"}[p.axis]
-        for name, module in layers:
-            if getattr(module, along) % p.group_size:
-                raise HarnessError(
-                    f"HQQ group_size {p.group_size} does not divide the {along} ({getattr(module, along)}) of {name}"
-                )
+        self.check_groups((name, {0: m.out_features, 1: m.in_features}) for name, m in layers)
         quant_config = hqq_base_quant_config(nbits=p.bits, group_size=p.group_size, axis=p.axis)
         tensors, meta = {}, {}
         for name, module in layers:

@@ -118,6 +118,15 @@ BAD_INPUTS = {
         ["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "calib_data=./no.jsonl"],
         "dataset path './no.jsonl' does not exist",
     ),
+    # Settings the library would refuse only after training: checked against the base model's shapes first.
+    "hqq group": (
+        ["run", "--method", "gu-kgw", "--attack", "hqq", "--attack-arg", "group_size=48"],
+        "HQQ group_size 48 does not divide the in_features (512) of model.layers.0.mlp.down_proj",
+    ),
+    "gptq group": (
+        ["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "group_size=24"],
+        "GPTQ group_size 24 is not one gptqmodel packs",
+    ),
     "unknown command": (["fly"], "invalid choice"),
     "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
 }
