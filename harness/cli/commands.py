@@ -133,9 +133,11 @@ def cmd_grid(args) -> int:
     spec = grid.load(args.spec)
     if not args.verbose:
         _quiet_transformers()
-    shard = grid.parse_shard(args.shard) if args.shard else None
-    if args.executor not in executors.EXECUTORS:
-        raise HarnessError(f"unknown executor '{args.executor}'. Valid executors: {', '.join(executors.EXECUTORS)}")
+    shard = grid.parse_shard(args.shard) if args.shard is not None else None
+    resources = executors.Resources(
+        args.partition, args.account, args.gpus, args.cpus, args.mem_gb, args.time_min, args.max_parallel
+    )
+    executors.check_options(args.executor, resources)
     if args.allow_pickle:
         os.environ[models.ALLOW_PICKLE_ENV] = "1"
     _device_env(args)
@@ -160,9 +162,6 @@ def cmd_grid(args) -> int:
             print(f"  {k:3d}  {cell.name(spec.several_seeds):60s} {state}")
         print(f"{stored} of {len(cells)} cells stored; {len(cells) - stored} to compute")
         return 0
-    resources = executors.Resources(
-        args.partition, args.account, args.gpus, args.cpus, args.mem_gb, args.time_min, args.max_parallel
-    )
     start = time.time()
     summary = executors.run(spec, args.results, args.device, args.executor, shard, args.jobs_dir, resources)
     minutes, seconds = divmod(round(time.time() - start), 60)

@@ -97,7 +97,7 @@ def build_parser() -> Parser:
     grid.add_argument("--gpus", type=int, help="GPUs per job")
     grid.add_argument("--cpus", type=int, help="CPUs per job")
     grid.add_argument("--mem-gb", type=int, help="memory per job (GB)")
-    grid.add_argument("--time-min", type=int, default=240, help="time limit per job in minutes (default 240)")
+    grid.add_argument("--time-min", type=int, help="time limit per job in minutes (default 240)")
     grid.add_argument("--max-parallel", type=int, help="Slurm jobs running at once")
     grid.add_argument("--device", help="torch device for inline cells (default as for 'harness run')")
     grid.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")

@@ -3,6 +3,7 @@ loads. Everything here that changes a result goes into the run-store hashes; whe
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator
@@ -28,7 +29,7 @@ class TrainSettings(Params):
     seq_len: int = Field(gt=1)
     lr: float = Field(gt=0)
     warmup_frac: float = Field(0.1, ge=0, lt=1)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.999)  # --set train.betas=0.9,0.95 (or [0.9, 0.95])
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float | None = 1.0
     # Learning-rate schedule after the linear warmup: cosine decay to 0 at ``steps`` (the paper's), or constant.
@@ -45,6 +46,11 @@ class TrainSettings(Params):
         """Fields that stay out of hashes and stored configs: gradient checkpointing (the same numbers), and the
         teacher's dtype while it is float32, what every training used before the setting existed."""
         return {"gradient_checkpointing"} | ({"teacher_dtype"} if self.teacher_dtype == "float32" else set())
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _pair(cls, value):
+        return [part.strip() for part in value.split(",")] if isinstance(value, str) else value
 
     @property
     def tokens(self) -> int:
@@ -211,6 +217,19 @@ SMALL = Preset(
 PRESETS = {p.name: p for p in (TINY, SMALL, PAPER)}
 
 
+def _value(dotted: str, value: str):
+    """An override's value as given on the command line: None, a JSON list or object, or the string itself (pydantic
+    converts it to the setting's type)."""
+    if value.strip().lower() in ("none", "null"):
+        return None
+    if value.lstrip().startswith(("[", "{")):
+        try:
+            return json.loads(value)
+        except ValueError as err:
+            raise HarnessError(f"bad setting {dotted}: not valid JSON ({err})") from None
+    return value
+
+
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise HarnessError(f"unknown preset '{name}'. Valid presets: {', '.join(PRESETS)}")
@@ -218,18 +237,33 @@ def get_preset(name: str) -> Preset:
 
 
 def apply_overrides(preset: Preset, overrides: dict[str, str]) -> Preset:
-    """Return ``preset`` with ``section.key=value`` overrides (e.g. ``train.steps=50``), validated as a whole."""
+    """Return ``preset`` with ``section.key=value`` overrides (e.g. ``train.steps=50``), validated as a whole.
+    ``methods.<method>.<key>`` and ``attacks.<attack>.<key>`` set any setting that plugin declares (the preset's
+    own settings for it are the defaults every run of it starts from). A value ``none``/``null`` is None; one that
+    starts with ``[`` or ``{`` is JSON (``train.betas=[0.9, 0.95]``)."""
+    from harness.config.registry import attacks, methods
+
     data = preset.model_dump()
     for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
-        for part in parents:
-            if not isinstance(node.get(part), dict):
+        if len(parents) == 2 and parents[0] in ("methods", "attacks"):
+            registry = methods if parents[0] == "methods" else attacks
+            registry.check(parents[1])  # an unknown name is one line suggesting the closest
+            fields = registry.load(parents[1]).Params.model_fields
+            if leaf not in fields:
+                raise HarnessError(
+                    f"unknown setting '{dotted}': {registry.kind} '{parents[1]}' has {', '.join(fields) or 'none'}"
+                )
+            node = data[parents[0]].setdefault(parents[1], {})
+        else:
+            for part in parents:
+                if not isinstance(node.get(part), dict):
+                    raise HarnessError(f"unknown setting '{dotted}'")
+                node = node[part]
+            if leaf not in node:
                 raise HarnessError(f"unknown setting '{dotted}'")
-            node = node[part]
-        if leaf not in node:
-            raise HarnessError(f"unknown setting '{dotted}'")
-        node[leaf] = None if value.lower() in ("none", "null") else value
+        node[leaf] = _value(dotted, value)
     try:
         return Preset(**data)
     except ValidationError as err:

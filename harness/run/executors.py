@@ -24,27 +24,46 @@ class Resources:
     gpus: int | None = None
     cpus: int | None = None
     mem_gb: int | None = None
-    time_min: int = 240
+    time_min: int | None = None  # None: 240
     max_parallel: int | None = None
+
+    def given(self, names: tuple[str, ...]) -> list[str]:
+        """The options among ``names`` that were given (as the command line spells them)."""
+        return [f"--{name.replace('_', '-')}" for name in names if getattr(self, name) is not None]
 
 
 EXECUTORS = ("inline", "local", "slurm")
+SLURM_ONLY = ("partition", "account", "max_parallel")
+JOB_OPTIONS = ("gpus", "cpus", "mem_gb", "time_min")  # what a submitted job asks for: local and Slurm jobs
+
+
+def check_options(kind: str, res: Resources) -> None:
+    """Options of another executor are refused, never ignored: Slurm's with ``local`` or ``inline``, and those of
+    submitted jobs with ``inline`` (cells run in this process)."""
+    if kind not in EXECUTORS:
+        raise HarnessError(f"unknown executor '{kind}'. Valid executors: {', '.join(EXECUTORS)}")
+    if kind != "slurm" and res.given(SLURM_ONLY):
+        raise HarnessError(f"{', '.join(res.given(SLURM_ONLY))}: only for --executor slurm")
+    if kind == "inline" and res.given(JOB_OPTIONS):
+        raise HarnessError(
+            f"{', '.join(res.given(JOB_OPTIONS))}: only for --executor local or slurm (what each submitted job asks "
+            "for; the inline executor runs cells in this process)"
+        )
 
 
 def make_executor(kind: str, jobs_dir: Path, res: Resources):
     """A submitit executor for ``local`` (subprocesses on this machine) or ``slurm``; ``inline`` is None (cells run in
     this process, one after the other)."""
+    check_options(kind, res)
     if kind == "inline":
         return None
-    if kind not in EXECUTORS:
-        raise HarnessError(f"unknown executor '{kind}'. Valid executors: {', '.join(EXECUTORS)}")
     try:
         import submitit
     except ImportError:
         raise HarnessError(
             f"executor '{kind}' needs the Python package 'submitit': pip install 'watermark-harness[cluster]'"
         ) from None
-    params: dict[str, Any] = {"timeout_min": res.time_min}
+    params: dict[str, Any] = {"timeout_min": res.time_min or 240}
     if res.gpus is not None:
         params["gpus_per_node"] = res.gpus
     if res.cpus is not None:
@@ -67,8 +86,6 @@ def make_executor(kind: str, jobs_dir: Path, res: Resources):
                 if v is not None
             }
         )
-    elif res.partition or res.account:
-        raise HarnessError("--partition and --account are Slurm options: use them with --executor slurm")
     jobs_dir.mkdir(parents=True, exist_ok=True)
     executor = submitit.AutoExecutor(folder=str(jobs_dir / "%j"), cluster=kind)
     executor.update_parameters(**params)

@@ -1,5 +1,7 @@
 """Presets, overrides, the bundled corpus, batching and prompts."""
 
+import re
+
 import pytest
 
 from harness.assets import data
@@ -61,3 +63,20 @@ def test_eval_prompts_have_exact_lengths(random_llamas):
     assert [(len(p["prompt_ids"]), len(p["human_ids"])) for p in prompts] == [(4, 6), (4, 6)]
     with pytest.raises(HarnessError, match="only 2 evaluation documents"):
         data.eval_prompts(tok, texts, num=3, prompt_tokens=4, new_tokens=6)
+
+
+def test_any_setting_of_a_plugin_and_every_field_can_be_overridden():
+    """--set methods.<m>.<k> takes any setting the plugin declares (not only those the preset already sets), refuses
+    others naming them, and a pair takes "0.9,0.95" or JSON."""
+    p = apply_overrides(TINY, {"methods.pro.delta": "0.5", "methods.gu-kth.s": "2", "train.betas": "0.9,0.95"})
+    assert (p.methods["pro"]["delta"], p.methods["gu-kth"]["s"], p.train.betas) == ("0.5", "2", (0.9, 0.95))
+    assert methods.build("pro", {}, p).params.delta == 0.5
+    assert apply_overrides(TINY, {"train.betas": "[0.8, 0.9]"}).train.betas == (0.8, 0.9)
+    for setting, words in [
+        ("methods.pro.deltaa", "unknown setting 'methods.pro.deltaa': method 'pro' has embedding_model, delta"),
+        ("methods.prox.delta", "unknown method 'prox'. Did you mean 'pro'?"),
+        ("attacks.slerp.tt", "attack 'slerp' has t"),
+        ("train.betas", "bad setting train.betas: not valid JSON"),
+    ]:
+        with pytest.raises(HarnessError, match=re.escape(words)):
+            apply_overrides(TINY, {setting: "[0.5" if setting == "train.betas" else "1"})

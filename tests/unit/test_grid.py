@@ -181,3 +181,18 @@ def test_a_spec_path_that_is_no_file_is_one_line(tmp_path):
     big.write_text("preset: tiny\n" + "# padding\n" * 200_000)
     with pytest.raises(HarnessError, match="larger than 1024 KiB"):
         grid.load(big)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--shard", ""], "bad shard ''"),
+        (["--partition", "gpu"], "--partition: only for --executor slurm"),
+        (["--executor", "local", "--account", "a", "--max-parallel", "2"], "--account, --max-parallel: only for"),
+        (["--gpus", "1", "--time-min", "30"], "--gpus, --time-min: only for --executor local or slurm"),
+        (["--executor", "cloud"], "unknown executor 'cloud'"),
+    ],
+)
+def test_grid_options_of_another_executor_are_refused_not_ignored(tmp_path, cli, args, words):
+    out = cli("grid", str(write(tmp_path, GOOD)), "--results", str(tmp_path / "runs"), "--dry-run", *args)
+    assert out.returncode == 2 and words in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
