@@ -82,22 +82,29 @@ def cmd_run(args) -> None:
 
 def cmd_tables(args) -> None:
     from harness.report.collect import collect, collect_attribution, setups
-    from harness.report.tables import robustness, write_tables
+    from harness.report.tables import forget_stale, robustness, write_tables
+    from harness.store import files
     from harness.store.stages import Store
 
     store = Store(args.results)
     if not store.root.is_dir():
         raise HarnessError(f"no run store at '{store.root}': run 'harness run' or 'harness grid' first")
-    if args.out.exists() and not args.out.is_dir():
-        raise HarnessError(f"tables folder '{args.out}' is a file, not a folder")
+    files.check_writable(args.out, "tables folder")
     df = collect(store)
-    written = write_tables(df, args.out, ci=args.ci, attributions=collect_attribution(store))
-    if not written:
-        raise HarnessError(f"no finished runs in '{store.root}' that could be read")
-    if not args.no_figures:
-        from harness.report.figures import write_figures
+    try:
+        written = write_tables(df, args.out, ci=args.ci, attributions=collect_attribution(store))
+        if not written:
+            raise HarnessError(f"no finished runs in '{store.root}' that could be read")
+        if not args.no_figures:
+            from harness.report.figures import write_figures
 
-        written += write_figures(df, store, args.out)
+            written += write_figures(df, store, args.out)
+        removed = forget_stale(args.out, written)
+    except OSError as err:
+        raise HarnessError(f"cannot write the tables into '{args.out}': {err.strerror or err}") from None
+    if removed:
+        print(f"removed {len(removed)} files an earlier 'harness tables' wrote into {args.out} for setups or tables "
+              f"the store no longer has (e.g. {removed[0]})")  # fmt: skip
     for name, part in setups(df).items():
         table = robustness(part)
         if table.empty:
@@ -144,6 +151,7 @@ def cmd_grid(args) -> int:
     cells = list(spec.cells) if shard is None else grid.shard(spec.cells, *shard)
     part = f" (shard {shard[0]}/{shard[1]}: {len(cells)} of {len(spec.cells)} cells)" if shard else ""
     if args.dry_run:
+        jobs.check_cells(cells)  # what the real grid checks first: a missing model or dataset is one line here too
         print(f"{args.spec}: {len(cells)} cells{part}, {len({c.training for c in cells})} trained models")
         stored = 0
         unknown: dict[str, str] = {}  # setup -> why its cells cannot be planned here (asked once per setup)
@@ -186,8 +194,10 @@ def cmd_rescore(args) -> None:
     store = Store(args.results)
     if not store.root.is_dir():
         raise HarnessError(f"no run store at '{store.root}'")
-    changed, total = rescore_store(store)
+    changed, total, skipped = rescore_store(store)
     print(f"{changed} of {total} stored runs rescored (the others were up to date)")
+    if skipped:
+        raise HarnessError(f"{len(skipped)} damaged or edited runs were left as they are (named above): {skipped[0]}")
 
 
 def _quiet_transformers() -> None:

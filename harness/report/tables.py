@@ -353,6 +353,33 @@ def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None
     return out
 
 
+INDEX = ".harness-tables.json"  # in --out: what the last ``harness tables`` wrote there
+
+
+def forget_stale(out_dir: Path, written: list[Path]) -> list[Path]:
+    """Remove what an earlier ``harness tables`` wrote into ``out_dir`` (its index) and this one did not (a setup or
+    table the store no longer has: ``tiny/`` once a second setup makes it ``tiny-<hash>/``), so that nothing left
+    there looks current; then record what this one wrote. Files not in the index are never touched."""
+    index = out_dir / INDEX
+    try:
+        before = json.loads(index.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        before = []
+    now = sorted(p.relative_to(out_dir).as_posix() for p in written)
+    removed = []
+    for rel in sorted(set(before) - set(now)):
+        path = out_dir / rel
+        if ".." not in Path(rel).parts and path.is_file():
+            path.unlink()
+            removed.append(path)
+            for folder in path.parents:  # folders it leaves empty
+                if folder == out_dir or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+    index.write_text(json.dumps({"files": now}, indent=1) + "\n")
+    return removed
+
+
 def _csv(table: pd.DataFrame, path: Path) -> None:
     """CSV with fixed float formatting and missing cells spelled out, so two builds are byte-identical."""
     table.to_csv(path, float_format="%.6g", na_rep=MISSING, lineterminator="\n")

@@ -23,7 +23,7 @@ recomputes only what was not finished.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,7 @@ class Cell:
     attack: str
     attack_settings: tuple
     setup: str = ""  # the resolved preset as JSON: cells of different presets differ (set by ``make``)
+    where: str = field(default="", compare=False)  # ``spec:line`` of the method entry the cell comes from
 
     @classmethod
     def make(cls, preset: presets.Preset, seed: int, method: str, ms: tuple, attack: str, ats: tuple) -> Cell:
@@ -276,6 +277,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
                             # cell, trained once, on one shard.
                             cell = Cell.make(seeded, seed, method, _frozen(m.params.model_dump()), attack,
                                              _frozen(a.params.model_dump()))  # fmt: skip
+                            cell = replace(cell, where=at("groups", group_name, "methods", method, i))
                             cells.setdefault(cell)
                             by_group.setdefault(group_name, []).append(cell)
     ordered = sorted(cells, key=_training_order(list(cells)))

@@ -12,6 +12,7 @@ from harness.run.grid import Cell
 
 def check_cells(cells: list[Cell]) -> None:
     """The inputs of every cell (models, data, plugins' own checks), once per distinct preset and plugin."""
+    from harness.config.errors import HarnessError
     from harness.run.pipeline import check_inputs
 
     seen: set = set()
@@ -20,7 +21,11 @@ def check_cells(cells: list[Cell]) -> None:
         key = (cell.preset.model_dump_json(), m.name, str(m.params), a.name, str(a.params))
         if key not in seen:
             seen.add(key)
-            check_inputs(cell.preset, (m, a))
+            try:
+                check_inputs(cell.preset, (m, a))
+            except HarnessError as err:  # say which cell of the spec, so the user knows what to fix
+                where = f"{cell.where} ({cell.name()})" if cell.where else cell.name()
+                raise HarnessError(f"{where}: {err}") from None
 
 
 def plan(cell: Cell, results: Path, device: str | None) -> list[tuple[str, bool]]:
@@ -30,7 +35,7 @@ def plan(cell: Cell, results: Path, device: str | None) -> list[tuple[str, bool]
 
     m, a = cell.build()
     pipe = Pipeline(cell.preset, Store(results), device, plan=True)
-    return [(c.row, c.run.done) for c in pipe.run(m, a)]
+    return [(c.row, c.reused) for c in pipe.run(m, a)]  # (planned: "reused" is "stored and verified")
 
 
 def run_cell(cell: Cell, results: str, device: str | None) -> dict:

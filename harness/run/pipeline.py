@@ -23,7 +23,7 @@ from harness.report import textsim
 from harness.run import scoring
 from harness.run.scoring import attack_row
 from harness.store import files
-from harness.store.stages import Stage, Store
+from harness.store.stages import EditedStage, Stage, Store
 from methods.base import DetectContext, TrainContext
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,11 @@ class Pipeline:
     def _build(self, stage: Stage, what: str, fn, collective: bool = False) -> bool:
         """Build ``stage`` or reuse it (returns whether it was reused); when planning, only say whether it is stored.
         ``collective``: with several processes, all of them compute it (harness/compute/distributed.py)."""
-        if self.plan:
-            return stage.done
+        if self.plan:  # stored means reusable: verified as a real run would verify it
+            try:
+                return stage.done and stage.problem() is None
+            except EditedStage:
+                return False
         return self.store.build_or_reuse(stage, what, fn, collective)
 
     # --- inputs shared by every stage -------------------------------------------------------------------------

@@ -107,8 +107,11 @@ def rescore(run: Stage) -> bool:
     (``METRICS_VERSION``), and republish the run under its lock. Returns whether anything changed."""
     version = metrics.METRICS_VERSION
     metrics_file = run.path / "metrics.json"
-    if json.loads(metrics_file.read_text()).get("metrics_version") == version:
-        return False
+    try:
+        if json.loads(metrics_file.read_text()).get("metrics_version") == version:
+            return False
+    except (OSError, ValueError):
+        pass  # unreadable: the check under the lock below names what is wrong
     with files.locked(run.lock_file, f"rescoring of run {run.key}"):
         problem = run.problem()  # scores that no longer match what was published are never rescored
         if problem is not None:
@@ -127,11 +130,19 @@ def rescore(run: Stage) -> bool:
     return True
 
 
-def rescore_store(store: Store) -> tuple[int, int]:
-    """``rescore`` every finished run and attribution stage of ``store``; return (rescored, total)."""
+def rescore_store(store: Store) -> tuple[int, int, list[str]]:
+    """``rescore`` every finished run and attribution stage of ``store``; return (rescored, total, the ones left as
+    they are because they are damaged or edited: each named in a warning, the others rescored all the same)."""
     stages = [Stage("run", {}, p.name, p, store.root) for p in store.runs()]
     stages += [
         Stage("attribution", {}, p.parent.name, p.parent, store.root)
         for p in sorted((store.root / "stages" / "attribution").glob("*/DONE"))
     ]
-    return sum(rescore(s) for s in stages), len(stages)
+    rescored, skipped = 0, []
+    for stage in stages:
+        try:
+            rescored += rescore(stage)
+        except HarnessError as err:
+            log.warning("left as it is: %s", err)
+            skipped.append(str(stage.path))
+    return rescored, len(stages), skipped

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.config.errors import HarnessError
+
 log = logging.getLogger(__name__)
 
 SMALL_FILE = 1 << 20  # files below this are hashed directly; larger ones go through the hash index
@@ -64,6 +66,23 @@ def plain_name(name: str) -> str:
         return name
     kept = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:60] or "name"
     return f"{kept}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def check_writable(folder: Path, what: str) -> None:
+    """Make ``folder`` (and its parents) or fail in one line naming ``what`` it is, before any work: a file where a
+    folder should be, or a folder this process cannot write to."""
+    folder = Path(folder)
+    for path in (folder, *folder.parents):
+        if path.exists() and not path.is_dir():
+            where = "it is a file, not a folder" if path == folder else f"'{path}' is a file"
+            raise HarnessError(f"{what} '{folder}' is not writable: {where}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise HarnessError(f"{what} '{folder}' is not writable: {err.strerror or err}") from None
 
 
 def write_atomic(file: Path, text: str) -> None:

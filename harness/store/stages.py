@@ -174,18 +174,7 @@ class Store:
 
     def check_writable(self) -> None:
         """Fail early, in one line, if results cannot be written here."""
-        if self.root.exists() and not self.root.is_dir():
-            raise HarnessError(f"results folder '{self.root}' is not writable: it is a file, not a folder")
-        for parent in self.root.parents:
-            if parent.exists() and not parent.is_dir():
-                raise HarnessError(f"results folder '{self.root}' is not writable: '{parent}' is a file")
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / f".write-test-{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as err:
-            raise HarnessError(f"results folder '{self.root}' is not writable: {err.strerror or err}") from None
+        files.check_writable(self.root, "results folder")
 
     def stage(self, kind: str, spec: dict) -> Stage:
         key = spec_hash(spec)

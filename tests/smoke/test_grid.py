@@ -86,6 +86,28 @@ def test_grid_runs_every_cell_once_then_reuses_them(uninterrupted, grid_spec, ha
     assert "Unwatermarked base" in attribution and "Gu-KGW (k=1, delta=2)" in attribution
 
 
+def test_dry_run_verifies_what_it_calls_stored_and_checks_inputs_first(uninterrupted, grid_spec, cli, tmp_path):
+    """A damaged run is not "stored" (the real grid would recompute it), and a model that does not exist is one line
+    naming the spec line, as the real grid says it, not a listing that exits 0."""
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(uninterrupted[0], root)
+    import json
+
+    (run,) = [p.parent for p in root.glob("*/spec.json") if json.loads(p.read_text())["row"] == "SLERP t=0.7"]
+    (run / "metrics.json").write_text((run / "metrics.json").read_text()[:20])  # truncated: one cell's run
+    dry = cli("grid", str(grid_spec), "--results", str(root), "--dry-run")
+    assert dry.returncode == 0 and "3 of 4 cells stored; 1 to compute" in dry.stdout, dry.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(grid_spec.read_text().replace("  base_model: ", "  base_model: /no/such/model #"))
+    dry = cli("grid", str(bad), "--results", str(root), "--dry-run")
+    assert dry.returncode == 2 and dry.stdout == "", dry.stdout
+    assert dry.stderr.startswith(
+        f"harness: error: {bad}:17 (gu-kgw(k=1, delta=2) x none): model path '/no/such/model"
+    ), dry.stderr
+
+
 def test_a_killed_grid_resumes_to_the_same_tables(uninterrupted, grid_spec, harness, script, tmp_path):
     _, _, want = uninterrupted
     root = tmp_path / "runs"

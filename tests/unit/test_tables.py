@@ -192,3 +192,43 @@ def test_cells_with_fewer_seeds_are_named_not_averaged_as_if_complete(tmp_path, 
                   if name == "robustness"]  # fmt: skip
     assert "mean over seeds 0, 1 where stored (1 cells have fewer)" in caption
     assert "Gu-KGW x SLERP t=0.5 (1 of 2)" in caplog.text
+
+
+def test_tables_into_an_unwritable_folder_are_one_line(tmp_path, fake_run, cli):
+    store = Store(tmp_path / "runs")
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.9)
+    (tmp_path / "file").write_text("")
+    out = cli("tables", "--results", str(store.root), "--out", str(tmp_path / "file" / "tables"))
+    assert out.returncode == 2 and out.stderr.strip().endswith("is not writable: '" + str(tmp_path / "file")
+                                                                + "' is a file"), out.stderr  # fmt: skip
+
+
+def test_a_setup_the_store_no_longer_has_leaves_no_tables_behind(tmp_path, fake_run, cli):
+    """When a second setup turns `tiny/` into `tiny-<hash>/`, the old folder does not stay in --out as if current;
+    files that harness tables did not write are left alone."""
+    store, out = Store(tmp_path / "runs"), tmp_path / "tables"
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.9)
+    assert cli("tables", "--results", str(store.root), "--out", str(out), "--no-figures").returncode == 0
+    (out / "tiny" / "my-notes.txt").write_text("mine")
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.9, preset=apply_overrides(TINY, {"eval.new_tokens": "32"}))
+    again = cli("tables", "--results", str(store.root), "--out", str(out), "--no-figures")
+    assert again.returncode == 0 and "removed" in again.stdout
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["tiny", *sorted(
+        f"tiny-{key}" for key in collect.collect(store)["setup"].unique())]  # fmt: skip
+    assert [p.name for p in (out / "tiny").iterdir()] == ["my-notes.txt"]  # only what the user put there
+
+
+def test_rescore_rescores_the_rest_and_names_a_damaged_run(tmp_path, fake_run, cli, monkeypatch):
+    import json
+
+    from harness.report import metrics
+
+    store = Store(tmp_path / "runs")
+    good = fake_run(store, "gu-kgw", {}, "none", {}, 0.9)
+    bad = fake_run(store, "pro", {}, "none", {}, 0.9)
+    (bad / "metrics.json").write_text("{")  # damaged: truncated
+    monkeypatch.setattr(metrics, "METRICS_VERSION", "999")
+    out = cli("rescore", "--results", str(store.root))
+    assert out.returncode == 2 and "1 of 2 stored runs rescored" in out.stdout, out.stdout
+    assert "1 damaged or edited runs were left as they are" in out.stderr and str(bad) in out.stderr
+    assert json.loads((good / "metrics.json").read_text())["metrics_version"] == "999"
