@@ -4,6 +4,8 @@ on a Slurm cluster (``slurm``); first one job per model to train, then one per c
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,30 +94,71 @@ def make_executor(kind: str, jobs_dir: Path, res: Resources):
     return executor
 
 
+class Submitted:
+    """A grid's submitit executor and every job it submitted, so that a grid that is stopped stops its jobs.
+
+    Jobs are submitted with this process's stdout and stderr sent to ``<jobs>/submitit.log``: a local job's
+    controller inherits them, and its own messages (a traceback when it is stopped) stay out of the terminal."""
+
+    def __init__(self, executor, folder: Path):
+        self.executor, self.folder, self.jobs = executor, folder, []
+
+    def map(self, fn, items: list, *args) -> list:
+        from harness.compute.progress import library_output
+
+        with library_output(self.folder / "submitit.log"):
+            jobs = self.executor.map_array(fn, items, *([arg] * len(items) for arg in args))
+        self.jobs += jobs
+        return jobs
+
+    def submit(self, fn, *args):
+        from harness.compute.progress import library_output
+
+        with library_output(self.folder / "submitit.log"):
+            job = self.executor.submit(fn, *args)
+        self.jobs.append(job)
+        return job
+
+    def cancel(self) -> int:
+        """Cancel every job not finished yet (a local job's controller kills its task); return how many."""
+        running = [job for job in self.jobs if not job.done()]
+        for job in running:
+            job.cancel(check=False)
+        return len(running)
+
+
+def _result(job) -> dict:
+    """A job's outcome; one that failed outside the job function (killed, timed out) as a failure."""
+    import submitit
+
+    try:
+        return job.result()
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
+        return {"status": "failed", "error": f"job {job.job_id}: {_first_line(err)}", "traceback": str(err)}
+
+
 def _map(
-    executor, fn, items: list[Cell], results: Path, device: str | None, what: str, with_seed: bool = False
+    jobs: Submitted | None, fn, items: list[Cell], results: Path, device: str | None, what: str, with_seed: bool = False
 ) -> list[dict]:
     """``fn(item, results, device)`` for every item: inline in order, or as one submitit job array (waited for)."""
     if not items:
         return []
-    if executor is None:
+    if jobs is None:
         out = []
         for k, item in enumerate(items, 1):
             log.info("%s %d/%d: %s", what, k, len(items), item.name(with_seed))
             out.append(fn(item, str(results), device))
             log.info("%s %d/%d: %s", what, k, len(items), out[-1]["status"])
         return out
-    import submitit
+    submitted = jobs.map(fn, items, str(results), device)
+    log.info("%s: submitted %d jobs (%s); waiting", what, len(submitted), ", ".join(j.job_id for j in submitted[:5]))
+    return [_result(job) for job in submitted]
 
-    jobs = executor.map_array(fn, items, [str(results)] * len(items), [device] * len(items))
-    log.info("%s: submitted %d jobs (%s); waiting", what, len(jobs), ", ".join(j.job_id for j in jobs[:5]))
-    out = []
-    for job in jobs:
-        try:
-            out.append(job.result())
-        except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
-            out.append({"status": "failed", "error": f"job {job.job_id}: {_first_line(err)}", "traceback": str(err)})
-    return out
+
+def _stop(signum, frame):
+    """SIGTERM (a batch system's, a ``kill``) stops a grid as Ctrl-C does: its jobs are cancelled, what finished
+    stays."""
+    raise KeyboardInterrupt
 
 
 def run(
@@ -131,21 +174,37 @@ def run(
     from harness.store.stages import Store
 
     cells = list(grid.cells) if shard_of is None else shard(grid.cells, *shard_of)
-    executor = make_executor(executor_kind, jobs_dir or results / "jobs", resources or Resources())
+    folder = jobs_dir or results / "jobs"
+    executor = make_executor(executor_kind, folder, resources or Resources())
     check_cells(cells)  # before any cell runs: a missing model or dataset fails the grid in seconds
     Store(results).check_writable()
     Store(results).sweep()
+    jobs = Submitted(executor, folder) if executor is not None else None
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
+    try:
+        return _run(grid, cells, jobs, results, device, shard_of)
+    except BaseException:
+        if jobs is not None:
+            log.warning("stopping: %d jobs of this grid cancelled", jobs.cancel())
+        raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(grid: Grid, cells: list[Cell], jobs: Submitted | None, results: Path, device: str | None, shard_of) -> dict:
     trainings = list({c.training: c for c in cells}.values())
     failures: list[tuple[str, dict]] = []
-    if executor is not None and len(trainings) > 1:  # one job per model first: cells then never wait on a training
+    if jobs is not None and len(trainings) > 1:  # one job per model first: cells then never wait on a training
         for cell, res in zip(
             trainings,
-            _map(executor, train_cell, trainings, results, device, "training", grid.several_seeds),
+            _map(jobs, train_cell, trainings, results, device, "training", grid.several_seeds),
             strict=True,
         ):
             if res["status"] == "failed":
                 log.warning("training for %s failed: %s", cell.name(), res["error"])
-    outcomes = _map(executor, run_cell, cells, results, device, "cell", grid.several_seeds)
+    outcomes = _map(jobs, run_cell, cells, results, device, "cell", grid.several_seeds)
     summary = {"cells": len(cells), "reused": 0, "computed": 0, "failed": 0}
     for cell, res in zip(cells, outcomes, strict=True):
         summary[res["status"]] += 1
@@ -154,16 +213,10 @@ def run(
     if grid.attribution and shard_of is None:
         log.info("attribution: %d detectors on the texts of %d models and the base", len(grid.attribution),
                  len(grid.attribution))  # fmt: skip
-        if executor is None:
+        if jobs is None:
             res = attribute(grid.attribution, str(results), device)
         else:  # one job, where the detectors' models (GPU) are
-            import submitit
-
-            job = executor.submit(attribute, grid.attribution, str(results), device)
-            try:
-                res = job.result()
-            except (submitit.core.utils.FailedJobError, submitit.core.utils.UncompletedJobError) as err:
-                res = {"status": "failed", "error": f"job {job.job_id}: {_first_line(err)}", "traceback": str(err)}
+            res = _result(jobs.submit(attribute, grid.attribution, str(results), device))
         if res["status"] == "failed":
             failures.append(("attribution", res))
         summary["attribution"] = res["status"]

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +160,40 @@ def test_submitit_local_executor_runs_the_cells_as_jobs(grid_spec, harness, tmp_
     # One job per training, then one per cell, then attribution's ("attribution ok" above).
     assert "training: submitted 2 jobs" in out.stderr and "cell: submitted 2 jobs" in out.stderr, out.stderr
     assert len(list((root / "stages" / "train").glob("*/DONE"))) == 2
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """PIDs of this machine's processes whose command line holds ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_stopping_a_local_grid_stops_its_jobs_and_says_so_once(grid_spec, script, tmp_path, stop):
+    pytest.importorskip("submitit")
+    spec = tmp_path / "long.yaml"  # one cell whose training outlasts the test
+    spec.write_text(grid_spec.read_text().replace("train.steps: 3", "train.steps: 1000000"))
+    jobs = tmp_path / "jobs"
+    command = [script("harness"), "grid", str(spec), "--results", str(tmp_path / "runs"), "--executor", "local",
+               "--jobs-dir", str(jobs)]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not _processes_mentioning(str(jobs)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _processes_mentioning(str(jobs)), "no job started"
+    time.sleep(3)  # the job is training
+    proc.send_signal(stop)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.count("interrupted") == 1, err
+    assert "jobs of this grid cancelled" in err
+    deadline = time.time() + 30
+    while _processes_mentioning(str(jobs)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _processes_mentioning(str(jobs)), "a job outlived its grid"
