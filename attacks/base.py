@@ -29,6 +29,10 @@ class AttackContext:
 
 
 class Attack(Plugin):
+    def token_lengths(self) -> dict[str, int]:
+        lengths = getattr(self.params, "token_lengths", None)  # calibration settings say theirs
+        return lengths() if lengths is not None else {}
+
     """What every attack declares: its label and category, and the tables and figures its rows go in (the report
     reads these; it names no attack). Row groups and their order follow the registry's order of attacks."""
 
@@ -91,6 +95,9 @@ class CalibrationParams(Params):
     calib_samples: int = Field(128, gt=0)
     calib_len: int = Field(512, gt=1)
     seed: int = 0
+
+    def token_lengths(self) -> dict[str, int]:
+        return {"calib_len": self.calib_len}
 
     def calibration_source(self) -> DataSource:
         return DataSource(

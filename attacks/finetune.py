@@ -126,6 +126,9 @@ class FineTune(ModelAttack):
     def data_refs(self) -> dict:
         return {"finetune": self.data.source}
 
+    def token_lengths(self) -> dict[str, int]:
+        return {"seq_len": self.params.seq_len}
+
     def table_label(self) -> str:
         return self.data.label  # as the paper's table: the dataset in the Method column, the step in Config
 

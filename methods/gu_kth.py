@@ -78,6 +78,10 @@ class GuKTH(WatermarkMethod):
     def config_label(self) -> str:
         return f"s={self.params.s}"
 
+    def token_lengths(self) -> dict[str, int]:
+        p = self.params  # teacher texts: a prompt and seq_len tokens of KTH decoding (None: the preset's seq_len)
+        return {"prompt_tokens + seq_len": p.prompt_tokens + p.seq_len} if p.seq_len else {}
+
     def validate(self, base_model: str | None = None) -> None:
         if self.params.vocab_size is None or base_model is None:
             return

@@ -119,6 +119,9 @@ class PRO(WatermarkMethod):
     def model_refs(self) -> dict[str, str]:
         return {"embedding_model": self.params.embedding_model}
 
+    def token_lengths(self) -> dict[str, int]:
+        return {"anti_len": self.params.anti_len} if self.params.fpl_on and self.params.anti_len else {}
+
     def validate(self, base_model: str | None = None) -> None:
         from harness.assets.encoder import is_sentence_encoder, pooling_of
         from harness.assets.models import resolve

@@ -56,6 +56,25 @@ def check(ref: str) -> None:
         raise _load_error(ref, err) from None
 
 
+def context_length(ref: str) -> int | None:
+    """The longest sequence the model ``ref`` takes (its config's ``max_position_embeddings``; None where its config
+    does not say), read from its config alone (a built-in is built first, as the run would next)."""
+    import json as json_
+
+    folder = Path(resolve(ref))
+    if (folder / "config.json").is_file():
+        config = json_.loads((folder / "config.json").read_text())
+    else:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(ref).to_dict()
+        except (OSError, ValueError):
+            return None  # (check() says what is wrong with it)
+    value = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
+    return int(value) if value else None
+
+
 def check_weights(folder: Path, ref: str) -> None:
     """Refuse a local model whose weights are pickles only (unless allowed), or that holds no weights at all."""
     names = [f.name for f in folder.iterdir() if f.is_file()]

@@ -47,6 +47,11 @@ class Plugin:
         that a key covers the base model's vocabulary), run before any work; raise ``HarnessError`` with one line.
         The references of ``model_refs`` are checked already."""
 
+    def token_lengths(self) -> dict[str, int]:
+        """Sequences this plugin feeds the model, in tokens (``{setting: length}``): checked against the base
+        model's context before any work, as a longer one fails only when it reaches the model."""
+        return {}
+
     def config_label(self) -> str:
         """Short settings label for tables, e.g. ``t=0.5``."""
         return ", ".join(f"{k}={v}" for k, v in self.params.model_dump().items())

@@ -44,6 +44,10 @@ def check_options(kind: str, res: Resources) -> None:
     submitted jobs with ``inline`` (cells run in this process)."""
     if kind not in EXECUTORS:
         raise HarnessError(f"unknown executor '{kind}'. Valid executors: {', '.join(EXECUTORS)}")
+    for name in ("gpus", "cpus", "mem_gb", "time_min", "max_parallel"):
+        value = getattr(res, name)
+        if value is not None and value < (0 if name == "gpus" else 1):
+            raise HarnessError(f"--{name.replace('_', '-')} {value}: must be at least {0 if name == 'gpus' else 1}")
     if kind != "slurm" and res.given(SLURM_ONLY):
         raise HarnessError(f"{', '.join(res.given(SLURM_ONLY))}: only for --executor slurm")
     if kind == "inline" and res.given(JOB_OPTIONS):

@@ -60,6 +60,18 @@ def check_inputs(preset: Preset, plugins) -> None:
         models.check(ref)
     for plugin in plugins:
         plugin.validate(preset.base_model)
+    context = models.context_length(preset.base_model)
+    if context is not None:
+        e = preset.eval
+        lengths = {"train.seq_len": preset.train.seq_len, "eval.prompt_tokens + eval.new_tokens":
+                   e.prompt_tokens + e.new_tokens + 1}  # fmt: skip  (+1: a BOS token)
+        lengths |= {f"{p.name} {k}": v for p in plugins for k, v in p.token_lengths().items()}
+        for what, length in lengths.items():
+            if length > context:
+                raise HarnessError(
+                    f"{what} ({length} tokens) is longer than the base model takes ({context}: its "
+                    "max_position_embeddings)"
+                )
     for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
         data.check(source)
 
@@ -140,6 +152,8 @@ class Pipeline:
         ``collective``: computed by every process of a launch (harness/compute/distributed.py)."""
         if kind in ("train", "attack", "generate", "text-attack", "run"):
             raise ValueError(f"'{kind}' is a pipeline stage, not a method's own")
+        if files.plain_name(kind) != kind:  # it names a folder of the store
+            raise HarnessError(f"a method's stage kind must be a plain name, not '{kind}'")
         full = {
             "stage": kind,
             **spec,

@@ -94,6 +94,11 @@ class Stage:
             return f"{CONTENTS} is missing"
         except ValueError:
             return f"{CONTENTS} is damaged"
+        if not isinstance(published, dict):
+            return f"{CONTENTS} is damaged"
+        outside = [rel for rel in published if Path(rel).is_absolute() or ".." in Path(rel).parts]
+        if outside:  # (a store from elsewhere is read, never trusted)
+            return f"{CONTENTS} names a file outside its stage ({outside[0]})"
         for rel, want in published.items():
             file = self.path / rel
             if not file.is_file():

@@ -127,6 +127,20 @@ BAD_INPUTS = {
         ["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "group_size=24"],
         "GPTQ group_size 24 is not one gptqmodel packs",
     ),
+    # Sequences longer than the base model takes fail only when they reach it (after training): checked first.
+    "eval too long": (
+        ["run", "--method", "gu-kgw", "--set", "eval.new_tokens=1000"],
+        "eval.prompt_tokens + eval.new_tokens (1033 tokens) is longer than the base model takes (512",
+    ),
+    "train too long": (["run", "--method", "gu-kgw", "--set", "train.seq_len=600"], "train.seq_len (600 tokens)"),
+    "calibration too long": (
+        ["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", "calib_len=1024"],
+        "wanda calib_len (1024 tokens) is longer than the base model takes",
+    ),
+    "fine-tuning too long": (
+        ["run", "--method", "gu-kgw", "--attack", "finetune", "--attack-arg", "seq_len=2048"],
+        "finetune seq_len (2048 tokens)",
+    ),
     "unknown command": (["fly"], "invalid choice"),
     "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
 }

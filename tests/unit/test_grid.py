@@ -191,6 +191,8 @@ def test_a_spec_path_that_is_no_file_is_one_line(tmp_path):
         (["--executor", "local", "--account", "a", "--max-parallel", "2"], "--account, --max-parallel: only for"),
         (["--gpus", "1", "--time-min", "30"], "--gpus, --time-min: only for --executor local or slurm"),
         (["--executor", "cloud"], "unknown executor 'cloud'"),
+        (["--executor", "local", "--time-min", "0"], "--time-min 0: must be at least 1"),
+        (["--executor", "local", "--gpus", "-1"], "--gpus -1: must be at least 0"),
     ],
 )
 def test_grid_options_of_another_executor_are_refused_not_ignored(tmp_path, cli, args, words):

@@ -223,3 +223,19 @@ def test_a_damaged_stage_that_cannot_be_moved_is_one_line(tmp_path, monkeypatch)
     monkeypatch.setattr(Path, "rename", refuse)  # as a read-only store would (root writes even there)
     with pytest.raises(HarnessError, match=r"must be set aside .* cannot be moved to .*damaged: Permission denied"):
         reuse(store, stage, [])
+
+
+@pytest.mark.parametrize(
+    "listing, problem",
+    [
+        ({"../../outside.txt": {"size": 1, "sha256": "0"}}, "contents.json names a file outside its stage (../../"),
+        (["key.json"], "contents.json is damaged"),
+    ],
+)
+def test_a_contents_file_naming_files_outside_its_stage_is_damage(tmp_path, listing, problem):
+    """A store from elsewhere is read, never trusted: contents.json cannot make the store read files outside."""
+    store = Store(tmp_path)
+    stage = store.stage("train", {"x": 4})
+    reuse(store, stage, [])
+    (stage.path / "contents.json").write_text(json.dumps(listing))
+    assert stage.problem().startswith(problem)
