@@ -39,6 +39,7 @@ from harness.report.collect import (
     unaltered,
 )
 from harness.report.latex import cell_kind, esc, fmt, hand_tabular, table_float, tabular
+from harness.store import files
 from harness.store.files import plain_name
 
 log = logging.getLogger(__name__)
@@ -369,7 +370,7 @@ def forget_stale(out_dir: Path, written: list[Path]) -> list[Path]:
     removed = []
     for rel in sorted(set(before) - set(now)):
         path = out_dir / rel
-        if ".." not in Path(rel).parts and path.is_file():
+        if files.stays_inside(rel) and path.is_file():
             path.unlink()
             removed.append(path)
             for folder in path.parents:  # folders it leaves empty

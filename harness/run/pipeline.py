@@ -198,8 +198,8 @@ class Pipeline:
         extra = self.refs(attack, spec)
         stage = self.store.stage("attack", spec)
         for _, sub in attack.outputs():  # an output folder inside the stage's, whatever the plugin says
-            if files.plain_name(sub) != sub:
-                raise HarnessError(f"attack {attack.name} names an output folder '{sub}' that is not a plain name")
+            if not files.stays_inside(sub):
+                raise HarnessError(f"attack {attack.name} names an output folder '{sub}' outside its stage")
 
         def build(out: Path) -> dict:
             ctx = AttackContext(self.base["path"], self.device, extra)

@@ -68,6 +68,13 @@ def plain_name(name: str) -> str:
     return f"{kept}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
+def stays_inside(rel: str) -> bool:
+    """Whether the relative path ``rel`` names something inside the folder it is joined to: not absolute, not empty,
+    no ``..``."""
+    path = Path(rel)
+    return bool(path.parts) and not path.is_absolute() and ".." not in path.parts
+
+
 def check_writable(folder: Path, what: str) -> None:
     """Make ``folder`` (and its parents) or fail in one line naming ``what`` it is, before any work: a file where a
     folder should be, or a folder this process cannot write to."""

@@ -96,7 +96,7 @@ class Stage:
             return f"{CONTENTS} is damaged"
         if not isinstance(published, dict):
             return f"{CONTENTS} is damaged"
-        outside = [rel for rel in published if Path(rel).is_absolute() or ".." in Path(rel).parts]
+        outside = [rel for rel in published if not files.stays_inside(rel)]
         if outside:  # (a store from elsewhere is read, never trusted)
             return f"{CONTENTS} names a file outside its stage ({outside[0]})"
         for rel, want in published.items():

@@ -252,3 +252,24 @@ def test_a_diverging_training_stops_at_its_step_and_stores_nothing(random_llamas
     with pytest.raises(HarnessError, match=r"distill Gu-KGW: the loss is nan at step 2 of 3, so the training diverged"):
         Pipeline(preset, store, "cpu").run(methods.build("gu-kgw", {}), attacks.build("none", {}))
     assert not list((tmp_path / "runs" / "stages" / "train").glob("*/DONE")) and not store.runs()
+
+
+def test_an_attack_writes_its_outputs_inside_its_stage(random_llamas, tmp_path):
+    """An attack names the sub-folders of its outputs (fine-tuning: checkpoints/step-9, nested); one that would
+    leave its stage folder is refused before it runs."""
+    from attacks.merge import Slerp
+    from harness.config.errors import HarnessError
+
+    class Escaping(Slerp):
+        def outputs(self):
+            return [("t=0.5", "checkpoints/../../escaped")]
+
+    base, _ = random_llamas
+    pipe = Pipeline(make_preset(tmp_path, base, base), Store(tmp_path / "runs"), "cpu", plan=True)
+    trained = pipe.train(methods.build("gu-kgw", {}))
+    with pytest.raises(HarnessError, match="names an output folder 'checkpoints/../../escaped' outside its stage"):
+        pipe.attack(Escaping(Slerp.Params(t=0.5)), trained)
+    nested = attacks.build("finetune", {"steps": "9,18"})
+    assert [out.path.relative_to(tmp_path / "runs").parts[-2:] for out in pipe.attack(nested, trained)] == [
+        ("checkpoints", "step-9"), ("checkpoints", "step-18")
+    ]  # fmt: skip
