@@ -63,8 +63,10 @@ def check_inputs(preset: Preset, plugins) -> None:
     context = models.context_length(preset.base_model)
     if context is not None:
         e = preset.eval
-        lengths = {"train.seq_len": preset.train.seq_len, "eval.prompt_tokens + eval.new_tokens":
-                   e.prompt_tokens + e.new_tokens + 1}  # fmt: skip  (+1: a BOS token)
+        lengths = {
+            "train.seq_len": preset.train.seq_len,
+            "eval.prompt_tokens + eval.new_tokens": e.prompt_tokens + e.new_tokens + 1,
+        }  # fmt: skip  (+1: a BOS token)
         lengths |= {f"{p.name} {k}": v for p in plugins for k, v in p.token_lengths().items()}
         for what, length in lengths.items():
             if length > context:
