@@ -30,6 +30,7 @@ ATTACKS: dict[str, str | None] = {
     "gptq": "attacks.quant:GPTQ",
     "int8": "attacks.quant:Int8",
     "hqq": "attacks.quant:HQQ",
+    "gguf": "attacks.gguf:GGUF",
     "wanda": "attacks.prune:Wanda",
     "sparsegpt": "attacks.prune:SparseGPT",
     "slerp": "attacks.merge:Slerp",

@@ -12,6 +12,7 @@ CELLS = {  # attack -> its settings over the tiny preset's
     "gptq": ("bits=8",),
     "int8": (),
     "hqq": (),
+    "gguf": ("type=Q4_0",),
     "wanda": ("sparsity=0.5",),
     "sparsegpt": ("sparsity=0.2",),
     "finetune": ("steps=9,45",),
@@ -22,6 +23,7 @@ EVALUATED = {  # what each attack's report says its evaluated folder holds
     "gptq": "dequantized by gptqmodel",
     "int8": "Linear8bitLt layers",
     "hqq": "dequantized by hqq",
+    "gguf": "Q4_0 GGUF file loaded back by transformers' GGUF loader",
     "wanda": "the pruned model",
     "sparsegpt": "the pruned model",
     "finetune": "the fine-tuned model",
@@ -67,7 +69,8 @@ def test_tables_hold_every_attack(tiny_store, harness, tmp_path):
     rows = {tuple(line.split(",")[:3]) for line in csv.splitlines()}
     expected = [
         ("Quantization", "GPTQ", "8 bits"), ("Quantization", "INT8", "8 bits"), ("Quantization", "HQQ", "4 bits"),
-        ("Pruning", "Wanda", "rho=0.5"), ("Pruning", "SparseGPT", "rho=0.2"), ("Merging", "SLERP", "t=0.5"),
+        ("Quantization", "GGUF", "Q4_0"), ("Pruning", "Wanda", "rho=0.5"), ("Pruning", "SparseGPT", "rho=0.2"),
+        ("Merging", "SLERP", "t=0.5"),
         ("Finetuning", "StdlibCodeInstruct", "s=9"), ("Finetuning", "StdlibCodeInstruct", "s=45"),
     ]  # fmt: skip
     for row in expected:

@@ -68,3 +68,54 @@ def test_smollm2_converts_once_and_writes_english(tmp_path, monkeypatch):
     assert len(tokenizer) == 49152 and model.config.num_hidden_layers == 30
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     assert "Paris" in tokenizer.decode(model.generate(ids, max_new_tokens=4, do_sample=False)[0])
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory, llama_builder):
+    return llama_builder(tmp_path_factory.mktemp("gguf") / "model", 1, hidden_size=64, intermediate_size=128)
+
+
+# Largest error as a share of the tensor's largest entry: half a step of 127 (Q8_0); a block is scaled by its largest
+# signed value over -16 (Q5_0) or -8 (Q4_0), so positive entries can be clipped by up to 1/16 or 1/8 of it.
+BOUNDS = [("F32", 0.0), ("F16", 1e-3), ("Q8_0", 1 / 200), ("Q5_0", 1 / 15), ("Q4_0", 1 / 7.5)]
+
+
+@pytest.mark.parametrize("kind, bound", BOUNDS)
+def test_a_written_gguf_reads_back_to_the_same_weights(llama, tmp_path, monkeypatch, kind, bound):
+    """The gguf package's reader finds the types llama.cpp's rules give (norms F32, the output projection Q8_0 under
+    a 4- or 5-bit type), and transformers' loader gives back every weight: exactly for F32, otherwise within the
+    type's rounding (a fraction of the tensor's largest entry)."""
+    import torch
+    from gguf import GGUFReader
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / f"model.{kind}.gguf"
+    written = gguf_files.write(llama, path, kind)
+    read = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert read == {name: t["type"] for name, t in written.items()}
+    assert {read[n] for n in read if n.endswith("norm.weight")} == {"F32"}
+    if kind in ("Q5_0", "Q4_0"):
+        assert read["output.weight"] == "Q8_0" and read["blk.0.attn_q.weight"] == kind
+    source = load_file(llama / "model.safetensors")
+    back = load_file(models.resolve(str(path)) + "/model.safetensors")
+    assert back.keys() == source.keys()
+    for name, weight in source.items():
+        error = (back[name] - weight).abs().max().item()
+        assert error <= bound * weight.abs().max().item(), (name, error)
+    if kind == "F32":
+        assert all(torch.equal(back[name], weight) for name, weight in source.items())
+    tokens = models.load_tokenizer(models.resolve(str(path)))("The quick brown fox")["input_ids"]
+    assert tokens == models.load_tokenizer(str(llama))("The quick brown fox")["input_ids"]
+
+
+def test_gguf_attack_settings_are_checked_first(monkeypatch, llama):
+    from harness.config.registry import attacks
+
+    with pytest.raises(HarnessError, match="bad settings for attack 'gguf': type: "):
+        attacks.build("gguf", {"type": "Q3_K_S"})
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    with pytest.raises(HarnessError, match="GGUF type Q4_K_M is quantized by llama.cpp's own quantizer: pip install"):
+        attacks.build("gguf", {"type": "Q4_K_M"}).validate(str(llama))
+    attacks.build("gguf", {"type": "Q4_0"}).validate(str(llama))
