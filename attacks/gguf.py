@@ -5,7 +5,7 @@ The types the ``gguf`` package quantizes itself (Q8_0, Q5_1, Q5_0, Q4_1, Q4_0; F
 following llama.cpp's rules for which tensors keep a higher precision (``harness.assets.gguf.write``); the file,
 and the type actually written for every tensor, stay in the stage. The k-quants (Q6_K, Q5_K_M, Q4_K_M, Q3_K_M,
 Q2_K) are quantized by llama.cpp's own ``llama_model_quantize`` from an F16 file, through ``llama-cpp-python``
-(which compiles llama.cpp when installed: about 4 minutes on 2 cores), and refused in one line where it is not.
+(which compiles llama.cpp when installed: 3 to 5 minutes on 2 cores), and refused in one line where it is not.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from harness.config.plugins import Params
 QUANTIZED = "quantized"  # the GGUF file a user would download, beside the evaluated folder
 OWN_TYPES = ("Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "F16")
 K_QUANTS = {"Q6_K": "Q6_K", "Q5_K_M": "Q5_K_M", "Q4_K_M": "Q4_K_M", "Q3_K_M": "Q3_K_M", "Q2_K": "Q2_K"}
-LLAMA_CPP = "pip install llama-cpp-python (it compiles llama.cpp: about 4 minutes on 2 cores)"
+LLAMA_CPP = "pip install llama-cpp-python (it compiles llama.cpp: 3 to 5 minutes on 2 cores)"
 
 
 class GGUFParams(Params):
@@ -81,6 +81,8 @@ class GGUF(ModelAttack):
 
     def _llama_cpp(self, model_dir: Path, out_dir: Path, file: Path) -> dict:
         """A k-quant by llama.cpp's quantizer from an F16 file of the model; the types it wrote, read back."""
+        import ctypes
+
         import llama_cpp
 
         from harness.assets import gguf as gguf_files
@@ -89,7 +91,7 @@ class GGUF(ModelAttack):
         gguf_files.write(model_dir, f16, "F16")
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{self.params.type}")
-        if llama_cpp.llama_model_quantize(str(f16).encode(), str(file).encode(), params) != 0:
+        if llama_cpp.llama_model_quantize(str(f16).encode(), str(file).encode(), ctypes.byref(params)) != 0:
             raise HarnessError(f"llama.cpp could not quantize the model to {self.params.type}")
         f16.unlink()
         return gguf_files.tensor_types(file)

@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import Field
 
 from harness.assets import data
-from harness.assets.models import weight_reader
+from harness.assets.weights import weight_reader
 from harness.config.presets import TrainSettings
 from methods.base import TrainContext, read_key, save_trained
 from methods.gu_kgw import GuKGW, GuKGWParams, distill

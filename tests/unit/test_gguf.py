@@ -119,3 +119,28 @@ def test_gguf_attack_settings_are_checked_first(monkeypatch, llama):
     with pytest.raises(HarnessError, match="GGUF type Q4_K_M is quantized by llama.cpp's own quantizer: pip install"):
         attacks.build("gguf", {"type": "Q4_K_M"}).validate(str(llama))
     attacks.build("gguf", {"type": "Q4_0"}).validate(str(llama))
+
+
+def test_a_k_quant_is_llama_cpps_and_runs_in_llama_cpp(llama, tmp_path, monkeypatch):
+    """Q4_K_M through llama.cpp's own quantizer: the types it wrote are recorded per tensor, the file loads back in
+    transformers within a 4-bit rounding, and llama.cpp itself generates from it."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (it compiles llama.cpp)")
+    import llama_cpp
+    from safetensors.torch import load_file
+
+    from attacks.base import AttackContext
+    from harness.config.registry import attacks
+
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "stage"
+    out.mkdir()
+    report = attacks.build("gguf", {"type": "Q4_K_M"}).apply(llama, out, AttackContext(str(llama), "cpu"))
+    assert set(report["tensor_types"]) <= {"F32", "F16", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                           "Q8_0", "IQ4_NL"} and "F32" in report["tensor_types"]  # fmt: skip
+    assert not (out / "quantized" / "model.F16.gguf").exists()
+    source, back = load_file(llama / "model.safetensors"), load_file(out / "model" / "model.safetensors")
+    for name, weight in source.items():
+        assert (back[name] - weight).abs().max().item() <= weight.abs().max().item() / 6, name
+    model = llama_cpp.Llama(model_path=str(out / "quantized" / "model.Q4_K_M.gguf"), n_ctx=64, verbose=False)
+    assert len(model.create_completion("The quick", max_tokens=4, temperature=0)["choices"][0]["text"]) > 0
