@@ -123,12 +123,40 @@ class Submitted:
         self.jobs.append(job)
         return job
 
-    def cancel(self) -> int:
-        """Cancel every job not finished yet (a local job's controller kills its task); return how many."""
+    def cancel(self, grace_s: float = 10.0) -> int:
+        """Cancel every job not finished yet; return how many. A local job is its controller process and the task it
+        started: the controller is sent SIGINT (submitit's cancel, on which it stops its task), and whatever of the
+        two still runs after ``grace_s`` is killed, since a process started where SIGINT is ignored (a background job
+        of a script, nohup) ignores it too, and the task ignores SIGTERM (submitit keeps it for preemption)."""
         running = [job for job in self.jobs if not job.done()]
+        local = [p for job in running for p in _process_tree(job)]
         for job in running:
             job.cancel(check=False)
+        if local:
+            import psutil
+
+            _, alive = psutil.wait_procs(local, timeout=grace_s)
+            for proc in alive:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
         return len(running)
+
+
+def _process_tree(job) -> list:
+    """The processes of a local submitit job (its controller and the controller's descendants); none for a
+    cluster job."""
+    import psutil
+
+    process = getattr(job, "_process", None)
+    if process is None or process.poll() is not None:
+        return []
+    try:
+        root = psutil.Process(process.pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _result(job) -> dict:

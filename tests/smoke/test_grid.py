@@ -182,7 +182,12 @@ def test_stopping_a_local_grid_stops_its_jobs_and_says_so_once(grid_spec, script
     jobs = tmp_path / "jobs"
     command = [script("harness"), "grid", str(spec), "--results", str(tmp_path / "runs"), "--executor", "local",
                "--jobs-dir", str(jobs)]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Stopped by SIGINT, as a terminal's Ctrl-C stops it: a process that does not ignore SIGINT (whatever this test
+    # runs under). Stopped by SIGTERM, as a scheduler or `kill` stops a background job of a script: started with
+    # SIGINT ignored, as such a job is, and so is every job it starts, which must be stopped all the same.
+    keep = signal.SIG_DFL if stop == signal.SIGINT else signal.SIG_IGN
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, keep))  # fmt: skip
     deadline = time.time() + 300
     while not _processes_mentioning(str(jobs)) and time.time() < deadline:
         time.sleep(0.5)
