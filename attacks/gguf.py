@@ -32,7 +32,7 @@ class GGUF(ModelAttack):
     name = "gguf"
     category = "Quantization"
     label = "GGUF"
-    version = "1"
+    version = "2"  # 2: the evaluated folder has the special tokens the file names
     Params = GGUFParams
     requires = {"gguf": "gguf"}
 

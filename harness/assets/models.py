@@ -144,7 +144,7 @@ def fingerprint(path_or_id: str) -> str:
     if built.is_file() and (path / "DONE").is_file():  # a GGUF's conversion is what the GGUF file holds
         record = json.loads(built.read_text())
         if "gguf" in record and "sha256" in record:
-            return f"gguf-{record['sha256'][:11]}"
+            return f"gguf-{record['sha256'][:11]}-c{record.get('conversion', 1)}"
     files = sorted(f for f in path.iterdir() if f.is_file() and any(fnmatch(f.name, p) for p in MODEL_FILES))
     digest = hashlib.sha256()
     for file in files:

@@ -63,9 +63,17 @@ def test_smollm2_converts_once_and_writes_english(tmp_path, monkeypatch):
     assert models.resolve("builtin:smollm2-135m") == folder  # converted once
     record = gguf_files.header(gguf_files.smollm2_file())
     assert record["architecture"] == "llama" and record["tensors"] == 272
-    assert models.fingerprint(folder).startswith("gguf-") and len(models.fingerprint(folder)) == 16
+    digest = gguf_files.files.file_sha256(gguf_files.smollm2_file())
+    assert models.fingerprint(folder) == f"gguf-{digest[:11]}-c{gguf_files.CONVERSION}"
     model, tokenizer = models.load_causal_lm(folder, "cpu"), models.load_tokenizer(folder)
     assert len(tokenizer) == 49152 and model.config.num_hidden_layers == 30
+    # the special tokens the file names (transformers' own conversion gives <|im_start|> as EOS)
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == (
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|im_end|>",
+    )
+    assert tokenizer.eos_token_id == model.generation_config.eos_token_id == 2
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     assert "Paris" in tokenizer.decode(model.generate(ids, max_new_tokens=4, do_sample=False)[0])
 
