@@ -32,7 +32,7 @@ class GGUF(ModelAttack):
     name = "gguf"
     category = "Quantization"
     label = "GGUF"
-    version = "2"  # 2: the evaluated folder has the special tokens the file names
+    version = "3"  # 2: the special tokens the file names; 3: no GGUF quantization_config
     Params = GGUFParams
     requires = {"gguf": "gguf"}
 

@@ -27,8 +27,9 @@ SMOL_INSTALL = (
 )
 FOLDER_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 # How a GGUF file becomes a transformers folder; raised when that changes what the folder holds (2: the special
-# tokens the file names), so that cached conversions are made again and hashes tell the two apart.
-CONVERSION = 2
+# tokens the file names; 3: no GGUF quantization_config in config.json, under which transformers refused to save a
+# model trained from the folder), so that cached conversions are made again and hashes tell them apart.
+CONVERSION = 3
 
 
 def is_gguf(ref: str) -> bool:
@@ -98,7 +99,10 @@ def load_back(path: Path, out: Path) -> dict:
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise HarnessError(f"transformers cannot load GGUF '{path}': {first_line(err)}") from None
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # the folder holds plain float32 weights, which train and save
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(out, safe_serialization=True)
     _special_tokens_from_file(tokenizer, path)

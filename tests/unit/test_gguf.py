@@ -113,8 +113,13 @@ def test_a_written_gguf_reads_back_to_the_same_weights(llama, tmp_path, monkeypa
         assert error <= bound * weight.abs().max().item(), (name, error)
     if kind == "F32":
         assert all(torch.equal(back[name], weight) for name, weight in source.items())
-    tokens = models.load_tokenizer(models.resolve(str(path)))("The quick brown fox")["input_ids"]
-    assert tokens == models.load_tokenizer(str(llama))("The quick brown fox")["input_ids"]
+    converted, source_tokenizer = models.load_tokenizer(models.resolve(str(path))), models.load_tokenizer(str(llama))
+    assert converted("The quick brown fox")["input_ids"] == source_tokenizer("The quick brown fox")["input_ids"]
+    assert (converted.bos_token, converted.eos_token) == (source_tokenizer.bos_token, source_tokenizer.eos_token)
+    if kind == "F32":  # the folder is a plain float32 model: loaded, it trains and saves like any other
+        model = models.load_causal_lm(models.resolve(str(path)), "cpu")
+        assert getattr(model.config, "quantization_config", None) is None
+        model.save_pretrained(tmp_path / "saved")
 
 
 def test_gguf_attack_settings_are_checked_first(monkeypatch, llama):
