@@ -63,6 +63,7 @@ def collect(store: Store) -> pd.DataFrame:
         log.warning("%d older runs with the same labels are left out (newest kept)", int(dupes.sum()))
     df = df[~dupes].reset_index(drop=True)
     df["main"] = _one_main_configuration(df)
+    df["main_method"] = _main_settings(df)
     return df.sort_values(["setup", "method", "method_config", "category", "attack", "run"]).reset_index(drop=True)
 
 
@@ -93,6 +94,19 @@ def _one_main_configuration(df: pd.DataFrame) -> pd.Series:
             part[part["params"] == chosen]["method_config"].iloc[0], ", ".join(sorted(others["run"])[:5]),
         )  # fmt: skip
     return main
+
+
+def _main_settings(df: pd.DataFrame) -> pd.Series:
+    """The preset settings that tables vary one setting of (ablations, tab:watermark-config): those of the setup's
+    main configuration for the method where one is stored, else the run's own. A run made with
+    ``--set methods.pro.fpl=false`` and alpha, beta as the preset's is then no point of the alpha/beta ablation of
+    the preset's PRO (it differs in fpl), where its own preset settings made it one, averaged with the main run."""
+    base = df["preset_method"].copy()
+    for _, part in df.groupby(["setup", "method_name"], sort=False):
+        mains = part[part["main"]]
+        if len(mains):
+            base[part.index] = mains["preset_method"].iloc[0]
+    return base
 
 
 def _row(run: Path) -> dict:
@@ -210,7 +224,7 @@ def only_mask(df: pd.DataFrame, settings: tuple[str, ...]) -> pd.Series:
     """``only`` for every run of ``df``."""
     return pd.Series(
         [only(n, json.loads(p), json.loads(d), settings) for n, p, d in zip(df["method_name"], df["params"],
-                                                                              df["preset_method"], strict=True)],
+                                                                              df["main_method"], strict=True)],
         index=df.index, dtype=bool,
     )  # fmt: skip
 

@@ -244,7 +244,7 @@ def watermark_config(df: pd.DataFrame) -> pd.DataFrame:
     part = df[unaltered(df)]
     keep = [
         only(n, json.loads(p), json.loads(d), tradeoff_settings(n))
-        for n, p, d in zip(part["method_name"], part["params"], part["preset_method"], strict=True)
+        for n, p, d in zip(part["method_name"], part["params"], part["main_method"], strict=True)
     ]
     part = part[keep]
     if part.empty:
@@ -395,7 +395,7 @@ def write_tables(
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "runs.csv"]
-    _csv(df.set_index("run"), written[0])
+    _csv(df.drop(columns="main_method").set_index("run"), written[0])  # (derived: what ablations vary around)
     for name, part in setups(df).items():
         folder = out_dir / plain_name(name)
         folder.mkdir(exist_ok=True)

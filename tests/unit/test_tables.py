@@ -232,3 +232,24 @@ def test_rescore_rescores_the_rest_and_names_a_damaged_run(tmp_path, fake_run, c
     assert out.returncode == 2 and "1 of 2 stored runs rescored" in out.stdout, out.stdout
     assert "1 damaged or edited runs were left as they are" in out.stderr and str(bad) in out.stderr
     assert json.loads((good / "metrics.json").read_text())["metrics_version"] == "999"
+
+
+def test_an_ablation_holds_only_the_setups_main_configuration_and_its_variations(tmp_path, fake_run):
+    """PRO with `--set methods.pro.fpl=false` keeps the preset's alpha and beta: it is another main configuration,
+    not a point of the alpha/beta ablation of the preset's PRO (it differs in fpl), and is never averaged into it;
+    a run that changes alpha alone is one."""
+    store = Store(tmp_path / "runs")
+    cawp = apply_overrides(TINY, {"methods.pro.fpl": "false"})
+    for preset, auc, merged in ((TINY, 0.95, 0.85), (cawp, 0.6, 0.55)):
+        fake_run(store, "pro", {}, "none", {}, auc, preset=preset)
+        fake_run(store, "pro", {}, "slerp", {"t": 0.5}, merged, preset=preset)
+    fake_run(store, "pro", {"alpha": 0.05}, "none", {}, 0.7)
+    df = collect.collect(store)
+    table = tables.ablation(df, "PRO", PRO.ablations[0])
+    main = df[df["main"] & (df["attack_name"] == "none")]
+    assert table.loc[("alpha", 0.005), "AUC"] == pytest.approx(main["AUC"].iloc[0], abs=1e-12)
+    assert table.loc[("alpha", 0.005), "AUC"] > 0.8 and table.loc[("alpha", 0.005), "Merge AUC"] > 0.7
+    assert table.loc[("alpha", 0.05), "AUC"] == pytest.approx(
+        df[df["params"].str.contains('"alpha": 0.05')]["AUC"].iloc[0]
+    )
+    assert set(table.index) == {("alpha", 0.005), ("alpha", 0.05), ("beta", 5.0)}
