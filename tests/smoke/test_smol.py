@@ -5,6 +5,7 @@ tokens, the KGW key's vocabulary, and texts decoded and tokenized again for dete
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -29,13 +30,17 @@ def test_smollm2_runs_the_harness_under_a_gguf_type(harness, tmp_path):
     runs = {json.loads((p.parent / "spec.json").read_text())["row"]: p.parent for p in root.glob("*/DONE")}
     assert {"Unwatermarked base", "Unaltered"} <= set(runs) and len(runs) == 3, sorted(runs)
     attacked = next(run for row, run in runs.items() if row not in ("Unwatermarked base", "Unaltered"))
-    report = json.loads((attacked / "manifest.json").read_text())["report"]
+    stage = Path(json.loads((attacked / "artefacts.json").read_text())["model"]).parent  # the attack's stage
+    report = json.loads((stage / "manifest.json").read_text())["report"]
     assert report["type"] == "Q8_0" and report["architecture"] == "llama"
     # 576-wide rows are whole Q8_0 blocks (32): every matrix Q8_0, the norms F32
     assert set(report["tensor_types"]) == {"Q8_0", "F32"}, report["tensor_types"]
 
     key = json.loads(open(json.loads((runs["Unaltered"] / "artefacts.json").read_text())["key"]).read())
-    assert key["vocab_size"] == 49152  # len(tokenizer.get_vocab()), special tokens included, as Gu et al.
+    # green lists over len(tokenizer.get_vocab()), special tokens included, as Gu et al.; the teacher never boosts
+    # SmolLM2's special tokens (<|endoftext|>, <|im_start|>, <|im_end|>)
+    assert key["teacher"]["vocab_size"] == key["detector"]["vocab_size"] == 49152
+    assert {0, 1, 2} <= set(key["teacher"]["excluded_ids"])
     from harness.assets.models import load_tokenizer, resolve
 
     tokenizer = load_tokenizer(resolve("builtin:smollm2-135m"))
