@@ -88,3 +88,28 @@ def test_bad_settings_are_one_line(settings, message):
     with pytest.raises(HarnessError, match=message) as err:
         attacks.build("finetune", settings)
     assert "\n" not in str(err.value)
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)  # SmolLM2's template, without its default system turn
+
+
+def test_a_chat_model_is_fine_tuned_through_its_chat_template(random_llamas):
+    """A tokenizer with a chat template (SmolLM2's ChatML) gets its examples as a chat: the user turn and the
+    assistant header are the prompt (not trained on), the response and its end-of-turn token are trained on; a
+    tokenizer without one gets the ### Instruction / ### Response format."""
+    from attacks.finetune import format_example
+    from harness.assets.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(random_llamas[0]))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    plain_ids, plain_head = format_example(tokenizer, "Add two numbers.", "def add(a, b):")
+    assert "### Response:" in tokenizer.decode(plain_ids[:plain_head])
+    tokenizer.chat_template = CHATML
+    ids, head = format_example(tokenizer, "Add two numbers.", "def add(a, b):")
+    start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    prompt, trained = tokenizer.decode(ids[:head]), tokenizer.decode(ids[head:])
+    assert prompt == "<|im_start|>user\nAdd two numbers.<|im_end|>\n<|im_start|>assistant\n"
+    assert trained.startswith("def add(a, b):") and end in ids[head:] and start not in ids[head:]
