@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -220,11 +221,13 @@ def only(name: str | None, params: dict, preset_settings: dict, settings: tuple[
     return built is not None and built == json.dumps(params, sort_keys=True)
 
 
-def only_mask(df: pd.DataFrame, settings: tuple[str, ...]) -> pd.Series:
-    """``only`` for every run of ``df``."""
+def only_mask(df: pd.DataFrame, settings: tuple[str, ...] | Callable[[str | None], tuple[str, ...]]) -> pd.Series:
+    """``only`` for every run of ``df``, against its setup's main configuration (``main_method``); ``settings`` may
+    be a function of the method's name (``tradeoff_settings``)."""
+    per_method = settings if callable(settings) else lambda _: settings
     return pd.Series(
-        [only(n, json.loads(p), json.loads(d), settings) for n, p, d in zip(df["method_name"], df["params"],
-                                                                              df["main_method"], strict=True)],
+        [only(n, json.loads(p), json.loads(d), per_method(n)) for n, p, d in zip(df["method_name"], df["params"],
+                                                                                   df["main_method"], strict=True)],
         index=df.index, dtype=bool,
     )  # fmt: skip
 

@@ -30,7 +30,6 @@ from harness.report.collect import (
     mean_over_seeds,
     method_rank,
     natural_key,
-    only,
     only_mask,
     param,
     plugin_class,
@@ -242,11 +241,7 @@ def watermark_config(df: pd.DataFrame) -> pd.DataFrame:
     """tab:watermark-config with its results (the points of the AUC-PPL figure): each method's configurations that
     differ from its main one only in the settings the paper varies (``tradeoff_settings``), unaltered."""
     part = df[unaltered(df)]
-    keep = [
-        only(n, json.loads(p), json.loads(d), tradeoff_settings(n))
-        for n, p, d in zip(part["method_name"], part["params"], part["main_method"], strict=True)
-    ]
-    part = part[keep]
+    part = part[only_mask(part, tradeoff_settings)]
     if part.empty:
         return pd.DataFrame()
     part = mean_over_seeds(part, ["method", "method_config", "main"], ["AUC", "TPR@5", "PPL"])
