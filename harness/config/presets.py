@@ -103,6 +103,16 @@ class Preset(Params):
     notes: str = ""
 
 
+# The paper fine-tunes for 300..1,500 steps, 6% to 30% of its 5,000 watermark training steps; each preset
+# fine-tunes for the same shares of its own training.
+FT_SHARES = (0.06, 0.12, 0.18, 0.24, 0.30)
+
+
+def finetune_steps(train_steps: int) -> str:
+    """The fine-tuning attack's checkpoints for a watermark training of ``train_steps``: the paper's shares of it."""
+    return ",".join(str(max(1, round(train_steps * share))) for share in FT_SHARES)
+
+
 TINY_CALIBRATION = {"calib_data": "builtin:tiny-corpus", "calib_name": None, "calib_split": "train", "calib_len": 128}
 # DIPPER with the small paraphraser built here (attacks/tiny_paraphraser.py), as the 11B checkpoint cannot be
 # downloaded. It was trained on windows of at most 40 words and copies longer ones badly: one sentence per window, long
@@ -146,7 +156,7 @@ TINY = Preset(
         # of 5,000 training steps) at 2x the watermark lr; here 9..45 of 150 steps at 2x 1e-3.
         "finetune": {
             "dataset": "tiny-code-instruct",
-            "steps": "9,18,27,36,45",
+            "steps": finetune_steps(150),
             "lr": 2e-3,
             "batch_size": 8,
             "seq_len": 128,
@@ -205,7 +215,7 @@ SMALL = Preset(
         # 2x the watermark lr.
         "finetune": {
             "dataset": "tiny-code-instruct",
-            "steps": "30,60,90,120,150",
+            "steps": finetune_steps(500),
             "lr": 1e-3,
             "batch_size": 16,
             "seq_len": 256,
@@ -247,7 +257,7 @@ SMOL = Preset(
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
         "finetune": {
             "dataset": "tiny-code-instruct",
-            "steps": ",".join(str(max(1, round(SMOL_STEPS * f))) for f in (0.06, 0.12, 0.18, 0.24, 0.30)),
+            "steps": finetune_steps(SMOL_STEPS),
             "lr": 2e-4,
             "batch_size": 8,
             "seq_len": 128,
