@@ -89,6 +89,13 @@ class Detector(ABC):
     def score(self, sequences: list[list[int]]) -> list[dict]:
         """One dict per sequence with at least ``score``; ``p_value`` where the scheme has one."""
 
+    def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict | None:
+        """One test of all ``sequences`` together (``scores``: theirs from ``score``), for a decision about the source
+        that wrote them: ``{"p_value", "statistic", "test", "tokens"}``, the p-value valid for the number of texts
+        under the scheme's own null hypothesis. None where the scheme has none (the caller then calibrates the
+        per-text scores against human texts, ``harness/run/audit.py``)."""
+        return None
+
 
 def score_long_enough(sequences: list[list[int]], minimum: int, score: Callable, neutral: dict) -> list[dict]:
     """``score`` (a batch function) on the sequences of at least ``minimum`` tokens; the shorter ones, which hold no

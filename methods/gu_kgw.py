@@ -60,6 +60,18 @@ class KGWDetector(Detector):
         neutral = {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0}  # no position: no evidence
         return score_long_enough(sequences, self.greens.key.context_width + 1, batch, neutral)
 
+    def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict:
+        from methods.kgw import pooled_score
+
+        s = pooled_score(self.greens, sequences)
+        return {
+            "p_value": s.p_value,
+            "statistic": s.z_score,
+            "test": f"KGW green count of the {s.num_scored} distinct {self.greens.key.context_width + 1}-grams of all "
+            f"texts ({s.num_green} green), exact one-sided binomial at gamma={self.greens.key.gamma:g}",
+            "tokens": s.num_scored,
+        }
+
 
 class GuKGW(WatermarkMethod):
     name = "gu-kgw"

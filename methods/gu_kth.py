@@ -67,6 +67,22 @@ class KTHDetector(Detector):
         # An empty text sums no cost: statistic 0, above every reference statistic, so p = 1.
         return score_long_enough(sequences, 1, batch, {"score": 0.0, "statistic": 0.0, "p_value": 1.0})
 
+    def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict:
+        """Fisher's combination of the per-text p-values. Each is Gu et al.'s empirical p-value against the same
+        reference statistics: never below 1 / (N + 1), and slightly dependent through that shared reference (stated
+        in the test's description)."""
+        from scipy.stats import combine_pvalues
+
+        pvals = [s["p_value"] for s in scores]
+        statistic, p_value = combine_pvalues(pvals, method="fisher")
+        return {
+            "p_value": float(p_value),
+            "statistic": float(statistic),
+            "test": f"Fisher's combination of {len(pvals)} per-text p-values (each against {len(self.reference)} "
+            "reference statistics of human texts, so none is below 1/(N+1))",
+            "tokens": sum(len(s) for s in sequences),
+        }
+
 
 class GuKTH(WatermarkMethod):
     name = "gu-kth"

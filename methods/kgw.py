@@ -300,3 +300,21 @@ def score_sequences(
         p_exact, p_gu = binom.sf([num_green - 1, num_green], num_scored, gamma)
         out.append(KGWScore(num_scored, num_green, float(z), float(p_exact), float(p_gu)))
     return out
+
+
+def pooled_score(greens: GreenLists, sequences: list[list[int]]) -> KGWScore:
+    """All ``sequences`` scored as one text: each distinct (width+1)-gram counted once over all of them (Kirchenbauer
+    et al.'s repeated-n-gram rule applied across texts). Counting repeats would break the binomial null over many
+    texts: a model that repeats a phrase would repeat its green or red tokens with it, and pooled counts would add
+    that up into a false detection."""
+    from scipy.stats import binom
+
+    width, gamma = greens.key.context_width, greens.key.gamma
+    grams = sorted({tuple(seq[i : i + width + 1]) for seq in sequences for i in range(len(seq) - width)})
+    if not grams:
+        return KGWScore(0, 0, 0.0, 1.0, 1.0)
+    flat = torch.tensor(grams, dtype=torch.long)
+    num_scored, num_green = len(grams), int(greens.hits(flat[:, :width], flat[:, width]).sum())
+    z = (num_green - gamma * num_scored) / (num_scored * gamma * (1 - gamma)) ** 0.5
+    p_exact, p_gu = binom.sf([num_green - 1, num_green], num_scored, gamma)
+    return KGWScore(num_scored, num_green, float(z), float(p_exact), float(p_gu))

@@ -78,6 +78,25 @@ def context_length(ref: str) -> int | None:
     return int(value) if value else None
 
 
+def check_causal_lm(resolved: str, ref: str) -> None:
+    """One line for a model that is not a causal language model (e.g. a sentence encoder), read from its config:
+    one of its ``architectures`` (or, where it names none, its ``model_type``) must be one transformers generates
+    with."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
+
+    try:
+        config = AutoConfig.from_pretrained(resolved)
+    except (OSError, ValueError) as err:
+        raise _load_error(ref, err) from None
+    architectures = getattr(config, "architectures", None) or []
+    causal = set(CAUSAL.values())
+    if any(a in causal for a in architectures) or (not architectures and config.model_type in CAUSAL):
+        return
+    named = ", ".join(architectures) or config.model_type
+    raise HarnessError(f"model '{ref}' is not a causal language model ({named}): it cannot continue a prompt")
+
+
 def check_weights(folder: Path, ref: str) -> None:
     """Refuse a local model whose weights are pickles only (unless allowed), or that holds no weights at all."""
     names = [f.name for f in folder.iterdir() if f.is_file()]

@@ -3,6 +3,7 @@ work, and a problem is a ``HarnessError`` that ``harness.cli.main`` prints as on
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -198,6 +199,103 @@ def cmd_rescore(args) -> None:
     print(f"{changed} of {total} stored runs rescored (the others were up to date)")
     if skipped:
         raise HarnessError(f"{len(skipped)} damaged or edited runs were left as they are (named above): {skipped[0]}")
+
+
+def cmd_detect(args) -> int:
+    from harness.assets import data
+    from harness.config import presets
+    from harness.config.plugins import parse_assignments
+    from harness.config.registry import methods
+    from harness.run import audit
+    from harness.run.pipeline import Pipeline
+    from harness.store import files
+    from harness.store.stages import Store
+
+    if not 0 < args.alpha < 1:
+        raise HarnessError(f"--alpha must lie between 0 and 1, not {args.alpha:g}")
+    if args.num_texts is not None and args.num_texts < 2:
+        raise HarnessError(f"--num-texts must be at least 2, not {args.num_texts}")
+    if (args.key is None) == (args.method is None):
+        raise HarnessError("name the trained watermark by --key (its train stage) or by --method (and its settings)")
+    if args.key is not None and args.method_arg:
+        raise HarnessError("--method-arg goes with --method; with --key the settings are the key's own")
+    store = Store(args.results)
+    if not (store.root / "stages").is_dir():
+        raise HarnessError(f"no run store at '{store.root}': train a watermark with 'harness run' first")
+    chosen = None  # the setup given on the command line (else the key's: audit.setup_of)
+    if args.preset or args.overrides:
+        overrides = parse_assignments(args.overrides, "setting")
+        chosen = presets.apply_overrides(presets.get_preset(args.preset or "tiny"), overrides)
+    texts = audit.read_texts(args.texts) if args.texts is not None else None
+    if not args.verbose:
+        _quiet_transformers()
+    _device_env(args)
+    if args.key is not None:
+        trained = audit.train_stage(store, args.key)
+        params = {k: v for k, v in trained.spec["params"].items() if v is not None}
+        method = methods.build(trained.spec["method"], params)
+    else:
+        setup = chosen or presets.get_preset("tiny")
+        method = methods.build(args.method, parse_assignments(args.method_arg, "method setting"), setup)
+        trained = Pipeline(setup, store, args.device, plan=True).train(method)
+        if not trained.done:
+            raise HarnessError(
+                f"no trained {args.method} with these settings in '{store.root}' (train stage {trained.key}): train "
+                f"it with 'harness run --preset {setup.name} --method {args.method} ...', or name a stored one by --key"
+            )
+        trained = audit.train_stage(store, str(trained.path))
+    preset = audit.setup_of(trained, chosen)
+    if args.num_texts is not None:
+        preset = preset.model_copy(update={"eval": preset.eval.model_copy(update={"num_prompts": args.num_texts})})
+    pipe = Pipeline(preset, store, args.device)
+    if pipe.base["fingerprint"] != trained.spec["base_model"]["fingerprint"]:
+        raise HarnessError(
+            f"the key's base model '{preset.base_model}' is not the model it was trained from here (fingerprint "
+            f"{pipe.base['fingerprint']}, the key's {trained.spec['base_model']['fingerprint']})"
+        )
+    for source in (preset.eval_data, preset.train_data):
+        data.check(source)
+    if texts is None:
+        suspect = audit.Suspect("model", args.model, audit.check_model(args.model, pipe.tokenizer))
+    else:
+        suspect = audit.Suspect("texts", str(args.texts), texts=tuple(texts))
+    stage, result = audit.audit(pipe, method, trained, suspect)
+    flagged = result["p_value"] < args.alpha
+    report = {
+        "key": {"train_stage": trained.key, "method": method.name, "config": method.config_label(),
+                "base_model": preset.base_model},
+        "source": {"kind": suspect.kind, "ref": suspect.ref},
+        "decision": {"watermarked": flagged, "alpha": args.alpha, **result},
+        "scores": str(stage.path / "scores.jsonl"),
+    }  # fmt: skip
+    rows = files.read_jsonl(stage.path / "scores.jsonl")
+    print(json.dumps({**report, "texts": rows}, indent=2) if args.json else format_audit(report, rows, args.show))
+    return 0
+
+
+def format_audit(report: dict, rows: list[dict], show: int) -> str:
+    import pandas as pd
+
+    d, key = report["decision"], report["key"]
+    table = pd.DataFrame(
+        [{"text": r["i"], "tokens": r["tokens"], "score": f"{r['score']:.3f}", "p-value": f"{r['p_value']:.2g}",
+          "begins": r["text"][:50].replace("\n", " ")} for r in rows[:show]]
+    )  # fmt: skip
+    more = f"\n... {len(rows) - show} more texts in {report['scores']}" if len(rows) > show else ""
+    verdict = (
+        f"WATERMARKED: p = {d['p_value']:.3g} < alpha = {d['alpha']:g}"
+        if d["watermarked"]
+        else f"not shown to be watermarked: p = {d['p_value']:.3g} >= alpha = {d['alpha']:g}"
+    )
+    return "\n".join([
+        f"key: {key['method']} ({key['config']}), train stage {key['train_stage']}, base model {key['base_model']}",
+        f"{report['source']['kind']}: {report['source']['ref']}",
+        table.to_string(index=False) + more,
+        "",
+        f"{d['texts']} texts, {d['tokens']} tokens tested; {d['test']}; statistic {d['statistic']:.3f}",
+        f"human texts' median score: {d['human_median_score']:.3f} ({d['human_texts']} texts)",
+        f"decision: {verdict} (this test flags an unwatermarked source with probability at most {d['alpha']:g})",
+    ])  # fmt: skip
 
 
 def _quiet_transformers() -> None:

@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             return commands.cmd_grid(args)
         elif args.command == "tables":
             commands.cmd_tables(args)
+        elif args.command == "detect":
+            return commands.cmd_detect(args)
         elif args.command == "rescore":
             commands.cmd_rescore(args)
         elif args.command == "doctor":

@@ -113,6 +113,31 @@ def build_parser() -> Parser:
     tables.add_argument("--ci", action="store_true", help="add the bootstrap 95%% interval of each AUC as columns")
     tables.add_argument("--no-figures", action="store_true", help="tables only")
 
+    detect = sub.add_parser(
+        "detect",
+        help="audit a suspect model (or a file of texts) against a stored watermark key: per-text scores and one "
+        "decision",
+        description="Score texts with the detector of a trained watermark and test them together: a model is made to "
+        "continue the evaluation prompts of the key's setup; texts come from a file. The decision is one p-value for "
+        "all texts (the scheme's pooled test, or a calibration against human texts where it has none).",
+    )
+    detect.add_argument("--key", help="the trained watermark: its train stage's hash (or a unique prefix) or folder")
+    detect.add_argument("--method", help="or: the method whose stored training with these settings holds the key")
+    detect.add_argument("--method-arg", action="append", default=[], metavar="KEY=VALUE", help="with --method")
+    suspect = detect.add_mutually_exclusive_group(required=True)
+    suspect.add_argument("--model", help="the suspect model: a local folder, a .gguf file or a Hugging Face id")
+    suspect.add_argument("--texts", type=Path, help="texts to score: .txt (one per line) or .jsonl ('text' field)")
+    detect.add_argument("--preset", help="the setup (prompts, lengths; default: that of the key's stored runs)")
+    detect.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
+                        help="override a setting of the setup, as for 'harness run'")  # fmt: skip
+    detect.add_argument("--num-texts", type=int, help="texts to generate (and human texts to calibrate against)")
+    detect.add_argument("--alpha", type=float, default=0.01, help="the false-positive rate of the decision (0.01)")
+    detect.add_argument("--json", action="store_true", help="print the result and every text's score as JSON")
+    detect.add_argument("--show", type=int, default=20, help="texts shown in the table (default 20)")
+    detect.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    detect.add_argument("--device", help="torch device (default as for 'harness run')")
+    detect.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")
+
     rescore = sub.add_parser(
         "rescore",
         help="recompute stored runs' metrics from their per-text scores after the metric code changed",

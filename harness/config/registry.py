@@ -36,6 +36,11 @@ ATTACKS: dict[str, str | None] = {
     "slerp": "attacks.merge:Slerp",
     "finetune": "attacks.finetune:FineTune",
     "dipper": "attacks.paraphrase:Dipper",
+    "token-edit": "attacks.edits:TokenEdit",
+    "word-delete": "attacks.edits:WordDelete",
+    "synonym": "attacks.edits:Synonym",
+    "typo": "attacks.edits:Typo",
+    "lowercase": "attacks.edits:Lowercase",
 }
 
 

@@ -1,0 +1,218 @@
+"""``harness detect``: audit a suspect model, or a file of texts, against the stored key of a trained watermark.
+
+The key is a train stage of a run store, named by its hash (or a unique prefix, or its folder), or by the method and
+settings that trained it. A model is made to continue the evaluation prompts of the key's setup (a generate stage, as
+in ``harness run``); texts are read from a file. Each text is scored by the method's own detector, and the texts are
+then tested together for one decision about their source:
+
+- where the scheme has a null distribution of its own, its pooled test (``Detector.pool``: KGW's green count over the
+  distinct n-grams of all texts, Fisher's combination of KTH's per-text p-values);
+- otherwise (PRO) the texts' scores are calibrated against the scores of as many human continuations of the same
+  evaluation data, by a one-sided Mann-Whitney U test (the texts score higher than human text). That null is "the
+  source writes like the human texts under this detector"; the base row of ``harness run`` shows how far an
+  unwatermarked model is from it for a given key.
+
+The scores are a ``detect`` stage of the store, so the same audit is computed once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.assets import models
+from harness.config.errors import HarnessError
+from harness.config.presets import DataSource, Preset, get_preset
+from harness.run import scoring
+from harness.run.pipeline import source_spec
+from harness.store import files
+from harness.store.stages import Stage, Store
+
+TEXT_SUFFIXES = (".txt", ".jsonl")
+
+
+# --- the key ----------------------------------------------------------------------------------------------------
+def train_stage(store: Store, ref: str) -> Stage:
+    """The finished train stage that ``ref`` names: a folder, or a hash (or unique prefix) in ``store``."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return _stage_at(path.resolve(), ref)
+    if not ref or not all(c in "0123456789abcdef" for c in ref):
+        raise HarnessError(f"--key '{ref}' is neither a folder nor a stage hash (hexadecimal)")
+    stages = store.root / "stages"
+    found = sorted(p for p in stages.glob(f"*/{ref}*") if p.is_dir() and files.plain_name(p.name) == p.name)
+    found += sorted(p for p in store.root.glob(f"{ref}*") if (p / "DONE").exists())  # runs
+    if not found:
+        raise HarnessError(f"no stage '{ref}' in the store at '{store.root}' (see its stages/train/ folder)")
+    trains = [p for p in found if p.parent.name == "train"]
+    if len(trains) > 1:
+        raise HarnessError(f"'{ref}' names {len(trains)} trained watermarks in '{store.root}': give more of the hash")
+    return _stage_at(trains[0] if trains else found[0], ref)
+
+
+def _stage_at(path: Path, ref: str) -> Stage:
+    kind = path.parent.name if path.parent.parent.name == "stages" else "run"
+    if kind != "train" or not (path / "key.json").is_file():
+        what = f"a {kind} stage" if kind != "run" and (path / "spec.json").is_file() else "not a stage of a store"
+        if kind == "run" and (path / "spec.json").is_file():
+            what = "a run (its spec.json names the train stage as detector.key_from)"
+        raise HarnessError(f"--key '{ref}' is not a trained watermark: {what}")
+    if not (path / "DONE").is_file():
+        raise HarnessError(f"--key '{ref}': the training in {path} did not finish")
+    spec = json.loads((path / "spec.json").read_text())
+    stage = Stage("train", spec, path.name, path, path.parent.parent.parent)
+    problem = stage.problem()
+    if problem is not None:
+        raise HarnessError(f"trained watermark {path} is damaged ({problem})")
+    return stage
+
+
+def setup_of(stage: Stage, preset: Preset | None) -> Preset:
+    """The setup the key's texts are judged in: ``preset`` if given, else that of a stored run of this key (its
+    evaluation prompts and lengths), else the tiny preset; always with the key's base model and training data (the
+    tokenizer, and the human texts that calibrate a reference distribution)."""
+    if preset is None:
+        for run in Store(stage.root).runs():
+            spec = json.loads((run / "spec.json").read_text())
+            if spec.get("detector", {}).get("key_from") == stage.key:
+                preset = Preset.model_validate(spec["config"]["preset"])
+                break
+        else:
+            preset = get_preset("tiny")
+    data = {k: v for k, v in stage.spec["train_data"].items() if k != "fingerprint"}
+    return preset.model_copy(update={"base_model": stage.spec["base_model"]["ref"], "train_data": DataSource(**data)})
+
+
+# --- what is audited ----------------------------------------------------------------------------------------------
+def read_texts(path: Path) -> list[str]:
+    """Texts from ``path``: ``.txt`` one per non-empty line, ``.jsonl`` one object with a ``text`` field per line."""
+    if path.suffix not in TEXT_SUFFIXES:
+        raise HarnessError(f"texts file '{path}' must be .txt (one text per line) or .jsonl (a 'text' field per line)")
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HarnessError(f"texts file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise HarnessError(f"cannot read texts file '{path}': {getattr(err, 'strerror', None) or err}") from None
+    lines = [(n, line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
+    if path.suffix == ".txt":
+        texts = [line for _, line in lines]
+    else:
+        texts = []
+        for n, line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise HarnessError(f"{path}, line {n}: not JSON") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise HarnessError(f"{path}, line {n}: no 'text' field holding a string")
+            texts.append(record["text"])
+    if not any(t.strip() for t in texts):
+        raise HarnessError(f"texts file '{path}' holds no text")
+    return texts
+
+
+def check_model(ref: str, key_tokenizer) -> str:
+    """The suspect model's folder (or hub id), after checking, before any generation, that it is a causal LM and that
+    its tokenizer is the key's (same vocabulary), so that the key's ids mean what they meant in training."""
+    models.check(ref)
+    resolved = models.resolve(ref)
+    models.check_causal_lm(resolved, ref)
+    vocab, want = models.load_tokenizer(resolved).get_vocab(), key_tokenizer.get_vocab()
+    if vocab != want:
+        differ = sum(want.get(token) != i for token, i in vocab.items()) + len(set(want) - set(vocab))
+        raise HarnessError(
+            f"the key's vocabulary does not fit the tokenizer of '{ref}': {len(want)} tokens against {len(vocab)}, "
+            f"{differ} of them differ; a key scores the ids of the tokenizer it was trained with"
+        )
+    return resolved
+
+
+# --- the decision -------------------------------------------------------------------------------------------------
+def calibrated(scores: list[float], human: list[float]) -> dict:
+    """One-sided Mann-Whitney U test that ``scores`` lie above the ``human`` texts' scores (PRO and any scheme with no
+    null distribution of its own)."""
+    from scipy.stats import mannwhitneyu
+
+    result = mannwhitneyu(scores, human, alternative="greater")
+    return {
+        "p_value": float(result.pvalue),
+        "statistic": float(result.statistic / (len(scores) * len(human))),  # U / (n m): the AUC against human texts
+        "test": f"one-sided Mann-Whitney U of the texts' scores against {len(human)} human texts' scores "
+        "(statistic: the AUC against them)",
+    }
+
+
+def empirical_p(score: float, human: list[float]) -> float:
+    """A text's p-value against the human texts' scores: (1 + #{human >= score}) / (N + 1)."""
+    return (1 + sum(h >= score for h in human)) / (len(human) + 1)
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """What is audited: a model (its reference and folder) or texts from a file."""
+
+    kind: str  # "model" | "texts"
+    ref: str
+    resolved: str | None = None
+    texts: tuple[str, ...] = ()
+
+
+def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
+    """Score the suspect's texts and as many human texts with ``method``'s detector keyed by ``trained``, in a
+    ``detect`` stage of ``pipe``'s store; return the stage and its result (``result.json``)."""
+    e = pipe.preset.eval
+    source: dict
+    if suspect.kind == "model":
+        model_id = f"model:{models.fingerprint(suspect.resolved)}"
+        generated = pipe.generate(suspect.resolved, model_id, f"suspect {suspect.ref}")
+        source = {"model": {"ref": suspect.ref, "fingerprint": model_id}, "generate": generated.key}
+    else:
+        digest = hashlib.sha256(json.dumps(list(suspect.texts)).encode()).hexdigest()
+        source = {"texts": {"name": Path(suspect.ref).name, "count": len(suspect.texts), "sha256": digest}}
+    spec = {
+        "stage": "detect",
+        "scoring_version": scoring.SCORING_VERSION,
+        "detector": {"method": method.name, "key_from": trained.key, "reads": e.score_on},
+        "source": source,
+        "human": {"eval_data": source_spec(pipe.preset.eval_data), "prompts": e.num_prompts,
+                  "prompt_tokens": e.prompt_tokens, "new_tokens": e.new_tokens},
+    }  # fmt: skip
+    stage = pipe.store.stage("detect", spec)
+
+    def build(out: Path) -> dict:
+        detector = method.detector(trained.path, pipe.tokenizer, pipe.detect_context())
+        prompts = pipe.prompts
+        human_texts = [pipe.tokenizer.decode(p["human_ids"], skip_special_tokens=True) for p in prompts]
+        if suspect.kind == "model":
+            gens = files.read_jsonl(pipe.store.root / "stages" / "generate" / source["generate"] / "generations.jsonl")
+            sequences = pipe.detector_input(gens, "completion")
+            texts = [g["completion"] for g in gens]
+        else:
+            texts = list(suspect.texts)
+            sequences = pipe.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        human_seqs = pipe.tokenizer(human_texts, add_special_tokens=False)["input_ids"]
+        scores = detector.score(sequences)
+        human = [s["score"] for s in detector.score(human_seqs)]
+        pooled = detector.pool(sequences, scores)
+        if pooled is None:
+            pooled = {**calibrated([s["score"] for s in scores], human), "tokens": sum(map(len, sequences))}
+            for s in scores:
+                s["p_value"] = empirical_p(s["score"], human)
+        rows = [{"i": i, "tokens": len(seq), **s, "text": t}
+                for i, (seq, s, t) in enumerate(zip(sequences, scores, texts, strict=True))]  # fmt: skip
+        files.write_jsonl(out / "scores.jsonl", rows)
+        result = {"texts": len(rows), "human_texts": len(human), "human_median_score": _median(human), **pooled}
+        (out / "result.json").write_text(json.dumps(result, indent=2))
+        return {"device": pipe.device}
+
+    pipe.store.build_or_reuse(stage, f"detection of {suspect.ref} with {method.label}'s key", build)
+    return stage, json.loads((stage.path / "result.json").read_text())
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    return float(statistics.median(values)) if values else float("nan")

@@ -1,0 +1,59 @@
+"""``harness detect`` on the tiny preset, in the store the Gu-KGW smoke test trained: the student and its SLERP
+derivative are found from 64 texts, the unwatermarked base is not, and texts from a file get the scores the run gave
+them."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.smoke
+
+
+@pytest.fixture(scope="module")
+def stored(tiny_store, runs_by_row):
+    root, _ = tiny_store
+    rows = runs_by_row(root, "slerp")
+    key = rows["Unaltered"][0]["detector"]["key_from"]
+    return root, key, rows
+
+
+def detect(harness, root, *args):
+    out = harness("detect", "--results", str(root), "--num-texts", "64", "--json", *args, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_the_student_and_its_merge_are_found_and_the_base_is_not(stored, harness):
+    root, key, rows = stored
+    slerp = next(
+        p.parent / "model"
+        for p in (root / "stages" / "attack").glob("*/spec.json")
+        if json.loads(p.read_text())["attack"] == "slerp"
+    )
+    found = {
+        "student": detect(harness, root, "--key", key, "--model", str(root / "stages" / "train" / key / "model")),
+        "slerp": detect(harness, root, "--key", key[:8], "--model", str(slerp)),
+        "base": detect(harness, root, "--method", "gu-kgw", "--model", "builtin:tiny-lm"),
+    }
+    for name in ("student", "slerp"):
+        d = found[name]["decision"]
+        assert d["p_value"] < 1e-3 and d["watermarked"] and d["texts"] == 64, (name, d)
+    d = found["base"]["decision"]
+    assert d["p_value"] > 0.05 and not d["watermarked"], d
+    assert found["base"]["key"]["train_stage"] == key  # --method found the same training
+
+
+def test_texts_from_a_file_get_the_scores_of_their_run(stored, harness, tmp_path):
+    root, key, rows = stored
+    run = next(
+        p.parent for p in root.glob("*/DONE") if json.loads((p.parent / "spec.json").read_text())["row"] == "Unaltered"
+    )
+    scored = [json.loads(line) for line in (run / "scores.jsonl").read_text().splitlines()]
+    gens = {g["i"]: g for g in map(json.loads, (run / "generations.jsonl").read_text().splitlines())}
+    generated = [s for s in scored if s["label"] == 1][:40]
+    file = tmp_path / "texts.jsonl"
+    file.write_text("".join(json.dumps({"text": gens[s["i"]]["completion"]}) + "\n" for s in generated))
+    report = detect(harness, root, "--key", key, "--texts", str(file))
+    assert [t["score"] for t in report["texts"]] == pytest.approx([s["score"] for s in generated], abs=1e-9)
+    assert [t["p_value"] for t in report["texts"]] == pytest.approx([s["p_value"] for s in generated], abs=1e-12)
+    assert report["decision"]["watermarked"] and report["decision"]["texts"] == 40

@@ -1,0 +1,213 @@
+"""``harness detect`` on a key trained for one step on a random Llama: the pooled tests hold their false-positive rate
+under their null, texts and models are audited through the store, and every bad input is one line and exit 2 with
+nothing built."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from harness.config.presets import TINY
+from harness.run import audit
+from methods.kgw import GreenLists, KGWKey, pooled_score
+
+
+# --- the pooled tests -----------------------------------------------------------------------------------------------
+def test_pooled_kgw_counts_each_distinct_ngram_of_all_texts_once():
+    greens = GreenLists(KGWKey(0.25, 2.0, "simple_1", 300))
+    texts = [[5, 6, 7, 5, 6], [5, 6, 9], [1, 2]]  # (5, 6) three times, (6, 7) (7, 5) (6, 9) (1, 2) once
+    grams = [(5, 6), (6, 7), (7, 5), (6, 9), (1, 2)]
+    flat = torch.tensor(grams)
+    green = int(greens.hits(flat[:, :1], flat[:, 1]).sum())
+    pooled = pooled_score(greens, texts)
+    assert (pooled.num_scored, pooled.num_green) == (5, green)
+    assert pooled_score(greens, [[3]]).p_value == 1.0  # nothing to score: no evidence
+
+
+def test_pooled_kgw_p_values_hold_their_level_on_unwatermarked_text():
+    """Texts of a source that ignores the key (uniform ids, with phrases repeated inside and across texts, which
+    per-token pooling would count again): P(p < 0.05) stays at 5%."""
+    greens = GreenLists(KGWKey(0.25, 2.0, "simple_1", 500))
+    rng = random.Random(0)
+    pvals = []
+    for _ in range(400):
+        phrase = [rng.randrange(500) for _ in range(6)]
+        texts = [[rng.randrange(500) for _ in range(40)] + phrase * 3 for _ in range(8)]
+        pvals.append(pooled_score(greens, texts).p_value)
+    rate = np.mean(np.array(pvals) < 0.05)
+    assert rate < 0.05 + 3 * (0.05 * 0.95 / 400) ** 0.5, rate  # the exact binomial is conservative, never above
+
+
+def test_calibrated_test_against_human_texts():
+    rng = np.random.default_rng(0)
+    null = [audit.calibrated(list(rng.normal(size=30)), list(rng.normal(size=30)))["p_value"] for _ in range(300)]
+    assert abs(np.mean(np.array(null) < 0.05) - 0.05) < 3 * (0.05 * 0.95 / 300) ** 0.5
+    shifted = audit.calibrated(list(rng.normal(1.5, size=30)), list(rng.normal(size=30)))
+    assert shifted["p_value"] < 1e-4 and shifted["statistic"] > 0.8  # the statistic is the AUC against human texts
+    assert audit.empirical_p(2.0, [0.0, 1.0, 3.0]) == 0.5 and audit.empirical_p(9.0, [0.0]) == 0.5
+
+
+def test_fisher_pool_of_kth_p_values():
+    from methods.gu_kth import KTHDetector
+
+    detector = KTHDetector(None, "levenshtein", 0.0, list(range(99)))
+    uniform = detector.pool([[1, 2]] * 4, [{"p_value": p} for p in (0.2, 0.5, 0.7, 0.9)])
+    small = detector.pool([[1, 2]] * 4, [{"p_value": 0.01}] * 4)
+    assert uniform["p_value"] > 0.3 and small["p_value"] < 1e-4 and "Fisher" in small["test"]
+
+
+# --- the command ------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory, random_llamas):
+    """A store with Gu-KGW trained for one step on the random base (``random_llamas[1]``); returns (store, stage)."""
+    from harness.config.registry import methods
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
+
+    base = random_llamas[1]
+    preset = TINY.model_copy(
+        update={
+            "base_model": str(base),
+            "oracle_model": str(base),
+            "train": TINY.train.model_copy(update={"steps": 1, "batch_size": 2, "seq_len": 32}),
+            "eval": TINY.eval.model_copy(update={"num_prompts": 6, "prompt_tokens": 8, "new_tokens": 16}),
+        }
+    )
+    store = Store(tmp_path_factory.mktemp("detect") / "runs")
+    stage = Pipeline(preset, store, "cpu").train(methods.build("gu-kgw", {}, preset))
+    return store, stage
+
+
+SETUP = ("--set", "eval.num_prompts=6", "--set", "eval.prompt_tokens=8", "--set", "eval.new_tokens=16")
+
+
+def test_texts_are_scored_one_by_one_and_pooled(keyed, cli, tmp_path):
+    store, stage = keyed
+    texts = ["The quick brown fox jumps over the lazy dog.", "A watermark is a hidden signal in generated text."]
+    file = tmp_path / "texts.jsonl"
+    file.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = cli("detect", "--results", str(store.root), "--key", stage.key[:6], "--texts", str(file), "--json", *SETUP)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [t["text"] for t in report["texts"]] == texts
+    from harness.assets.models import load_tokenizer
+    from harness.config.registry import methods
+
+    tokenizer = load_tokenizer(str(stage.path / "model"))
+    direct = (
+        methods.build("gu-kgw", {})
+        .detector(stage.path, tokenizer)
+        .score(tokenizer(texts, add_special_tokens=False)["input_ids"])
+    )
+    assert [t["score"] for t in report["texts"]] == pytest.approx([s["score"] for s in direct], abs=1e-9)
+    d = report["decision"]
+    assert 0 <= d["p_value"] <= 1 and d["texts"] == 2 and d["human_texts"] == 6 and "binomial" in d["test"]
+    assert d["watermarked"] == (d["p_value"] < 0.01) and report["key"]["train_stage"] == stage.key
+    # The same audit again is read from its stage; a .txt file holds one text per line.
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n\n")
+    again = cli(
+        "detect", "--results", str(store.root), "--key", stage.key, "--texts", str(tmp_path / "texts.txt"), *SETUP
+    )
+    assert again.returncode == 0 and "decision:" in again.stdout and "2 texts" in again.stdout, again
+
+
+def test_a_model_continues_the_prompts_and_is_decided(keyed, cli, random_llamas):
+    store, stage = keyed
+    args = ("detect", "--results", str(store.root), "--key", str(stage.path), "--model", str(random_llamas[0]), *SETUP)
+    before = _stages(store)
+    out = cli(*args)
+    assert out.returncode == 0, out.stderr
+    assert "6 texts" in out.stdout and "decision:" in out.stdout
+    made = _stages(store) - before
+    assert sorted(p.parts[1] for p in made) == ["detect", "generate"], made
+    assert cli(*args).returncode == 0 and _stages(store) == before | made  # reused, nothing new
+
+
+def _stages(store) -> set:
+    return {p.relative_to(store.root) for p in (store.root / "stages").glob("*/*")}
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """A random BERT encoder: a model that is not a causal LM."""
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("bert")
+    BertModel(BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(folder)  # fmt: skip
+    return folder
+
+
+BAD_TEXTS = {
+    "empty.txt": (b"", "holds no text"),
+    "blank.txt": (b"  \n\n \n", "holds no text"),
+    "bytes.txt": (b"\xff\xfe\x00bad", "cannot read texts file"),
+    "rows.jsonl": (b'{"text": "fine"}\n{"text": \n', "line 2: not JSON"),
+    "field.jsonl": (b'{"body": "no text field"}\n', "line 1: no 'text' field"),
+    "number.jsonl": (b'{"text": 3}\n', "no 'text' field holding a string"),
+    "table.csv": (b"text\nhello\n", "must be .txt"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TEXTS))
+def test_bad_texts_file_is_one_line(name, keyed, cli, tmp_path):
+    store, stage = keyed
+    content, message = BAD_TEXTS[name]
+    (tmp_path / name).write_bytes(content)
+    before = _stages(store)
+    out = cli("detect", "--results", str(store.root), "--key", stage.key, "--texts", str(tmp_path / name))
+    assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out
+    assert _stages(store) == before
+
+
+def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder, other_tokenizer_llama, random_llamas):
+    store, stage = keyed
+    root, key, model = str(store.root), stage.key, str(random_llamas[0])
+    table = next((store.root / "stages" / "kgw-green-table").iterdir())
+    (tmp_path / "not-a-model").mkdir()
+    cases = {
+        ("--key", "0123abcd", "--model", model): "no stage '0123abcd'",
+        ("--key", "zz!", "--model", model): "neither a folder nor a stage hash",
+        ("--key", str(table), "--model", model): "not a trained watermark: a kgw-green-table stage",
+        ("--key", str(tmp_path), "--model", model): "not a trained watermark",
+        ("--key", key, "--model", str(encoder)): "is not a causal language model (BertModel)",
+        ("--key", key, "--model", str(other_tokenizer_llama)): "the key's vocabulary does not fit the tokenizer",
+        ("--key", key, "--model", str(tmp_path / "missing")): "does not exist",
+        ("--key", key, "--model", str(tmp_path / "not-a-model")): "not a model folder",
+        ("--key", key, "--model", model, "--alpha", "0"): "--alpha must lie between 0 and 1",
+        ("--key", key, "--model", model, "--alpha", "1.5"): "--alpha must lie between 0 and 1",
+        ("--key", key, "--model", model, "--num-texts", "1"): "--num-texts must be at least 2",
+        ("--model", model): "name the trained watermark by --key",
+        ("--key", key, "--method", "gu-kgw", "--model", model): "name the trained watermark by --key",
+        ("--key", key, "--method-arg", "k=2", "--model", model): "--method-arg goes with --method",
+        ("--method", "gu-kgw", "--set", f"base_model={random_llamas[1]}", "--model", model): "no trained gu-kgw",
+        ("--key", key, "--model", model, "--preset", "nope"): "unknown preset 'nope'",
+    }
+    before = _stages(store)
+    for args, message in cases.items():
+        out = cli("detect", "--results", root, *args)
+        assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, (args, out)
+    assert _stages(store) == before
+    out = cli("detect", "--results", str(tmp_path / "nowhere"), "--key", key, "--model", model)
+    assert out.returncode == 2 and "no run store" in out.stderr
+    out = cli("detect", "--results", root, "--key", key)  # argparse: --model or --texts is required
+    assert out.returncode == 2 and "one of the arguments --model --texts is required" in out.stderr
+
+
+def test_a_damaged_key_is_refused(keyed, cli, tmp_path, random_llamas):
+    store, stage = keyed
+    copy = tmp_path / "stages" / "train" / stage.key
+    shutil.copytree(stage.path, copy)
+    (copy / "key.json").unlink()
+    out = cli("detect", "--results", str(tmp_path), "--key", str(copy), "--model", str(random_llamas[0]))
+    assert out.returncode == 2 and "not a trained watermark" in out.stderr
+    (copy / "key.json").write_text((stage.path / "key.json").read_text())
+    weights = next((copy / "model").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    out = cli("detect", "--results", str(tmp_path), "--key", str(copy), "--model", str(random_llamas[0]))
+    assert out.returncode == 2 and "is damaged" in out.stderr, out
