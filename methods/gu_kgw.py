@@ -53,11 +53,12 @@ class KGWDetector(Detector):
                     "p_value_gu": s.p_value_gu,
                     "green": s.num_green,
                     "scored": s.num_scored,
+                    "prefix_scores": s.prefix,
                 }
                 for s in score_sequences(self.greens, seqs, self.ignore_repeated_ngrams)
             ]
 
-        neutral = {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0}  # no position: no evidence
+        neutral = {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0, "prefix_scores": []}  # no evidence
         return score_long_enough(sequences, self.greens.key.context_width + 1, batch, neutral)
 
     def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict:

@@ -266,6 +266,7 @@ class KGWScore:
     z_score: float
     p_value: float  # exact one-sided binomial P(X >= G) under H0
     p_value_gu: float  # Gu et al.'s binom.sf(G, T, gamma) = P(X > G): anti-conservative, kept for comparison
+    prefix: list[float] = field(default_factory=list)  # the z-score of the text's first 1, 2, ..., len tokens
 
 
 def score_sequences(
@@ -291,15 +292,28 @@ def score_sequences(
     hits = greens.hits(flat[:, :width], flat[:, width]).split([len(w) for w in windows])
     out = []
     for win, hit in zip(windows, hits, strict=True):
-        if ignore_repeated_ngrams:
-            grams = dict(zip(map(tuple, win.tolist()), hit.tolist(), strict=True))
-            num_scored, num_green = len(grams), sum(grams.values())
-        else:
-            num_scored, num_green = len(hit), int(hit.sum())
+        counted = torch.ones(len(hit), dtype=torch.bool)
+        if ignore_repeated_ngrams:  # each distinct (width+1)-gram counts at its first position
+            seen: set = set()
+            for j, gram in enumerate(map(tuple, win.tolist())):
+                counted[j] = gram not in seen
+                seen.add(gram)
+        num_scored, num_green = int(counted.sum()), int((hit & counted).sum())
         z = (num_green - gamma * num_scored) / (num_scored * gamma * (1 - gamma)) ** 0.5
         p_exact, p_gu = binom.sf([num_green - 1, num_green], num_scored, gamma)
-        out.append(KGWScore(num_scored, num_green, float(z), float(p_exact), float(p_gu)))
+        out.append(
+            KGWScore(num_scored, num_green, float(z), float(p_exact), float(p_gu), prefix_z(hit, counted, width, gamma))
+        )
     return out
+
+
+def prefix_z(hit: torch.Tensor, counted: torch.Tensor, width: int, gamma: float) -> list[float]:
+    """The z-score of the first ``L`` tokens of a text, for L = 1 .. width + len(hit): 0 until a position is scored
+    (tokens-to-detect and TPR by text length read it; rounded to 4 decimals to keep the stored scores small)."""
+    scored = torch.cumsum(counted.double(), 0)
+    green = torch.cumsum((hit & counted).double(), 0)
+    z = (green - gamma * scored) / (scored.clamp(min=1) * gamma * (1 - gamma)).sqrt()
+    return [0.0] * width + [round(v, 4) for v in z.tolist()]
 
 
 def pooled_score(greens: GreenLists, sequences: list[list[int]]) -> KGWScore:

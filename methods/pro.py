@@ -86,7 +86,7 @@ class PRODetector(Detector):
                 sequences,
                 self.n + 1,
                 lambda seqs: detection_scores(self.policy, self.embedder, self.tokenizer, seqs, self.n, progress=bar),
-                {"score": 0.0},  # M's logits lie in [-1, 1] around 0: no position, no evidence
+                {"score": 0.0, "prefix_scores": []},  # M's logits lie in [-1, 1] around 0: no position, no evidence
             )
 
 

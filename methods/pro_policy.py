@@ -130,8 +130,9 @@ def watermark_logits(policy, embedder: Embedder, tokenizer, input_ids, n: int):
 def detection_scores(
     policy, embedder: Embedder, tokenizer, sequences: list[list[int]], n: int, progress=None, chunk: int = 64
 ):
-    """Per completion (ids, no prompt): ``{"score": z, "scored": k}``, z = mean over tokens i >= n of
-    ``M(E(x[i-n:i]))[x_i]`` and k = len - n. A sequence of n tokens or fewer has nothing to score: ValueError."""
+    """Per completion (ids, no prompt): ``{"score": z, "scored": k, "prefix_scores": [...]}``, z = mean over tokens
+    i >= n of ``M(E(x[i-n:i]))[x_i]``, k = len - n, and the same mean over the first 1, 2, ..., len tokens. A
+    sequence of n tokens or fewer has nothing to score: ValueError."""
     import torch
 
     for idx, seq in enumerate(sequences):
@@ -151,7 +152,9 @@ def detection_scores(
             targets = torch.tensor([t for ids in part for t in ids[n:]], device=embedded.device)
             picked = policy.at(embedded, targets)  # M(E(prefix))[x_i] for every scored position
             for ids, got in zip(part, picked.split([len(ids) - n for ids in part]), strict=True):
-                results.append({"score": float(got.mean()), "scored": len(ids) - n})
+                running = torch.cumsum(got.double(), 0) / torch.arange(1, len(got) + 1, device=got.device)
+                prefix = [0.0] * n + [round(v, 4) for v in running.tolist()]  # the score of the first 1..len tokens
+                results.append({"score": float(got.mean()), "scored": len(ids) - n, "prefix_scores": prefix})
             if progress is not None:
                 progress.update(len(part))
     policy.train(was_training)

@@ -195,7 +195,19 @@ def cmd_rescore(args) -> None:
     store = Store(args.results)
     if not store.root.is_dir():
         raise HarnessError(f"no run store at '{store.root}'")
-    changed, total, skipped = rescore_store(store)
+    skipped = []
+    if args.prefix_scores:
+        from harness.run.pipeline import fill_prefix_scores
+
+        if not args.verbose:
+            _quiet_transformers()
+        _device_env(args)
+        filled, lacking, skipped = fill_prefix_scores(store, args.device)
+        print(
+            f"prefix scores added to {filled} of the {lacking} stored runs that lacked them and whose detector has them"
+        )
+    changed, total, left = rescore_store(store)
+    skipped += left
     print(f"{changed} of {total} stored runs rescored (the others were up to date)")
     if skipped:
         raise HarnessError(f"{len(skipped)} damaged or edited runs were left as they are (named above): {skipped[0]}")

@@ -142,9 +142,16 @@ def build_parser() -> Parser:
         "rescore",
         help="recompute stored runs' metrics from their per-text scores after the metric code changed",
         description="Bring every run whose metrics were computed by older metric code up to date from its stored "
-        "scores; load no model and detect nothing again.",
+        "scores; load no model and detect nothing again (but with --prefix-scores).",
     )
     rescore.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    rescore.add_argument(
+        "--prefix-scores",
+        action="store_true",
+        help="also add the per-length scores (tokens to detect, TPR by length) to runs scored before detectors kept "
+        "them: each run's detector scores its stored texts again (no generation; needs its train stage here)",
+    )
+    rescore.add_argument("--device", help="torch device for --prefix-scores (default as for 'harness run')")
 
     sub.add_parser(
         "doctor",

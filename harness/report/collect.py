@@ -141,6 +141,10 @@ def _row(run: Path) -> dict:
         "n_neg": m["n_neg"],
         "overlap": (m.get("paraphrase") or {}).get("mean_unigram_overlap"),
         "cosine": (m.get("paraphrase") or {}).get("mean_embedding_cosine"),
+        # Detection by text length (None where the detector keeps no prefix scores, or the run predates them).
+        "tokens_to_detect": m.get(f"tokens_to_detect@{metrics.LENGTH_FPR:g}"),
+        "detected_by_end": m.get(f"detected_by_end@{metrics.LENGTH_FPR:g}"),
+        "by_length": json.dumps(m["by_length"]) if m.get("by_length") else None,
         "metrics_version": m.get("metrics_version", "0"),
         "run": run.name,
     }

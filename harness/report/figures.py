@@ -1,6 +1,7 @@
 """The paper's figures from stored runs only (no model is loaded), as PNG and PDF: the AUC-PPL trade-off, ROC
 curves, AUC against each attack's strength (``auc_vs_<attack>`` for the attacks that declare a ``Sweep``: SLERP's
-ratio, fine-tuning steps), and green-token ratios of the methods whose scores count green tokens.
+ratio, fine-tuning steps), green-token ratios of the methods whose scores count green tokens, and TPR against text
+length.
 
 Each figure plots what ``harness.report.collect.collect`` found for one setup; ROC curves and green ratios read the
 runs' per-text scores. Files are byte-identical when rebuilt from the same store (no timestamps in them).
@@ -156,6 +157,35 @@ def green_ratio(part: pd.DataFrame, store: Store, plt):
     return fig
 
 
+def tpr_by_length(part: pd.DataFrame, plt):
+    """TPR at 1% FPR against text length (tokens), one panel per method's main configuration, one line per row
+    (unaltered and each attack), with Clopper-Pearson 95% bands: runs whose detector keeps prefix scores."""
+    import json
+
+    runs = main_runs(part)
+    runs = runs[runs["by_length"].notna() & runs["attack_name"].notna()]  # (the base row has no attack)
+    if runs.empty:
+        return None
+    runs = runs.assign(first=unaltered(runs))
+    methods = _methods(runs)
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.4), squeeze=False)
+    for ax, method in zip(axes[0], methods, strict=True):
+        mine = runs[runs["method"] == method]
+        rows = sorted({(not r.first, r.attack, r.attack_config) for r in mine.itertuples()},
+                      key=lambda k: (k[0], natural_key(f"{k[1]} {k[2]}")))  # fmt: skip
+        for _, attack, config in rows:
+            row = mine[(mine["attack"] == attack) & (mine["attack_config"] == config)].sort_values("seed").iloc[0]
+            curve = json.loads(row["by_length"])
+            lo, hi = np.array(curve["tpr@0.01_ci95"]).T
+            label = f"{attack} {config}".strip() or "unaltered"
+            (line,) = ax.plot(curve["lengths"], curve["tpr@0.01"], marker="o", label=label)
+            ax.fill_between(curve["lengths"], lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set(xlabel="completion tokens", ylabel="TPR at 1% FPR", title=method, ylim=(-0.02, 1.02))
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
 def write_figures(df: pd.DataFrame, store: Store, out_dir: Path) -> list[Path]:
     """Every figure of every setup into ``<out>/<setup>/figures/``; return the paths written."""
     if df.empty:
@@ -170,6 +200,7 @@ def write_figures(df: pd.DataFrame, store: Store, out_dir: Path) -> list[Path]:
             if sweep is not None:
                 figures[plain_name(f"auc_vs_{attack}")] = auc_vs(part, attack, sweep, plt)
         figures["green_ratio"] = green_ratio(part, store, plt)
+        figures["tpr_by_length"] = tpr_by_length(part, plt)
         for figure_name, fig in figures.items():
             if fig is not None:
                 folder.mkdir(parents=True, exist_ok=True)

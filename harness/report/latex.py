@@ -30,7 +30,7 @@ def fmt(metric: str, value, latex: bool = True) -> str:
     missing cell as ``--`` (LaTeX) or ``missing``."""
     if value is None or pd.isna(value):
         return "--" if latex else MISSING
-    text = f"{value:.1f}" if metric == "PPL" else f"{value:.3f}"
+    text = f"{value:.1f}" if metric == "PPL" else f"{value:.0f}" if metric == "tokens" else f"{value:.3f}"
     if not latex:
         return text
     if metric == "AUC":
@@ -39,8 +39,9 @@ def fmt(metric: str, value, latex: bool = True) -> str:
 
 
 def cell_kind(column: str) -> str:
-    """How a column's numbers are printed (``fmt``'s metric): AUC coloured, PPL to one decimal, others plain."""
-    return column if column in ("AUC", "PPL") else "TPR"
+    """How a column's numbers are printed (``fmt``'s metric): AUC coloured, PPL to one decimal, token counts whole,
+    others plain."""
+    return column if column in ("AUC", "PPL") else "tokens" if column.startswith("tokens") else "TPR"
 
 
 def table_float(tabular: str, caption: str) -> str:

@@ -12,7 +12,8 @@ from harness.store.files import read_jsonl
 FPRS = (0.001, 0.01, 0.05, 0.1)
 # Bump when the code that turns stored per-text scores into metrics changes: runs keep their hash and are brought up
 # to date from their scores (``harness rescore``), with no detector or model loaded.
-METRICS_VERSION = "1"
+METRICS_VERSION = "2"  # 2: TPR by text length and tokens to detect, from per-text prefix scores
+LENGTH_FPR = 0.01  # the FPR at which tokens-to-detect and TPR by length are read
 
 
 def tpr_at_fpr(pos: np.ndarray, neg: np.ndarray, fpr: float) -> float:
@@ -71,13 +72,77 @@ def detection_metrics(
     return out
 
 
+def _prefix(score: dict, length: int) -> float:
+    """A text's score over its first ``length`` tokens (its whole score where it is shorter or stores none)."""
+    prefix = score.get("prefix_scores")
+    return prefix[min(length, len(prefix)) - 1] if prefix else score["score"]
+
+
+def _fires_above(neg: np.ndarray, fpr: float) -> float:
+    """The score a text must exceed to be flagged at the empirical threshold that ``tpr_at_fpr`` picks: at most
+    ``floor(fpr * n)`` negatives lie at or above any threshold above it."""
+    allowed = int(np.floor(fpr * len(neg) + 1e-9))
+    ordered = np.sort(neg)[::-1]
+    return float(ordered[allowed]) if allowed < len(ordered) else -np.inf
+
+
+def length_metrics(pos: list[dict], neg: list[dict], fpr: float = LENGTH_FPR, full: int | None = None) -> dict | None:
+    """How detection grows with text length (MarkMyWords' "size"), from the texts' prefix scores (the detector's score
+    over their first L tokens); None where the detector stores none (Gu-KTH, whose statistic is not a running one).
+
+    ``by_length``: TPR at ``fpr`` (threshold from the human texts' prefix scores of the same length) at a quarter, a
+    half, three quarters and all of ``full`` tokens (the setup's ``eval.new_tokens``, so that every run of a setup
+    is read at the same lengths; default: the generated texts' median length), with Clopper-Pearson 95% intervals.
+    A text shorter than a length (a paraphrase, deleted words) counts with its whole score there.
+    ``tokens_to_detect``: the median over generated texts of the first length at which a text's prefix score exceeds
+    that length's threshold (None where half of them never do; ``detected_by_end`` says how many do)."""
+    from scipy.stats import beta
+
+    if not pos or not neg or not all("prefix_scores" in s for s in pos + neg):
+        return None
+    full = full or max(1, int(np.median([len(s["prefix_scores"]) or 1 for s in pos])))
+    longest = max(len(s["prefix_scores"]) for s in pos + neg)
+    thresholds = [_fires_above(np.array([_prefix(s, n) for s in neg]), fpr) for n in range(1, longest + 1)]
+    first = []
+    for s in pos:
+        fired = [n for n in range(1, longest + 1) if _prefix(s, n) > thresholds[n - 1]]
+        first.append(fired[0] if fired else np.inf)
+    lengths = sorted({max(1, round(full * q / 4)) for q in (1, 2, 3, 4)})
+    tprs, bands = [], []
+    for n in lengths:
+        k = sum(_prefix(s, n) > thresholds[n - 1] for s in pos)
+        tprs.append(k / len(pos))
+        lo = float(beta.ppf(0.025, k, len(pos) - k + 1)) if k > 0 else 0.0
+        hi = float(beta.ppf(0.975, k + 1, len(pos) - k)) if k < len(pos) else 1.0
+        bands.append([lo, hi])
+    ttd = float(np.median(first))
+    return {
+        f"tokens_to_detect@{fpr:g}": None if np.isinf(ttd) else ttd,
+        f"detected_by_end@{fpr:g}": float(np.mean(np.isfinite(first))),
+        "by_length": {"lengths": lengths, f"tpr@{fpr:g}": tprs, f"tpr@{fpr:g}_ci95": bands},
+    }
+
+
+def _new_tokens(folder: Path) -> int | None:
+    """The evaluation's completion length from the stored spec of a run (or of an attribution stage)."""
+    import json
+
+    try:
+        spec = json.loads((folder / "spec.json").read_text())
+    except (OSError, ValueError):
+        return None
+    preset = spec.get("config", {}).get("preset") or spec.get("preset_settings") or {}
+    return preset.get("eval", {}).get("new_tokens")
+
+
 def median(values: list[float]) -> float:
     return float(np.median(np.asarray(values, float)))
 
 
-def run_metrics(folder: Path) -> dict:
+def run_metrics(folder: Path, new_tokens: int | None = None) -> dict:
     """A run's metrics from what it stores: its per-text scores (``scores.jsonl``: label 1 = generated, with the
-    oracle's perplexity; 0 = human) and, for text attacks, how much each text was rewritten (``generations.jsonl``)."""
+    oracle's perplexity; 0 = human) and, for text attacks, how much each text was rewritten (``generations.jsonl``).
+    ``new_tokens``: the evaluation's completion length (default: read from the stored spec)."""
     scores = read_jsonl(folder / "scores.jsonl")
     pos = [s for s in scores if s["label"] == 1]
     neg = [s for s in scores if s["label"] == 0]
@@ -88,6 +153,7 @@ def run_metrics(folder: Path) -> dict:
         [s["p_value"] for s in pos] if has_p else None,
         [s["p_value"] for s in neg] if has_p else None,
     )
+    result.update(length_metrics(pos, neg, full=new_tokens or _new_tokens(folder)) or {})
     if all("ppl" in s for s in pos):  # attribution scores carry none
         result["median_ppl"] = median([s["ppl"] for s in pos])
     gens = read_jsonl(folder / "generations.jsonl")

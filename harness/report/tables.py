@@ -250,6 +250,34 @@ def watermark_config(df: pd.DataFrame) -> pd.DataFrame:
     return part.iloc[order].set_index(["method", "method_config"])
 
 
+def tokens_to_detect(df: pd.DataFrame) -> pd.DataFrame:
+    """Tokens to detect (MarkMyWords' "size"): for every stored configuration and attack row whose detector keeps
+    prefix scores, the median number of completion tokens before a text is flagged at 1% FPR, the share flagged by
+    the end of the text, and TPR at 1% FPR after a quarter, a half, three quarters and all of the text."""
+    part = df[df["by_length"].notna()]
+    if part.empty:
+        return pd.DataFrame()
+    curves = [json.loads(b) for b in part["by_length"]]
+    part = part.assign(**{f"TPR@1% {n} tokens": [c["tpr@0.01"][i] for c in curves]
+                          for i, n in enumerate(curves[0]["lengths"])})  # fmt: skip
+    columns = ["tokens to detect", "detected", *[c for c in part.columns if c.startswith("TPR@1% ")]]
+    part = part.rename(columns={"tokens_to_detect": "tokens to detect", "detected_by_end": "detected"})
+    keys = ["method", "method_config", "category", "attack", "attack_config"]
+    part = mean_over_seeds(part, [*keys, "attack_name"], columns)
+    # Each configuration's rows: the base (no attack), the unaltered model, then the attacks.
+    part["first"] = part["attack_name"].notna().astype(int) + (~unaltered(part)).astype(int)
+    order = sorted(
+        range(len(part)),
+        key=lambda i: (
+            method_rank(part["method"].iloc[i]),
+            natural_key(part["method_config"].iloc[i]),
+            part["first"].iloc[i],
+            natural_key(" ".join(part[k].iloc[i] for k in ("category", "attack", "attack_config"))),
+        ),
+    )
+    return part.iloc[order].drop(columns=["attack_name", "first"]).set_index(keys)
+
+
 def simple_tex(table: pd.DataFrame, caption: str, index_names: list[str]) -> str:
     columns = [c for c in table.columns if c != "main"]
     keys = [k if isinstance(k, tuple) else (k,) for k in table.index]
@@ -335,6 +363,14 @@ def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None
         f"Watermark configurations and their detection and quality ({about}).",
         ["Method", "Config"],
     )
+    add(
+        "tokens_to_detect",
+        tokens_to_detect(part),
+        simple_tex,
+        f"Tokens to detect: the median completion tokens before a text is flagged at 1% FPR, the share flagged by its "
+        f"end, and TPR at 1% FPR by text length ({about}).",
+        ["Method", "Config", "Category", "Attack", "Setting"],
+    )
     if attributions is not None and len(attributions):
         table = attribution(attributions)
         add(
@@ -390,7 +426,8 @@ def write_tables(
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "runs.csv"]
-    _csv(df.drop(columns="main_method").set_index("run"), written[0])  # (derived: what ablations vary around)
+    # (main_method: derived, what ablations vary around; by_length: in tokens_to_detect)
+    _csv(df.drop(columns=["main_method", "by_length"]).set_index("run"), written[0])
     for name, part in setups(df).items():
         folder = out_dir / plain_name(name)
         folder.mkdir(exist_ok=True)

@@ -19,7 +19,7 @@ from harness.compute.generation import SAMPLER, completion_perplexity, sample
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.config.registry import attacks
-from harness.report import textsim
+from harness.report import metrics, textsim
 from harness.run import scoring
 from harness.run.scoring import attack_row
 from harness.store import files
@@ -346,7 +346,8 @@ class Pipeline:
             pos, neg = self.detect(method, trained, gens)
             ppl = self.perplexities(gens, f"perplexity ({row})")
             scored = [{**s, "ppl": q} for s, q in zip(pos, ppl, strict=True)]
-            scoring.publish_scores(out, generated.path / "generations.jsonl", gens, scored, neg)
+            new_tokens = self.preset.eval.new_tokens
+            scoring.publish_scores(out, generated.path / "generations.jsonl", gens, scored, neg, new_tokens)
             # Where the model and key are: paths stay out of the hash, so a moved store still matches.
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
             report = {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
@@ -387,7 +388,9 @@ class Pipeline:
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
             pos, neg = self.detect(method, trained, gens)
-            scoring.publish_scores(out, generated.path / "generations.jsonl", gens, pos, neg)
+            scoring.publish_scores(
+                out, generated.path / "generations.jsonl", gens, pos, neg, self.preset.eval.new_tokens
+            )
             return {"device": self.device}
 
         self._build(stage, f"attribution of {source['label']} texts by {method.label}", build)
@@ -498,3 +501,58 @@ def attribute(entries: list[tuple[Pipeline, object]]) -> int:
         for label, generated in sources:
             pipe.attribution(method, stage, generated, label)
     return len(trained) * len(sources)
+
+
+def fill_prefix_scores(store: Store, device: str | None = None) -> tuple[int, int, list[str]]:
+    """Add the per-text prefix scores (tokens to detect, TPR by length) to the finished runs that were scored before
+    detectors kept them: each run's detector, keyed by its train stage in ``store``, scores the run's stored texts
+    again (no generation); the new scores must equal the stored ones, else the run is left as it is. Returns
+    (filled, runs lacking them, the ones left as they are: each named in a warning)."""
+    from harness.config.registry import methods
+
+    filled, lacking, skipped = 0, 0, []
+    for path in store.runs():
+        run = Stage("run", {}, path.name, path, store.root)
+        try:
+            with files.locked(run.lock_file, f"prefix scores of run {run.key}"):
+                scores = files.read_jsonl(path / "scores.jsonl")
+                if all("prefix_scores" in s for s in scores):
+                    continue
+                lacking += 1
+                problem = run.problem()
+                spec = json.loads((path / "spec.json").read_text())
+                key = spec["detector"]["key_from"]
+                trained = Stage("train", {}, key, store.root / "stages" / "train" / key, store.root)
+                if problem is None and not trained.done:
+                    problem = f"its train stage {key} is not in this store"
+                if problem is None:
+                    problem = trained.problem()
+                if problem is not None:
+                    raise HarnessError(problem)
+                preset = Preset.model_validate(spec["config"]["preset"])
+                method = spec["config"]["method"]
+                method = methods.build(method["name"], {k: v for k, v in method["params"].items() if v is not None})
+                pipe = Pipeline(preset, store, device)
+                gens = files.read_jsonl(path / "generations.jsonl")
+                first, _ = pipe.detect(method, trained, gens[:1])
+                if "prefix_scores" not in first[0]:
+                    lacking -= 1  # a detector that keeps none (a statistic that is not a running one)
+                    continue
+                pos, neg = pipe.detect(method, trained, gens)
+                fresh = {(1, g["i"]): s for g, s in zip(gens, pos, strict=True)}
+                fresh |= {(0, g["i"]): s for g, s in zip(gens, neg, strict=True)}
+                for s in scores:
+                    new = fresh[(s["label"], s["i"])]
+                    if abs(new["score"] - s["score"]) > 1e-9:
+                        raise HarnessError(f"its detector now scores text {s['i']} {new['score']}, not {s['score']}")
+                    s["prefix_scores"] = new["prefix_scores"]
+                run.update({"scores.jsonl": "".join(json.dumps(s) + "\n" for s in scores)})
+                manifest = run.manifest()
+                manifest.setdefault("rescored", []).append({"prefix_scores": "added", "to": metrics.METRICS_VERSION})
+                new_metrics = json.dumps(metrics.run_metrics(path), indent=2)
+                run.update({"metrics.json": new_metrics, "manifest.json": json.dumps(manifest, indent=2)})
+                filled += 1
+        except HarnessError as err:
+            log.warning("run %s left as it is: %s", path, err)
+            skipped.append(str(path))
+    return filled, lacking, skipped

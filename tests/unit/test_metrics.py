@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.report import metrics
 from harness.report.metrics import detection_metrics, median, tpr_at_fpr
 
 
@@ -94,3 +95,41 @@ def test_tpr_keeps_operating_points_on_tied_scores():
         neg = rng.integers(0, 4, size=rng.integers(3, 30)).astype(float)
         for f in (0.01, 0.05, 0.1, 0.3):
             assert tpr_at_fpr(pos, neg, f) == pytest.approx(brute_force_tpr(pos, neg, f)), (pos, neg, f)
+
+
+# --- detection by text length -----------------------------------------------------------------------------------------
+def _texts(rng, n: int, length: int, drift: float, label: int) -> list[dict]:
+    """Texts whose prefix score after L tokens is a z-score of L tokens each carrying ``drift`` of signal."""
+    out = []
+    for _ in range(n):
+        steps = rng.normal(drift, 1.0, size=length)
+        prefix = list(np.cumsum(steps) / np.sqrt(np.arange(1, length + 1)))
+        out.append({"label": label, "score": prefix[-1], "prefix_scores": prefix})
+    return out
+
+
+def test_the_length_threshold_is_the_one_tpr_at_fpr_picks():
+    rng = np.random.default_rng(0)
+    for fpr in (0.01, 0.05, 0.1):
+        pos, neg = rng.normal(1, 1, 150), rng.normal(0, 1, 200).round(1)  # ties among the negatives
+        thr = metrics._fires_above(neg, fpr)
+        assert float(np.mean(pos > thr)) == metrics.tpr_at_fpr(pos, neg, fpr)
+
+
+def test_tokens_to_detect_falls_with_signal_and_tpr_rises_with_length():
+    rng = np.random.default_rng(1)
+    neg = _texts(rng, 200, 64, 0.0, 0)
+    weak = metrics.length_metrics(_texts(rng, 200, 64, 0.4, 1), neg)
+    strong = metrics.length_metrics(_texts(rng, 200, 64, 0.8, 1), neg)
+    assert weak["by_length"]["lengths"] == [16, 32, 48, 64]
+    assert strong["tokens_to_detect@0.01"] < weak["tokens_to_detect@0.01"] <= 64
+    tpr, bands = weak["by_length"]["tpr@0.01"], weak["by_length"]["tpr@0.01_ci95"]
+    assert tpr == sorted(tpr) and tpr[-1] > tpr[0] + 0.2
+    assert all(lo <= t <= hi for t, (lo, hi) in zip(tpr, bands, strict=True))
+    none = metrics.length_metrics(_texts(rng, 100, 64, 0.0, 1), neg)
+    assert none["tokens_to_detect@0.01"] is None and none["detected_by_end@0.01"] < 0.5
+    # A detector that stores no prefix scores (Gu-KTH) has no length metrics; a short text's empty list reads as its
+    # whole score.
+    assert metrics.length_metrics([{"label": 1, "score": 1.0}], neg) is None
+    short = metrics.length_metrics([{"label": 1, "score": 9.0, "prefix_scores": []}] * 3, neg)
+    assert short["detected_by_end@0.01"] == 1.0
