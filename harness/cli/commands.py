@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 from harness.compute import distributed
 from harness.config.errors import HarnessError
@@ -186,6 +187,24 @@ def cmd_grid(args) -> int:
         print("attribution runs once every shard is done: run the grid again without --shard (every cell is reused)")
     print("'harness tables' rebuilds every table and figure from the store")
     return 1 if summary["failures"] else 0
+
+
+def cmd_report(args) -> None:
+    from harness.report.html import write_report
+    from harness.store import files
+    from harness.store.stages import Store
+
+    store = Store(args.results)
+    if not store.root.is_dir():
+        raise HarnessError(f"no run store at '{store.root}': run 'harness run' or 'harness grid' first")
+    if args.out.suffix.lower() not in (".html", ".htm"):
+        raise HarnessError(f"--out '{args.out}' must name an .html file")
+    files.check_writable(args.out.parent if str(args.out.parent) else Path("."), "report folder")
+    try:
+        written = write_report(store, args.out)
+    except OSError as err:
+        raise HarnessError(f"cannot write the report '{args.out}': {err.strerror or err}") from None
+    print(f"wrote {written} ({written.stat().st_size // 1024} KB): open it in a browser, no network needed")
 
 
 def cmd_rescore(args) -> None:

@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             commands.cmd_tables(args)
         elif args.command == "detect":
             return commands.cmd_detect(args)
+        elif args.command == "report":
+            commands.cmd_report(args)
         elif args.command == "rescore":
             commands.cmd_rescore(args)
         elif args.command == "doctor":

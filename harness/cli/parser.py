@@ -138,6 +138,15 @@ def build_parser() -> Parser:
     detect.add_argument("--device", help="torch device (default as for 'harness run')")
     detect.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")
 
+    report = sub.add_parser(
+        "report",
+        help="one self-contained HTML page of the store: heatmap, figures, tokens to detect, attribution, every run",
+        description="Read every finished run in the store (no model loads) and write one HTML file that opens from "
+        "disk with no network: figures embedded, no script or font fetched.",
+    )
+    report.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    report.add_argument("--out", type=Path, default=Path("results/report.html"), help="the HTML file to write")
+
     rescore = sub.add_parser(
         "rescore",
         help="recompute stored runs' metrics from their per-text scores after the metric code changed",

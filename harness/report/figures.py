@@ -186,23 +186,39 @@ def tpr_by_length(part: pd.DataFrame, plt):
     return fig
 
 
+def setup_figures(part: pd.DataFrame, store: Store) -> dict:
+    """``{name: matplotlib figure}`` of one setup's runs (figures with nothing to plot left out); close them after."""
+    plt = _pyplot()
+    figures = {"auc_ppl": auc_ppl(part, plt), "roc": roc(part, store, plt)}
+    for attack in sorted(part["attack_name"].dropna().unique()):
+        sweep = getattr(collect.plugin_class("attack", attack), "sweep", None)
+        if sweep is not None:
+            figures[plain_name(f"auc_vs_{attack}")] = auc_vs(part, attack, sweep, plt)
+    figures["green_ratio"] = green_ratio(part, store, plt)
+    figures["tpr_by_length"] = tpr_by_length(part, plt)
+    return {name: fig for name, fig in figures.items() if fig is not None}
+
+
 def write_figures(df: pd.DataFrame, store: Store, out_dir: Path) -> list[Path]:
     """Every figure of every setup into ``<out>/<setup>/figures/``; return the paths written."""
     if df.empty:
         return []
-    plt = _pyplot()
     written: list[Path] = []
     for name, part in setups(df).items():
         folder = out_dir / plain_name(name) / "figures"
-        figures = {"auc_ppl": auc_ppl(part, plt), "roc": roc(part, store, plt)}
-        for attack in sorted(part["attack_name"].dropna().unique()):
-            sweep = getattr(collect.plugin_class("attack", attack), "sweep", None)
-            if sweep is not None:
-                figures[plain_name(f"auc_vs_{attack}")] = auc_vs(part, attack, sweep, plt)
-        figures["green_ratio"] = green_ratio(part, store, plt)
-        figures["tpr_by_length"] = tpr_by_length(part, plt)
-        for figure_name, fig in figures.items():
-            if fig is not None:
-                folder.mkdir(parents=True, exist_ok=True)
-                written += _save(fig, folder, figure_name)
+        for figure_name, fig in setup_figures(part, store).items():
+            folder.mkdir(parents=True, exist_ok=True)
+            written += _save(fig, folder, figure_name)
     return written
+
+
+def png_bytes(fig) -> bytes:
+    """A figure as PNG bytes (no timestamp: the same figure gives the same bytes), closed after."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buffer.getvalue()

@@ -1,0 +1,145 @@
+"""``harness report``: one self-contained HTML page of a run store, to open from disk in any browser.
+
+Built from the store alone (no model loads), like the tables: per setup, a heatmap of AUC and TPR@1% of each method's
+main configuration under every attack (the paper's colour rule), the figures (ROC curves, AUC against each attack's
+strength, TPR by text length, ...) embedded as PNG data, tokens to detect, the attribution matrix, and every run's
+spec, versions and timings one click away. A cell with no stored run says so. No script, stylesheet or font is
+fetched: the page needs no network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from harness.report.collect import MISSING, category_rank, main_runs, method_rank, natural_key, setups
+from harness.report.latex import colour
+from harness.store.stages import Store
+
+COLOURS = {"green": "#b9e3b2", "yellow": "#fbefa8", "red": "#f2b8b5"}  # the paper's rule: >= 0.8, < 0.7, between
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; padding: 0 1.5em; max-width: 1200px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: center; }
+th.row, td.row { text-align: left; }
+td.missing { color: #999; font-style: italic; }
+td a { color: inherit; text-decoration: none; }
+figure { display: inline-block; margin: 0 1em 1em 0; vertical-align: top; }
+figure img { max-width: 560px; border: 1px solid #eee; }
+details { margin: 2px 0; } summary { cursor: pointer; }
+pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 12px; }
+.legend span { padding: 1px 8px; margin-right: 6px; }
+"""
+
+
+def esc(value) -> str:
+    return html.escape(str(value))
+
+
+def heatmap(part: pd.DataFrame) -> str:
+    """Rows: every attack row stored for a main configuration; columns: methods x (AUC, TPR@1%). Each cell links to
+    its run; a cell with no stored run says so."""
+    runs = main_runs(part).sort_values("seed")
+    methods = sorted(runs["method"].unique(), key=method_rank)
+    rows = sorted({(r.category, r.attack, r.attack_config) for r in runs.itertuples()},
+                  key=lambda r: (category_rank(r[0]), natural_key(r[1]), natural_key(r[2])))  # fmt: skip
+    head = "".join(f'<th colspan="2">{esc(m)}</th>' for m in methods)
+    out = ['<table class="heatmap">', f'<tr><th class="row">category</th><th class="row">attack</th>{head}</tr>',
+           "<tr><th></th><th></th>" + "<th>AUC</th><th>TPR@1%</th>" * len(methods) + "</tr>"]  # fmt: skip
+    for category, attack, config in rows:
+        cells = []
+        for method in methods:
+            hit = runs[(runs["method"] == method) & (runs["category"] == category) & (runs["attack"] == attack)
+                       & (runs["attack_config"] == config)]  # fmt: skip
+            if hit.empty:
+                cells.append(f'<td class="missing" colspan="2">{MISSING}</td>')
+                continue
+            auc, tpr, run = hit["AUC"].mean(), hit["TPR@1%"].mean(), hit["run"].iloc[0]
+            seeds = f" (mean of {len(hit)} seeds)" if len(hit) > 1 else ""
+            style = f' style="background:{COLOURS[colour(auc)]}"'
+            cells.append(f'<td class="cell"{style} title="run {run}{seeds}"><a href="#run-{run}">{auc:.3f}</a></td>'
+                         f"<td>{tpr:.3f}</td>")  # fmt: skip
+        label = f"{attack} {config}".strip() or "unaltered"
+        out.append(f'<tr><td class="row">{esc(category)}</td><td class="row">{esc(label)}</td>{"".join(cells)}</tr>')
+    out.append("</table>")
+    rule = (("green", "AUC >= 0.8"), ("yellow", "0.7 <= AUC < 0.8"), ("red", "AUC < 0.7"))
+    legend = "".join(f'<span style="background:{COLOURS[c]}">{t}</span>' for c, t in rule)
+    return "\n".join(out) + f'<p class="legend">{legend}</p>'
+
+
+def frame(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "<p>none stored</p>"
+    return table.to_html(float_format=lambda v: f"{v:.3f}", na_rep=MISSING, border=0)
+
+
+def figures(part: pd.DataFrame, store: Store) -> str:
+    from harness.report.figures import png_bytes, setup_figures
+
+    out = []
+    for name, fig in setup_figures(part, store).items():
+        data = base64.b64encode(png_bytes(fig)).decode()
+        out.append(f'<figure><img alt="{esc(name)}" src="data:image/png;base64,{data}"><figcaption>{esc(name)}'
+                   "</figcaption></figure>")  # fmt: skip
+    return "\n".join(out) or "<p>no figure: nothing stored to plot</p>"
+
+
+def run_details(part: pd.DataFrame, store: Store) -> str:
+    out = []
+    for r in part.sort_values(["method", "method_config", "category", "attack", "attack_config"]).itertuples():
+        folder = store.root / r.run
+        spec = json.loads((folder / "spec.json").read_text())
+        manifest = json.loads((folder / "manifest.json").read_text())
+        about = {k: manifest.get(k) for k in ("started", "seconds", "git_sha", "host", "versions", "report")}
+        label = f"{r.method} ({r.method_config}) / {(r.attack + ' ' + r.attack_config).strip() or 'unaltered'}"
+        out.append(f'<details id="run-{esc(r.run)}"><summary>{esc(label)}: AUC {r.AUC:.3f}, run {esc(r.run)}'
+                   f"</summary><pre>{esc(json.dumps(spec, indent=1))}</pre><pre>{esc(json.dumps(about, indent=1))}"
+                   "</pre></details>")  # fmt: skip
+    return "\n".join(out)
+
+
+def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> str:
+    """The whole page."""
+    from harness.report.tables import attribution, tokens_to_detect
+
+    body = [
+        f"<h1>Watermark robustness: {esc(store.root)}</h1>",
+        f"<p>{len(df)} stored runs in {len(setups(df))} setups. Every number below is read from the store.</p>",
+    ]
+    for name, part in setups(df).items():
+        body += [
+            f'<h2 id="setup-{esc(name)}">{esc(name)}: {esc(part["base_model"].iloc[0])}, preset '
+            f"{esc(part['preset'].iloc[0])}</h2>",
+            "<h3>AUC and TPR at 1% FPR of each method's main configuration</h3>",
+            heatmap(part),
+            "<h3>Figures</h3>",
+            figures(part, store),
+            "<h3>Tokens to detect (1% FPR)</h3>",
+            frame(tokens_to_detect(part)),
+        ]  # fmt: skip
+        mine = (
+            None
+            if attributions is None or attributions.empty
+            else attributions[attributions["setup"] == part["setup"].iloc[0]]
+        )
+        if mine is not None and len(mine):
+            body += ["<h3>Attribution (share of each model's texts flagged at 1% FPR)</h3>", frame(attribution(mine))]
+        body += ["<h3>Runs (spec, versions, timings)</h3>", run_details(part, store)]
+    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>harness report</title>'
+            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")  # fmt: skip
+
+
+def write_report(store: Store, out: Path) -> Path:
+    from harness.report.collect import collect, collect_attribution
+
+    df = collect(store)
+    if df.empty:
+        from harness.config.errors import HarnessError
+
+        raise HarnessError(f"no finished runs in '{store.root}' that could be read")
+    out.write_text(page(df, store, collect_attribution(store)), encoding="utf-8")
+    return out

@@ -1,0 +1,79 @@
+"""``harness report``: one HTML file from the store alone, every stored cell on it with the paper's colours, missing
+cells said, every run one click away, nothing fetched; and (where Debian's chromium is installed) the page renders
+from a file path with no network and no console error."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from harness.store.stages import Store
+
+
+@pytest.fixture
+def store(tmp_path, fake_run):
+    store = Store(tmp_path / "runs")
+    for method, auc in (("gu-kgw", 0.97), ("pro", 0.9)):
+        fake_run(store, method, {}, "base", {}, 0.5)
+        fake_run(store, method, {}, "none", {}, auc)
+        fake_run(store, method, {}, "slerp", {"t": 0.5}, auc - 0.25)
+    fake_run(store, "gu-kgw", {}, "int8", {}, 0.96)  # PRO has no INT8 run: a missing cell
+    return store
+
+
+def stored_cells(store) -> dict:
+    """``{run: AUC}`` of every stored run."""
+    return {p.name: json.loads((p / "metrics.json").read_text())["auc"] for p in store.runs()}
+
+
+def test_every_stored_cell_is_on_the_page(store, cli, tmp_path):
+    out = cli("report", "--results", str(store.root), "--out", str(tmp_path / "report.html"))
+    assert out.returncode == 0, out.stderr
+    page = (tmp_path / "report.html").read_text()
+    for run, auc in stored_cells(store).items():
+        cell = re.search(rf'<td class="cell" style="background:([^"]+)" title="run {run}"><a href="#run-{run}">'
+                         rf"([0-9.]+)</a>", page)  # fmt: skip
+        assert cell is not None, run
+        assert float(cell.group(2)) == pytest.approx(auc, abs=5e-4)
+        want = "#b9e3b2" if auc >= 0.8 else "#f2b8b5" if auc < 0.7 else "#fbefa8"
+        assert cell.group(1) == want, (run, auc)
+        assert f'<details id="run-{run}">' in page  # its spec, versions and timings
+    assert page.count('<td class="missing" colspan="2">missing</td>') == 1  # PRO x INT8
+    assert "<img" in page and "data:image/png;base64," in page
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched
+
+
+def test_bad_report_inputs(cli, tmp_path, store):
+    out = cli("report", "--results", str(tmp_path / "none"))
+    assert out.returncode == 2 and "no run store" in out.stderr
+    out = cli("report", "--results", str(store.root), "--out", str(tmp_path / "report.pdf"))
+    assert out.returncode == 2 and "must name an .html file" in out.stderr
+    (tmp_path / "empty").mkdir()
+    out = cli("report", "--results", str(tmp_path / "empty"), "--out", str(tmp_path / "r.html"))
+    assert out.returncode == 2 and "no finished runs" in out.stderr
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (Debian: apt-get install chromium)")
+def test_the_page_renders_in_headless_chromium_with_no_network(store, cli, tmp_path):
+    report = tmp_path / "report.html"
+    assert cli("report", "--results", str(store.root), "--out", str(report)).returncode == 0
+    run = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=5000", "--dump-dom", report.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    dom = run.stdout
+    assert 'class="heatmap"' in dom
+    for name, auc in stored_cells(store).items():
+        assert f'href="#run-{name}">{auc:.3f}</a>' in dom, name
+    console = [line for line in run.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, console
