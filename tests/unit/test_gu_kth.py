@@ -64,3 +64,23 @@ def test_key_vocabulary_must_match_the_model(random_llamas):
     methods.build("gu-kth", {"vocab_size": str(size)}).validate(str(base))
     with pytest.raises(HarnessError, match="differs from the base model's vocabulary"):
         methods.build("gu-kth", {"vocab_size": str(size + 1)}).validate(str(base))
+
+
+def test_detect_pools_kth_p_values_by_fisher(random_llamas, tmp_path, small_preset, cli):
+    """``harness detect`` with a Gu-KTH key: per-text p-values against the key's reference statistics, combined by
+    Fisher's method; the setup (prompts, lengths, reference data) is that of the key's stored runs."""
+    base, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    Pipeline(small_preset(tmp_path, base, **PRESET), store, "cpu").run(
+        methods.build("gu-kth", SETTINGS), attacks.build("none", {})
+    )
+    (key,) = [p.name for p in (store.root / "stages" / "train").iterdir()]
+    texts = tmp_path / "texts.txt"
+    texts.write_text("The quick brown fox jumps over the lazy dog.\nA watermark is a hidden signal in text.\n")
+    out = cli("detect", "--results", str(store.root), "--key", key, "--texts", str(texts), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    d = report["decision"]
+    assert "Fisher's combination of 2 per-text p-values" in d["test"] and 0 < d["p_value"] <= 1
+    assert d["human_texts"] == 4 and all(1 / 21 <= t["p_value"] <= 1 for t in report["texts"])
+    assert len(list((store.root / "stages" / "kth-reference").iterdir())) == 1  # the run's reference, reused
