@@ -97,6 +97,10 @@ def recipe_hash() -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def tiny_paraphraser_built() -> bool:
+    return files.is_built(files.cache_root() / f"tiny-paraphraser-{recipe_hash()}", FILES)
+
+
 def tiny_paraphraser() -> Path:
     """Folder of the tiny paraphraser and its tokenizer, building it first if this machine has none. One process
     builds it while others wait (a lock per recipe); an interrupted build leaves nothing behind."""

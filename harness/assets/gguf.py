@@ -74,13 +74,24 @@ def check(ref: str) -> None:
     header(path)
 
 
+def converted_folder(path: Path) -> Path:
+    """Where the conversion of the GGUF file ``path`` is cached (named by its content)."""
+    return files.cache_root() / f"gguf-{path.stem[:40]}-{files.file_sha256(path)[:16]}-c{CONVERSION}"
+
+
+def is_converted(ref: str | Path) -> bool:
+    path = Path(ref).expanduser().resolve()
+    return path.is_file() and files.is_built(converted_folder(path), FOLDER_FILES)
+
+
 def converted(ref: str | Path) -> Path:
     """The cached transformers folder of the GGUF file ``ref``, converted first if this machine has none."""
     path = Path(ref).expanduser().resolve()
     check(str(path))
     digest = files.file_sha256(path)
-    folder = files.cache_root() / f"gguf-{path.stem[:40]}-{digest[:16]}-c{CONVERSION}"
-    return files.build_once(folder, FOLDER_FILES, f"the model of {path.name}", lambda out: _convert(path, digest, out))
+    return files.build_once(
+        converted_folder(path), FOLDER_FILES, f"the model of {path.name}", lambda out: _convert(path, digest, out)
+    )
 
 
 def _convert(path: Path, digest: str, out: Path) -> dict:
@@ -157,6 +168,13 @@ def check_smollm2(ref: str) -> None:
     """``builtin:smollm2-135m`` can be built here (its package and the gguf package are installed)."""
     _need_gguf()
     smollm2_file()
+
+
+def smollm2_built() -> bool:
+    try:
+        return is_converted(smollm2_file())
+    except HarnessError:
+        return False
 
 
 def smollm2_135m() -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 from harness.assets import gguf
 from harness.compute import distributed
 from harness.config.errors import HarnessError, first_line
-from harness.config.refs import BUILDABLE_CHECKS, BUILTIN_MODELS, load_target, looks_like_path
+from harness.config.refs import BUILDABLE_CHECKS, BUILT_CHECKS, BUILTIN_MODELS, load_target, looks_like_path
 from harness.store.files import file_sha256
 
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -57,6 +57,18 @@ def check(ref: str) -> None:
         AutoConfig.from_pretrained(ref)
     except (OSError, ValueError) as err:
         raise _load_error(ref, err) from None
+
+
+def built(ref: str) -> bool:
+    """Whether ``ref`` loads without building anything first: False only for a built-in model that this machine has
+    not built yet (a GGUF file not yet converted counts as built: converting it takes seconds)."""
+    entry = BUILT_CHECKS.get(ref)
+    return entry is None or bool(load_target(entry[0])())
+
+
+def build_cost(ref: str) -> str:
+    """What building the built-in ``ref`` takes, for messages."""
+    return BUILT_CHECKS[ref][1] if ref in BUILT_CHECKS else "a moment"
 
 
 def context_length(ref: str) -> int | None:

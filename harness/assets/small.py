@@ -129,6 +129,14 @@ def _model(ref: str) -> Path:
     )
 
 
+def small_lm_built() -> bool:
+    return files.is_built(model_folder("builtin:small-lm"), MODEL_FILES)
+
+
+def small_oracle_built() -> bool:
+    return files.is_built(model_folder("builtin:small-oracle"), MODEL_FILES)
+
+
 def small_lm() -> Path:
     return _model("builtin:small-lm")
 

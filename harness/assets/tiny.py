@@ -44,6 +44,10 @@ def recipe_hash() -> str:
 TINY_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
+def tiny_lm_built() -> bool:
+    return files.is_built(files.cache_root() / f"tiny-lm-{recipe_hash()}", TINY_FILES)
+
+
 def tiny_lm() -> Path:
     """Folder of the tiny model and tokenizer, building it first if this machine has none. One process builds it
     while others wait for it (a lock per recipe); an interrupted build leaves nothing behind."""

@@ -153,12 +153,17 @@ def cmd_grid(args) -> int:
     cells = list(spec.cells) if shard is None else grid.shard(spec.cells, *shard)
     part = f" (shard {shard[0]}/{shard[1]}: {len(cells)} of {len(spec.cells)} cells)" if shard else ""
     if args.dry_run:
-        jobs.check_cells(cells)  # what the real grid checks first: a missing model or dataset is one line here too
+        jobs.check_cells(cells, build=False)  # what the grid checks first (a missing model is one line here too)
         print(f"{args.spec}: {len(cells)} cells{part}, {len({c.training for c in cells})} trained models")
         stored = 0
         unknown: dict[str, str] = {}  # setup -> why its cells cannot be planned here (asked once per setup)
+        to_build: dict[str, None] = {}
         for k, cell in enumerate(cells, 1):
-            if cell.setup in unknown:
+            missing = jobs.unbuilt(cell)
+            if missing:
+                to_build.update(dict.fromkeys(missing))
+                state = f"to compute (first builds {', '.join(missing)})"
+            elif cell.setup in unknown:
                 state = "cannot tell (as above)"
             else:
                 try:
@@ -171,6 +176,8 @@ def cmd_grid(args) -> int:
                     state = f"cannot tell ({err})"
             print(f"  {k:3d}  {cell.name(spec.several_seeds):60s} {state}")
         print(f"{stored} of {len(cells)} cells stored; {len(cells) - stored} to compute")
+        for ref in to_build:
+            print(f"{ref} is not built on this machine: the grid will build it once ({models.build_cost(ref)})")
         return 0
     start = time.time()
     summary = executors.run(spec, args.results, args.device, args.executor, shard, args.jobs_dir, resources)

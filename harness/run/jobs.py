@@ -10,8 +10,9 @@ from pathlib import Path
 from harness.run.grid import Cell
 
 
-def check_cells(cells: list[Cell]) -> None:
-    """The inputs of every cell (models, data, plugins' own checks), once per distinct preset and plugin."""
+def check_cells(cells: list[Cell], build: bool = True) -> None:
+    """The inputs of every cell (models, data, plugins' own checks), once per distinct preset and plugin;
+    ``build=False``: building no built-in model (``pipeline.check_inputs``)."""
     from harness.config.errors import HarnessError
     from harness.run.pipeline import check_inputs
 
@@ -22,10 +23,19 @@ def check_cells(cells: list[Cell]) -> None:
         if key not in seen:
             seen.add(key)
             try:
-                check_inputs(cell.preset, (m, a))
+                check_inputs(cell.preset, (m, a), build)
             except HarnessError as err:  # say which cell of the spec, so the user knows what to fix
                 where = f"{cell.where} ({cell.name()})" if cell.where else cell.name()
                 raise HarnessError(f"{where}: {err}") from None
+
+
+def unbuilt(cell: Cell) -> list[str]:
+    """The built-in models a cell needs that this machine has not built yet (a dry run plans no such cell)."""
+    from harness.assets import models
+
+    m, a = cell.build()
+    refs = (cell.preset.base_model, cell.preset.oracle_model, *m.model_refs().values(), *a.model_refs().values())
+    return [ref for ref in dict.fromkeys(refs) if not models.built(ref)]
 
 
 def plan(cell: Cell, results: Path, device: str | None) -> list[tuple[str, bool]]:

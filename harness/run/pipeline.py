@@ -51,16 +51,19 @@ class Output:
     spec: dict | None
 
 
-def check_inputs(preset: Preset, plugins) -> None:
+def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     """Everything cheap, before any model loads: the models (base, oracle, the plugins' own) resolve, the plugins'
-    deeper checks pass, every dataset reads, and the training batch splits across the processes of a launch."""
+    deeper checks pass, every dataset reads, and the training batch splits across the processes of a launch.
+    ``build=False`` (a dry run) builds no built-in model: the checks that need an unbuilt base model are left to the
+    run."""
     training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)
+    base_ready = build or models.built(preset.base_model)
     for plugin in plugins:
-        plugin.validate(preset.base_model)
-    context = models.context_length(preset.base_model)
+        plugin.validate(preset.base_model if base_ready else None)
+    context = models.context_length(preset.base_model) if base_ready else None
     if context is not None:
         e = preset.eval
         lengths = {

@@ -192,11 +192,16 @@ def locked(lock_file: Path, what: str) -> Iterator[None]:
         lock.release()
 
 
+def is_built(folder: Path, ready_files: tuple[str, ...]) -> bool:
+    """Whether ``build_once`` has published ``folder`` with ``ready_files`` (it would return it without building)."""
+    return all((folder / f).exists() for f in (*ready_files, "DONE"))
+
+
 def build_once(folder: Path, ready_files: tuple[str, ...], what: str, build: Callable[[Path], dict]) -> Path:
     """``folder`` (under the cache), building it first with ``build(partial_folder) -> report`` if this machine has
     none: one process builds while others wait on a lock beside it; the report goes to ``build.json``; the folder is
     published by rename only when complete (``DONE`` last), so an interrupted build leaves nothing behind."""
-    ready = lambda: all((folder / f).exists() for f in (*ready_files, "DONE"))  # noqa: E731
+    ready = lambda: is_built(folder, ready_files)  # noqa: E731
     if ready():
         return folder
     with locked(folder.with_name(f"{folder.name}.lock"), what):

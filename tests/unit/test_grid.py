@@ -2,6 +2,7 @@
 model once, split into deterministic shards."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,19 @@ def test_a_spec_path_that_is_no_file_is_one_line(tmp_path):
 def test_grid_options_of_another_executor_are_refused_not_ignored(tmp_path, cli, args, words):
     out = cli("grid", str(write(tmp_path, GOOD)), "--results", str(tmp_path / "runs"), "--dry-run", *args)
     assert out.returncode == 2 and words in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+
+
+def test_a_dry_run_builds_no_built_in_model(tmp_path, cli, monkeypatch):
+    """On a machine that has built nothing, a dry run of the shipped tiny grid plans every cell as to compute, says
+    which built-in models the grid will build and what that costs, and leaves the cache and the store as they were."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HARNESS_CACHE", str(cache))
+    grids = Path(__file__).resolve().parents[2] / "grids"
+    out = cli("grid", str(grids / "tiny.yaml"), "--results", str(tmp_path / "runs"), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "0 of 90 cells stored; 90 to compute" in out.stdout
+    assert "builtin:tiny-lm is not built on this machine: the grid will build it once (about 1 minute" in out.stdout
+    assert "builtin:tiny-paraphraser is not built on this machine" in out.stdout
+    assert "to compute (first builds builtin:tiny-lm, builtin:tiny-paraphraser)" in out.stdout  # the DIPPER cells
+    assert not any(p.name.startswith(("tiny-lm", "tiny-paraphraser")) for p in cache.glob("*"))
+    assert not (tmp_path / "runs").exists()
