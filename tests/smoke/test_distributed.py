@@ -96,12 +96,22 @@ def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, harness, sc
             continue
         rows = [[json.loads(line) for line in x[key]["scores.jsonl"].splitlines()] for x in (a, b)]
         for r1, r2 in zip(*rows, strict=True):
-            assert r1.keys() == r2.keys() and all(r1[k] == pytest.approx(r2[k], rel=1e-5, abs=1e-6) for k in r1), key
+            # (prefix scores are stored rounded to 4 decimals: a last-bit difference can move one by that quantum)
+            tolerance = {k: 1.5e-4 if k == "prefix_scores" else 1e-6 for k in r1}
+            assert r1.keys() == r2.keys() and all(
+                r1[k] == pytest.approx(r2[k], rel=1e-5, abs=tolerance[k]) for k in r1
+            ), key
         m1, m2 = (json.loads(x[key]["metrics.json"]) for x in (a, b))
         if a[key]["scores.jsonl"] == b[key]["scores.jsonl"]:
             assert m1 == m2, key
         else:
-            assert numbers(m1) == pytest.approx(numbers(m2), abs=1 / m1["n_pos"]), key
+            # Tokens to detect is a median of first lengths, which one flipped tie can move by several tokens.
+            n1, n2 = numbers(m1), numbers(m2)
+            ttd = [{k for k in n if k.startswith("tokens_to_detect")} for n in (n1, n2)]  # (None: not a number)
+            assert ttd[0] == ttd[1], key
+            for k in ttd[0]:
+                del n1[k], n2[k]
+            assert n1 == pytest.approx(n2, abs=1 / m1["n_pos"]), key
     generations = (tmp_path / "two" / finished_runs[0] / "generations.jsonl").read_text()
     gens = [json.loads(line) for line in generations.splitlines()]
     assert [g["i"] for g in gens] == list(range(9))
@@ -150,7 +160,7 @@ def numbers(metrics: dict, prefix: str = "") -> dict:
         if isinstance(value, dict):
             out |= numbers(value, f"{prefix}{key}.")
         elif isinstance(value, list):
-            out |= {f"{prefix}{key}.{i}": v for i, v in enumerate(value)}
+            out |= numbers({str(i): v for i, v in enumerate(value)}, f"{prefix}{key}.")
         elif isinstance(value, int | float) and not isinstance(value, bool):
             out[f"{prefix}{key}"] = value
     return out
