@@ -233,7 +233,7 @@ class PROStep:
     regenerating the anti-watermarked pool every ``anti_every`` steps (``refresh_pool``, timed apart).
     """
 
-    def __init__(self, params: PROParams, settings, teacher, tokenizer, embedder, policy):
+    def __init__(self, params: PROParams, settings, teacher, tokenizer, embedder, policy, diagnose: bool = False):
         import torch
 
         self.p, self.s = params, settings
@@ -254,6 +254,11 @@ class PROStep:
         self.log: dict[str, list[float]] = {
             k: [] for k in ("l_m", "l_sim_m", "unbiased", "balanced", "hinge", "anti", "probe")
         }
+        # benchmarks/fpl_diagnostics.py: the FPL term's size and direction against L_sim's gradient at each step, and
+        # the step's L_anti, to evaluate again after the optimiser step (``anti_loss``). Off in training.
+        self.diagnose = diagnose
+        self.diagnostics: list[dict] = []
+        self.anti_loss = None
 
     def refresh_pool(self, batch) -> None:
         """Anti-watermarked texts: the frozen base sampling with base - delta * M (the current M), seeded by the
@@ -326,7 +331,10 @@ class PROStep:
             def anti_loss(m):
                 return kl_per_token(m(input_ids=anti_ids).logits[:, n - 1 :], anti_target)
 
-            out = fpl_gradients(model, lambda m: l_sim, anti_loss, p.alpha, p.beta, backward)
+            out = fpl_gradients(model, lambda m: l_sim, anti_loss, p.alpha, p.beta, backward, self.diagnose)
+            if self.diagnose:
+                self.diagnostics.append({"step": self.index + 1, "l_sim": l_sim.item(), **out})
+                self.anti_loss = anti_loss
             self.log["anti"].append(out["anti"])
             self.log["probe"].append(out["probe"])
         self.index += 1

@@ -161,7 +161,9 @@ def detection_scores(
     return results
 
 
-def fpl_gradients(model, sim_loss_fn: Callable, anti_loss_fn: Callable, alpha: float, beta: float, backward=None):
+def fpl_gradients(
+    model, sim_loss_fn: Callable, anti_loss_fn: Callable, alpha: float, beta: float, backward=None, diagnose=False
+):
     """FPL's first-order student gradient (eq. booster, second-order term dropped as in first-order MAML/SAM):
     leaves ``grad L_sim(theta) + beta * (g - grad L_anti(theta - alpha * g / ||g||))`` in ``.grad`` (added to any
     gradient already there), with ``g = grad L_anti(theta)`` and ``||g||`` its global norm over all trainable
@@ -171,7 +173,9 @@ def fpl_gradients(model, sim_loss_fn: Callable, anti_loss_fn: Callable, alpha: f
     (a closure returning that loss), as its backward runs first, before any parameter is touched. Every gradient
     goes through ``backward`` (accelerate's, so loss scaling and multi-GPU gradient sync apply; default
     ``loss.backward()``). After the probe the parameters are copied back from a saved copy, so they are bit-identical
-    to before (subtracting the step back could differ in the last bits). Returns the three losses and ``||g||``.
+    to before (subtracting the step back could differ in the last bits). Returns the three losses and ``||g||``;
+    with ``diagnose`` also the global norms of ``grad L_sim`` and of the FPL term ``beta * (g - grad L_anti(probe))``
+    and their cosine (``benchmarks/fpl_diagnostics.py``; it keeps a copy of ``grad L_sim``, so it is off in training).
     """
     import torch
 
@@ -190,6 +194,7 @@ def fpl_gradients(model, sim_loss_fn: Callable, anti_loss_fn: Callable, alpha: f
     sim = sim_loss_fn(model)
     backward(sim)
     total = take()  # grad L_sim, then the FPL terms are added in place
+    sim_grad = [t.detach().clone() for t in total] if diagnose else None
     anti = anti_loss_fn(model)
     backward(anti)
     g = take()
@@ -215,9 +220,21 @@ def fpl_gradients(model, sim_loss_fn: Callable, anti_loss_fn: Callable, alpha: f
     with torch.no_grad():
         for acc, gp in zip(total, g_probe, strict=True):
             acc.sub_(gp, alpha=beta)
+    out = {"sim": sim.item(), "anti": anti.item(), "probe": probe.item(), "g_norm": g_norm.item()}
+    if diagnose:
+        with torch.no_grad():
+            sim_sq = fpl_sq = dot = 0.0
+            for acc, s in zip(total, sim_grad, strict=True):
+                fpl = acc.double() - s.double()
+                sim_sq += float(s.double().square().sum())
+                fpl_sq += float(fpl.square().sum())
+                dot += float((fpl * s.double()).sum())
+        out.update(
+            sim_grad_norm=sim_sq**0.5, fpl_grad_norm=fpl_sq**0.5, cosine=dot / max((sim_sq * fpl_sq) ** 0.5, 1e-30)
+        )
     for p, acc, before in zip(params, total, earlier, strict=True):
         p.grad = acc if before is None else acc + before
-    return {"sim": sim.item(), "anti": anti.item(), "probe": probe.item(), "g_norm": g_norm.item()}
+    return out
 
 
 def anti_processor(policy, embedder: Embedder, tokenizer, n: int, delta: float):

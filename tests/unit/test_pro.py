@@ -107,6 +107,34 @@ def test_fpl_gradient_matches_a_reference():
     assert out["probe"] < out["anti"]  # the probe step descends L_anti
 
 
+def test_fpl_diagnostics_measure_the_terms_and_change_no_gradient():
+    sim, anti = _losses()
+    alpha, beta = 0.3, 2.0
+    ref_model = _two_layer()
+    params = list(ref_model.parameters())
+    g_sim = torch.autograd.grad(sim(ref_model), params)
+    g = torch.autograd.grad(anti(ref_model), params)
+    norm = torch.sqrt(sum((x**2).sum() for x in g))
+    shifted = copy.deepcopy(ref_model)
+    with torch.no_grad():
+        for p, gi in zip(shifted.parameters(), g, strict=True):
+            p -= alpha * gi / norm
+    g_probe = torch.autograd.grad(anti(shifted), list(shifted.parameters()))
+    term = [beta * (b - c) for b, c in zip(g, g_probe, strict=True)]
+    sim_norm = float(torch.sqrt(sum((x**2).sum() for x in g_sim)))
+    term_norm = float(torch.sqrt(sum((x**2).sum() for x in term)))
+    cosine = float(sum((a * b).sum() for a, b in zip(g_sim, term, strict=True))) / (sim_norm * term_norm)
+
+    plain, diagnosed = _two_layer(), _two_layer()
+    fpl_gradients(plain, sim, anti, alpha, beta)
+    out = fpl_gradients(diagnosed, sim, anti, alpha, beta, diagnose=True)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), diagnosed.parameters(), strict=True))
+    assert out["sim_grad_norm"] == pytest.approx(sim_norm, rel=1e-9)
+    assert out["fpl_grad_norm"] == pytest.approx(term_norm, rel=1e-9)
+    assert out["cosine"] == pytest.approx(cosine, abs=1e-9)
+    assert "cosine" not in fpl_gradients(_two_layer(), sim, anti, alpha, beta)
+
+
 def test_fpl_restores_parameters_bit_exactly_in_float32():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
