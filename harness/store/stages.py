@@ -124,14 +124,14 @@ class Stage:
         tmp = self.path.with_name(f".{self.path.name}.partial-{files.owner_tag()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        start = time.time()
+        start, sha = time.time(), git_sha()  # the commit before the build: it may be long
         try:
             report = fn(tmp)
             manifest = {
                 "kind": self.kind,
                 "hash": self.key,
                 "versions": versions(),
-                "git_sha": git_sha(),
+                "git_sha": sha,
                 "host": platform.node(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
                 "seconds": round(time.time() - start, 2),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
@@ -25,13 +26,23 @@ def versions() -> dict:
     return {"python": platform.python_version(), **package_versions(TRACKED_PACKAGES)}
 
 
+@functools.cache
 def git_sha() -> str | None:
-    """The harness checkout's commit, when it runs from one (an installed wheel has none)."""
+    """The harness checkout's commit, when it runs from one (an installed wheel has none), read once per process
+    (at its first stage build, before the build: a commit made while a long training runs is not the code that ran
+    it), with ``-dirty`` where tracked files differ from it."""
     checkout = Path(__file__).resolve().parents[2]
     if not (checkout / ".git").exists():
         return None
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    if not sha:
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return sha + "-dirty" if git("status", "--porcelain", "--untracked-files=no") else sha

@@ -58,3 +58,15 @@ def test_unwritable_results_folder_is_one_clear_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(HarnessError, match="not writable"):
         Store(blocker / "runs").check_writable()
+
+
+def test_the_manifest_names_the_commit_from_before_the_build(tmp_path, monkeypatch):
+    """A long build (a training) may outlast a commit: the manifest keeps the commit the build started from."""
+    from harness.store import stages
+
+    commits = iter(["before", "after"])
+    monkeypatch.setattr(stages, "git_sha", lambda: next(commits))
+    stage = Store(tmp_path).stage("train", {"x": 1})
+    stage.build(lambda out: {"commit during the build": stages.git_sha()})
+    manifest = json.loads((stage.path / "manifest.json").read_text())
+    assert manifest["git_sha"] == "before" and manifest["report"] == {"commit during the build": "after"}
