@@ -3,8 +3,10 @@ work, and a problem is a ``HarnessError`` that ``harness.cli.main`` prints as on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -240,6 +242,20 @@ def cmd_rescore(args) -> None:
 
 
 def cmd_detect(args) -> int:
+    if not args.json:
+        report, rows = _audit(args)
+        print(format_audit(report, rows, args.show))
+        return 0
+    # --json: standard output holds the JSON alone. Libraries that print while loading a model (gptqmodel's banner)
+    # write to standard error meanwhile.
+    with contextlib.redirect_stdout(sys.stderr):
+        report, rows = _audit(args)
+    print(json.dumps({**report, "texts": rows}, indent=2))
+    return 0
+
+
+def _audit(args) -> tuple[dict, list[dict]]:
+    """``harness detect``'s work: its report and the per-text rows."""
     from harness.assets import data
     from harness.config import presets
     from harness.config.plugins import parse_assignments
@@ -306,9 +322,7 @@ def cmd_detect(args) -> int:
         "decision": {"watermarked": flagged, "alpha": args.alpha, **result},
         "scores": str(stage.path / "scores.jsonl"),
     }  # fmt: skip
-    rows = files.read_jsonl(stage.path / "scores.jsonl")
-    print(json.dumps({**report, "texts": rows}, indent=2) if args.json else format_audit(report, rows, args.show))
-    return 0
+    return report, files.read_jsonl(stage.path / "scores.jsonl")
 
 
 def format_audit(report: dict, rows: list[dict], show: int) -> str:

@@ -116,6 +116,25 @@ def test_texts_are_scored_one_by_one_and_pooled(keyed, cli, tmp_path):
     assert again.returncode == 0 and "decision:" in again.stdout and "2 texts" in again.stdout, again
 
 
+def test_json_output_is_json_alone_when_a_library_prints(keyed, cli, tmp_path, monkeypatch):
+    """gptqmodel prints a banner to standard output when it loads a packed model: --json output stays parseable."""
+    from harness.run import audit
+
+    store, stage = keyed
+    file = tmp_path / "texts.txt"
+    file.write_text("The quick brown fox jumps over the lazy dog.\n")
+    real = audit.audit
+
+    def chatty(*args, **kwargs):
+        print("GPT-QModel banner")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(audit, "audit", chatty)
+    out = cli("detect", "--results", str(store.root), "--key", stage.key, "--texts", str(file), "--json", *SETUP)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["decision"]["texts"] == 1 and "GPT-QModel banner" in out.stderr
+
+
 def test_a_model_continues_the_prompts_and_is_decided(keyed, cli, random_llamas):
     store, stage = keyed
     args = ("detect", "--results", str(store.root), "--key", str(stage.path), "--model", str(random_llamas[0]), *SETUP)
