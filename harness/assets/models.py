@@ -103,10 +103,32 @@ def check_causal_lm(resolved: str, ref: str) -> None:
         raise _load_error(ref, err) from None
     architectures = getattr(config, "architectures", None) or []
     causal = set(CAUSAL.values())
-    if any(a in causal for a in architectures) or (not architectures and config.model_type in CAUSAL):
-        return
-    named = ", ".join(architectures) or config.model_type
-    raise HarnessError(f"model '{ref}' is not a causal language model ({named}): it cannot continue a prompt")
+    if not (any(a in causal for a in architectures) or (not architectures and config.model_type in CAUSAL)):
+        named = ", ".join(architectures) or config.model_type
+        raise HarnessError(f"model '{ref}' is not a causal language model ({named}): it cannot continue a prompt")
+    check_quantized(config, ref)
+
+
+# A model saved quantized loads only with its library: quant_method -> (modules to import, what to install).
+QUANTIZED_NEEDS = {
+    "gptq": (("optimum", "gptqmodel"), "pip install 'watermark-harness[quant]' (optimum and gptqmodel)"),
+    "bitsandbytes": (("bitsandbytes",), "pip install 'watermark-harness[quant]' (bitsandbytes)"),
+    "hqq": (("hqq",), "pip install 'watermark-harness[quant]' (hqq)"),
+}
+
+
+def check_quantized(config, ref: str) -> None:
+    """One line, before any work, for a model saved quantized (a GPTQ checkpoint from the hub, say) whose library is
+    not installed; transformers would fail only when loading it, with a traceback."""
+    quant = getattr(config, "quantization_config", None) or {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    method = getattr(method, "value", method)
+    needs, install = QUANTIZED_NEEDS.get(str(method).lower(), ((), ""))
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
+    if missing:
+        raise HarnessError(
+            f"model '{ref}' is saved {method}-quantized, which loads with {', '.join(missing)}: {install}"
+        )
 
 
 def check_weights(folder: Path, ref: str) -> None:

@@ -62,3 +62,22 @@ def test_packaged_embedding_model_loads_offline():
     with torch.no_grad():
         out = model(**tok(["a watermark in the weights"], return_tensors="pt")).last_hidden_state
     assert out.shape[-1] == 384
+
+
+@pytest.mark.parametrize("method", ["gptq", "bitsandbytes", "hqq"])
+def test_a_model_saved_quantized_without_its_library_is_one_line(method, random_llamas, tmp_path, monkeypatch):
+    import importlib.util
+    import json
+    import shutil
+
+    folder = tmp_path / "packed"
+    shutil.copytree(random_llamas[0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": method, "bits": 4}
+    (folder / "config.json").write_text(json.dumps(config))
+    models.check_causal_lm(str(folder), "packed")  # every library is installed here: no complaint
+    needs = models.QUANTIZED_NEEDS[method][0]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == needs[0] else real(name, *a))
+    with pytest.raises(HarnessError, match=rf"saved {method}-quantized, which loads with {needs[0]}: pip install"):
+        models.check_causal_lm(str(folder), "packed")
