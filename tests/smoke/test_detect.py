@@ -1,6 +1,6 @@
-"""``harness detect`` on the tiny preset, in the store the Gu-KGW smoke test trained: the student and its SLERP
-derivative are found from 64 texts, the unwatermarked base is not, and texts from a file get the scores the run gave
-them."""
+"""``harness detect`` on the tiny preset, in the store the Gu-KGW smoke test trained: the student and its SLERP and
+INT8 derivatives are found from 64 texts, the unwatermarked base is not, and texts from a file get the scores the run
+gave them. (Another method's key on these models: ``test_tiny_pro.py``.)"""
 
 import json
 
@@ -23,19 +23,26 @@ def detect(harness, root, *args):
     return json.loads(out.stdout)
 
 
-def test_the_student_and_its_merge_are_found_and_the_base_is_not(stored, harness):
-    root, key, rows = stored
-    slerp = next(
+def attacked_model(root, attack):
+    """The evaluated model folder of the stored ``attack`` stage in ``root``."""
+    return next(
         p.parent / "model"
         for p in (root / "stages" / "attack").glob("*/spec.json")
-        if json.loads(p.read_text())["attack"] == "slerp"
+        if json.loads(p.read_text())["attack"] == attack
     )
+
+
+def test_the_student_and_its_derivatives_are_found_and_the_base_is_not(stored, harness):
+    root, key, rows = stored
+    out = harness("run", "--method", "gu-kgw", "--attack", "int8", "--results", str(root), timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]  # the INT8 cell (reused where test_tiny_attacks made it)
     found = {
         "student": detect(harness, root, "--key", key, "--model", str(root / "stages" / "train" / key / "model")),
-        "slerp": detect(harness, root, "--key", key[:8], "--model", str(slerp)),
+        "slerp": detect(harness, root, "--key", key[:8], "--model", str(attacked_model(root, "slerp"))),
+        "int8": detect(harness, root, "--key", key, "--model", str(attacked_model(root, "int8"))),
         "base": detect(harness, root, "--method", "gu-kgw", "--model", "builtin:tiny-lm"),
     }
-    for name in ("student", "slerp"):
+    for name in ("student", "slerp", "int8"):
         d = found[name]["decision"]
         assert d["p_value"] < 1e-3 and d["watermarked"] and d["texts"] == 64, (name, d)
     d = found["base"]["decision"]

@@ -1,5 +1,6 @@
 """PRO end to end on the tiny preset, through the installed CLI: CAWP alone (FPL doubles the training time and is
-covered by the unit and pipeline tests), next to nothing else: the policy is learned and the base shows none."""
+covered by the unit and pipeline tests), in the store the Gu-KGW smoke test trained: the policy is learned, the base
+shows none, and each method's key leaves the other method's watermarked model unflagged (``harness detect``)."""
 
 import json
 
@@ -7,18 +8,31 @@ import pytest
 
 pytestmark = pytest.mark.smoke
 
+CAWP = ("--method", "pro", "--method-arg", "fpl=false")
 
-def test_pro_watermark_is_learned_on_the_tiny_preset(tmp_path, harness):
-    root = tmp_path / "runs"
-    out = harness("run", "--method", "pro", "--method-arg", "fpl=false", "--results", str(root), timeout=1200)
+
+@pytest.fixture(scope="module")
+def pro_store(tiny_store, harness):
+    root, _ = tiny_store
+    out = harness("run", *CAWP, "--results", str(root), timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
-    found = {}
-    for done in root.glob("*/DONE"):
-        spec = json.loads((done.parent / "spec.json").read_text())
-        found[spec["row"]] = json.loads((done.parent / "metrics.json").read_text())
+    return root
+
+
+def test_pro_watermark_is_learned_on_the_tiny_preset(pro_store, runs_by_row):
+    found = runs_by_row(pro_store, method="pro")
     assert set(found) == {"Unwatermarked base", "Unaltered"}
-    assert found["Unaltered"]["auc"] > 0.95, found
-    assert 0.35 < found["Unwatermarked base"]["auc"] < 0.65, found
-    unaltered = next(p.parent for p in root.glob("*/DONE") if json.loads((p.parent / "spec.json").read_text())["row"]
-                     == "Unaltered")  # fmt: skip
-    assert json.loads((unaltered / "spec.json").read_text())["config"]["method"]["config_label"].endswith(", no FPL")
+    assert found["Unaltered"][1]["auc"] > 0.95, found
+    assert 0.35 < found["Unwatermarked base"][1]["auc"] < 0.65, found
+    assert found["Unaltered"][0]["config"]["method"]["config_label"].endswith(", no FPL")
+
+
+def test_one_methods_key_does_not_fire_on_the_other_methods_model(pro_store, harness, runs_by_row):
+    keys = {m: runs_by_row(pro_store, method=m)["Unaltered"][0]["detector"]["key_from"] for m in ("gu-kgw", "pro")}
+    for key_of, model_of in (("pro", "gu-kgw"), ("gu-kgw", "pro")):
+        model = pro_store / "stages" / "train" / keys[model_of] / "model"
+        args = ("detect", "--results", str(pro_store), "--num-texts", "64", "--json", "--key", keys[key_of])
+        out = harness(*args, "--model", str(model), timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        decision = json.loads(out.stdout)["decision"]
+        assert decision["p_value"] > 0.01 and not decision["watermarked"], (key_of, model_of, decision)
