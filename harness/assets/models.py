@@ -8,6 +8,7 @@ only: pickle checkpoints (``pytorch_model.bin``) can run code when loaded, so th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -51,12 +52,43 @@ def check(ref: str) -> None:
     if folder.exists():
         check_weights(folder, ref)
         return
+    hub_config(ref)
+
+
+def hub_config(ref: str):
+    """The config of the hub model ``ref``: from the local Hugging Face cache if it is there, else from the hub, after
+    one look (per process) that the hub answers at all, so that a machine with no network gets one line at once
+    instead of the hub client's retries (23 s a model here)."""
     from transformers import AutoConfig
 
     try:
-        AutoConfig.from_pretrained(ref)
+        return AutoConfig.from_pretrained(ref, local_files_only=True)
+    except (OSError, ValueError):
+        pass
+    unreachable = hub_unreachable()
+    if unreachable:
+        raise HarnessError(f"cannot load model '{ref}': it is not in the local Hugging Face cache and {unreachable}")
+    try:
+        return AutoConfig.from_pretrained(ref)
     except (OSError, ValueError) as err:
         raise _load_error(ref, err) from None
+
+
+@functools.cache
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be asked from here (offline mode, or no connection to it in 5 s), else None."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as err:
+        return f"the hub ({host}) cannot be reached from this machine ({err.strerror or err})"
+    return None
 
 
 def built(ref: str) -> bool:
@@ -80,11 +112,9 @@ def context_length(ref: str) -> int | None:
     if (folder / "config.json").is_file():
         config = json_.loads((folder / "config.json").read_text())
     else:
-        from transformers import AutoConfig
-
         try:
-            config = AutoConfig.from_pretrained(ref).to_dict()
-        except (OSError, ValueError):
+            config = hub_config(ref).to_dict()
+        except HarnessError:
             return None  # (check() says what is wrong with it)
     value = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
     return int(value) if value else None
@@ -97,10 +127,13 @@ def check_causal_lm(resolved: str, ref: str) -> None:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as CAUSAL
 
-    try:
-        config = AutoConfig.from_pretrained(resolved)
-    except (OSError, ValueError) as err:
-        raise _load_error(ref, err) from None
+    if Path(resolved).is_dir():
+        try:
+            config = AutoConfig.from_pretrained(resolved)
+        except (OSError, ValueError) as err:
+            raise _load_error(ref, err) from None
+    else:
+        config = hub_config(resolved)
     architectures = getattr(config, "architectures", None) or []
     causal = set(CAUSAL.values())
     if not (any(a in causal for a in architectures) or (not architectures and config.model_type in CAUSAL)):

@@ -81,3 +81,23 @@ def test_a_model_saved_quantized_without_its_library_is_one_line(method, random_
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == needs[0] else real(name, *a))
     with pytest.raises(HarnessError, match=rf"saved {method}-quantized, which loads with {needs[0]}: pip install"):
         models.check_causal_lm(str(folder), "packed")
+
+
+def test_a_hub_model_with_no_hub_in_reach_is_one_line_at_once(monkeypatch):
+    """No network (or HF_HUB_OFFLINE) and the model not in the local HF cache: one line, without the hub client's
+    retries (23 s a model on a machine with no network)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    models.hub_unreachable.cache_clear()
+    try:
+        expected = r"'no-such-org/no-such-model': it is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+        with pytest.raises(HarnessError, match=expected):
+            models.check("no-such-org/no-such-model")
+        assert models.context_length("no-such-org/no-such-model") is None
+    finally:
+        models.hub_unreachable.cache_clear()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
+    try:
+        assert "the hub (127.0.0.1) cannot be reached" in models.hub_unreachable()
+    finally:
+        models.hub_unreachable.cache_clear()
