@@ -44,9 +44,9 @@ PIPELINE_KINDS = {"train", "attack", "text-attack", "generate", "run", "attribut
 
 
 def _harness() -> list[str]:
-    """The installed console script beside this interpreter, else ``python -m harness.cli.main``."""
+    """The installed console script beside this interpreter, else ``python -m harness``."""
     script = Path(sys.executable).with_name("harness")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "harness.cli.main"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "harness"]
 
 
 def _started(manifest: dict) -> float | None:
@@ -58,15 +58,16 @@ def _started(manifest: dict) -> float | None:
 
 def stages(store: Path) -> list[dict]:
     """Every finished stage of ``store`` (run folders included) as ``{kind, spec, start, seconds}``."""
+    from harness.store.stages import Store
+
     found = []
-    folders = [p.parent for p in store.glob("stages/*/*/DONE")] + [p.parent for p in store.glob("*/DONE")]
-    for folder in folders:
+    for folder in [p.parent for p in store.glob("stages/*/*/DONE")] + Store(store).runs():
         try:
             manifest = json.loads((folder / "manifest.json").read_text())
             spec = json.loads((folder / "spec.json").read_text())
         except (OSError, ValueError):
             continue
-        kind = manifest.get("kind") or (folder.parent.name if folder.parent.name != store.name else "run")
+        kind = manifest["kind"]
         found.append({"kind": kind, "spec": spec, "start": _started(manifest), "seconds": manifest.get("seconds", 0)})
     return found
 

@@ -225,10 +225,11 @@ def fpl_gradients(
         with torch.no_grad():
             sim_sq = fpl_sq = dot = 0.0
             for acc, s in zip(total, sim_grad, strict=True):
-                fpl = acc.double() - s.double()
-                sim_sq += float(s.double().square().sum())
+                s = s.double()
+                fpl = acc.double() - s
+                sim_sq += float(s.square().sum())
                 fpl_sq += float(fpl.square().sum())
-                dot += float((fpl * s.double()).sum())
+                dot += float((fpl * s).sum())
         out.update(
             sim_grad_norm=sim_sq**0.5, fpl_grad_norm=fpl_sq**0.5, cosine=dot / max((sim_sq * fpl_sq) ** 0.5, 1e-30)
         )
