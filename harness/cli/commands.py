@@ -216,6 +216,20 @@ def cmd_report(args) -> None:
     print(f"wrote {written} ({written.stat().st_size // 1024} KB): open it in a browser, no network needed")
 
 
+def cmd_export(args) -> None:
+    from harness.store.export import export
+    from harness.store.stages import Store
+
+    store = Store(args.results)
+    if not store.root.is_dir():
+        raise HarnessError(f"no run store at '{store.root}'")
+    copied, left_out = export(store, args.dest, keep_texts=args.keep_texts)
+    without = "" if args.keep_texts else " (without their texts)"
+    print(f"exported {copied} runs and attribution results to {args.dest}{without}")
+    if left_out:
+        raise HarnessError(f"{len(left_out)} damaged or edited stages were not exported (named above): {left_out[0]}")
+
+
 def cmd_rescore(args) -> None:
     from harness.run.scoring import rescore_store
     from harness.store.stages import Store
@@ -238,7 +252,9 @@ def cmd_rescore(args) -> None:
     skipped += left
     print(f"{changed} of {total} stored runs rescored (the others were up to date)")
     if skipped:
-        raise HarnessError(f"{len(skipped)} damaged or edited runs were left as they are (named above): {skipped[0]}")
+        raise HarnessError(
+            f"{len(skipped)} runs could not be rescored and were left as they are (why: above): {skipped[0]}"
+        )
 
 
 def cmd_detect(args) -> int:

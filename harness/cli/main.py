@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             return commands.cmd_detect(args)
         elif args.command == "report":
             commands.cmd_report(args)
+        elif args.command == "export":
+            commands.cmd_export(args)
         elif args.command == "rescore":
             commands.cmd_rescore(args)
         elif args.command == "doctor":

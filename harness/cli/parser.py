@@ -147,6 +147,17 @@ def build_parser() -> Parser:
     report.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
     report.add_argument("--out", type=Path, default=Path("results/report.html"), help="the HTML file to write")
 
+    export = sub.add_parser(
+        "export",
+        help="copy a store's runs and attribution results, without their generated texts, into another store",
+        description="Copy every finished run and attribution stage that verifies into DEST, leaving out the "
+        "generated texts (generations.jsonl) unless --keep-texts: 'harness tables' and 'harness report' read the copy "
+        "as they read the store; models and other stages stay behind, so it cannot be rescored or extended.",
+    )
+    export.add_argument("dest", type=Path, help="the store to write (made if missing)")
+    export.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    export.add_argument("--keep-texts", action="store_true", help="copy generations.jsonl too")
+
     rescore = sub.add_parser(
         "rescore",
         help="recompute stored runs' metrics from their per-text scores after the metric code changed",

@@ -114,6 +114,13 @@ def rescore(run: Stage) -> bool:
             return False
     except (OSError, ValueError):
         pass  # unreadable: the check under the lock below names what is wrong
+    from harness.store.export import exported_without
+
+    dropped = exported_without(run.path)
+    if dropped:  # a run's metrics may read its texts (a text attack's rewrite rates): not without them
+        raise HarnessError(
+            f"run {run.path} was exported without {', '.join(dropped)}: rescore it in the store it came from"
+        )
     with files.locked(run.lock_file, f"rescoring of run {run.key}"):
         problem = run.problem()  # scores that no longer match what was published are never rescored
         if problem is not None:

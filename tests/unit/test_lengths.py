@@ -67,7 +67,7 @@ def test_rescore_adds_prefix_scores_to_older_runs(stored, cli, tmp_path):
         {"scores.jsonl": "".join(json.dumps(s) + "\n" for s in scores)}
     )
     out = cli("rescore", "--results", str(stored.root), "--prefix-scores")
-    assert out.returncode == 2 and "damaged or edited runs were left as they are" in out.stderr, out
+    assert out.returncode == 2 and "runs could not be rescored and were left as they are" in out.stderr, out
     assert f"prefix scores added to {len(runs) - 1} of the {len(runs)} stored runs" in out.stdout
     for run in runs[1:]:
         assert _scores(run) == before[run.name]

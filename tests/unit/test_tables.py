@@ -230,7 +230,7 @@ def test_rescore_rescores_the_rest_and_names_a_damaged_run(tmp_path, fake_run, c
     monkeypatch.setattr(metrics, "METRICS_VERSION", "999")
     out = cli("rescore", "--results", str(store.root))
     assert out.returncode == 2 and "1 of 2 stored runs rescored" in out.stdout, out.stdout
-    assert "1 damaged or edited runs were left as they are" in out.stderr and str(bad) in out.stderr
+    assert "1 runs could not be rescored and were left as they are" in out.stderr and str(bad) in out.stderr
     assert json.loads((good / "metrics.json").read_text())["metrics_version"] == "999"
 
 
