@@ -34,10 +34,13 @@ def run(preset_name: str, steps: int | None, alpha: float | None, beta: float | 
     from harness.assets import data
     from harness.assets.encoder import Embedder
     from harness.assets.models import load_causal_lm, load_tokenizer, resolve
+    from harness.compute.memory import tune_allocator
     from harness.compute.training import train
     from harness.config.presets import get_preset
     from methods.pro import PROParams, PROStep
     from methods.pro_policy import PolicyMLP
+
+    tune_allocator()  # as in harness run
 
     preset = get_preset(preset_name)
     settings = preset.train if steps is None else preset.train.model_copy(update={"steps": steps})

@@ -45,15 +45,18 @@ def main() -> None:
 
     from harness.assets import models
     from harness.compute.generation import sample
+    from harness.compute.memory import tune_allocator
     from harness.config.presets import EvalSettings
 
+    tuned = tune_allocator()  # as every harness process (HARNESS_MALLOC=system: glibc's defaults)
     device = args.device or models.default_device()
     model = models.load_causal_lm(models.resolve(args.model), device, dtype=args.dtype)
     vocab = model.get_output_embeddings().weight.shape[0]
     prompts = torch.randint(3, vocab, (args.prompts, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
     cuda = model.device.type == "cuda"
     print(f"{args.model} on {model.device}: {args.prompts} prompts x ({args.prompt_tokens} + {args.new_tokens}) tokens,"
-          f" {torch.get_num_threads()} CPU threads")  # fmt: skip
+          f" {torch.get_num_threads()} CPU threads, glibc thresholds {'raised' if tuned else 'as they are'}"
+          )  # fmt: skip
 
     def timed(fn) -> tuple[float, float | None]:
         if cuda:

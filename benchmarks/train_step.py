@@ -8,6 +8,12 @@ Cost units (a backward counted as two forwards): plain fine-tuning = student fwd
 = 4; PRO without FPL = 4 (+ E and M); PRO with FPL = 3 student fwd/bwd (L_sim, L_anti, probe) + 2 teacher fwd (batch,
 anti batch) = 11. PRO's steps run with a warm E cache (E's cost is reported on its own line, as is regenerating the
 anti-watermarked pool, which happens every ``anti_every`` steps), so the ratios isolate the passes plus M.
+
+The pass count leaves out PRO's policy M, which at the tiny shape does more arithmetic than the LM (its output layer is
+500 x V against the LM's 192 x V, and a CAWP step runs it forward, backward and forward again). So each step's matrix
+products are also counted (torch's FlopCounterMode, forward and backward, M included) and the FLOP column predicts
+each method's time from its FLOPs against plain fine-tuning's: "meas/FLOP" near 1 means the step costs its
+arithmetic, with little else (element-wise work, Python, allocation) on top.
 Defaults: the tiny preset's model and batch shape (16 x 128), about 2 minutes on 2 CPU cores.
 """
 
@@ -36,19 +42,29 @@ class Counter:
 
 
 def timed_steps(name, student, step, batches, lr, counter) -> dict:
-    """Mean seconds per step (optimizer step included, as in the harness loop) after one warm-up step."""
+    """Mean seconds per step (optimizer step included, as in the harness loop) after one warm-up step, and the
+    matmul FLOPs of the warm-up step (torch's FlopCounterMode: every matrix product of the LMs and of M, forward and
+    backward; element-wise work is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr)
-    times, calls = [], []
+    times, calls, flops = [], [], 0
     for i, batch in enumerate(batches):
         before = counter.calls
         start = time.perf_counter()
-        step(student, batch, lambda loss: loss.backward())
+        if i == 0:
+            with FlopCounterMode(display=False) as flop_counter:
+                step(student, batch, lambda loss: loss.backward())
+            flops = flop_counter.get_total_flops()
+        else:
+            step(student, batch, lambda loss: loss.backward())
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i > 0:  # the first step warms up allocators and caches
             times.append(time.perf_counter() - start)
             calls.append(counter.calls - before)
-    return {"name": name, "mean": statistics.mean(times), "sd": statistics.pstdev(times), "fwd_calls": max(calls)}
+    return {"name": name, "mean": statistics.mean(times), "sd": statistics.pstdev(times), "fwd_calls": max(calls),
+            "flops": flops}  # fmt: skip
 
 
 def main() -> None:
@@ -64,6 +80,7 @@ def main() -> None:
     from harness.assets import data
     from harness.assets.encoder import Embedder
     from harness.assets.models import load_causal_lm, load_tokenizer, resolve
+    from harness.compute.memory import tune_allocator
     from harness.config.presets import TINY, DataSource
     from methods.distill import kl_per_token
     from methods.gu_kgw import GuKGW, GuKGWParams
@@ -71,6 +88,7 @@ def main() -> None:
     from methods.pro import PROParams, PROStep
     from methods.pro_policy import PolicyMLP, detection_scores, norm_loss, prefix_embeddings
 
+    tuned = tune_allocator()  # as every harness process (HARNESS_MALLOC=system: glibc's defaults)
     settings = TINY.train.model_copy(update={"batch_size": args.batch_size, "seq_len": args.seq_len})
     folder = resolve(args.model)
     tokenizer = load_tokenizer(folder)
@@ -147,18 +165,21 @@ def main() -> None:
 
     plain_s = rows[0]["mean"]
     print(f"\nmodel {args.model}, batch {args.batch_size} x {args.seq_len}, {args.steps} timed steps after 1 warm-up, "
-          f"{torch.get_num_threads()} threads\n")  # fmt: skip
+          f"{torch.get_num_threads()} threads, glibc thresholds {'raised' if tuned else 'as they are'}\n")  # fmt: skip
     header = (
         f"{'method':<26}{'s/step':>9}{'sd':>7}{'LM fwd':>8}{'units':>7}{'ratio':>8}{'predicted':>11}{'meas/pred':>11}"
+        f"{'GFLOP':>8}{'FLOP pred':>11}{'meas/FLOP':>11}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         units = UNITS[row["name"]]
         ratio, predicted = row["mean"] / plain_s, units / UNITS["plain fine-tuning (CE)"]
+        by_flops = row["flops"] / rows[0]["flops"]
         print(
             f"{row['name']:<26}{row['mean']:>9.3f}{row['sd']:>7.3f}{row['fwd_calls']:>8}{units:>7}"
             f"{ratio:>7.2f}x{predicted:>10.2f}x{ratio / predicted:>10.2f}x"
+            f"{row['flops'] / 1e9:>8.1f}{by_flops:>10.2f}x{ratio / by_flops:>10.2f}x"
         )
     pred_fpl = UNITS["PRO, CAWP + FPL"] / UNITS["plain fine-tuning (CE)"]
     for name in ("PRO, CAWP only", "PRO, CAWP + FPL"):

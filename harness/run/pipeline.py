@@ -14,7 +14,7 @@ from pathlib import Path
 
 from attacks.base import MODEL, AttackContext, TextAttack
 from harness.assets import data, models, weights
-from harness.compute import distributed, training
+from harness.compute import distributed, memory, training
 from harness.compute.generation import SAMPLER, completion_perplexity, sample
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
@@ -86,6 +86,7 @@ class Pipeline:
     and says only whether it is stored, so a grid can tell which of its runs are done already."""
 
     def __init__(self, preset: Preset, store: Store, device: str | None = None, plan: bool = False):
+        memory.tune_allocator()  # logits-sized tensors reused, not page-faulted anew (harness/compute/memory.py)
         self.preset = preset
         self.store = store
         self.device = device or models.default_device()
