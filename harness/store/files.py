@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.config.errors import HarnessError
+from harness.store.versions import machine  # a build records the processor: its float bits depend on it
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ def build_once(folder: Path, ready_files: tuple[str, ...], what: str, build: Cal
         partial.mkdir(parents=True)
         try:
             report = build(partial)
-            (partial / "build.json").write_text(json.dumps(report, indent=2))
+            (partial / "build.json").write_text(json.dumps({**report, "machine": machine()}, indent=2))
             (partial / "DONE").write_text("")
             partial.rename(folder)
         finally:

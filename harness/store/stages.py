@@ -29,7 +29,7 @@ from pathlib import Path
 from harness.compute import distributed
 from harness.config.errors import HarnessError
 from harness.store import files
-from harness.store.versions import git_sha, versions
+from harness.store.versions import git_sha, machine, versions
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ class Stage:
                 "versions": versions(),
                 "git_sha": sha,
                 "host": platform.node(),
+                "machine": machine(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
                 "seconds": round(time.time() - start, 2),
                 "report": report,

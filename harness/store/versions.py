@@ -27,6 +27,28 @@ def versions() -> dict:
 
 
 @functools.cache
+def machine() -> dict:
+    """The processor that computed a result. Float results (a trained model's bits, so every hash downstream of a
+    model built here) depend on the vector instructions torch's kernels use: the tiny LM built on an AVX2 machine
+    differs from the one built on an AVX-512 machine, and so do the numbers of every run made from it."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):
+        capability = None
+    return {"cpu": cpu, "torch_cpu_capability": capability}
+
+
+@functools.cache
 def git_sha() -> str | None:
     """The harness checkout's commit, when it runs from one (an installed wheel has none), read once per process
     (at its first stage build, before the build: a commit made while a long training runs is not the code that ran
