@@ -28,6 +28,10 @@ def test_fsdp_sharded_training_saves_the_model_one_process_trains(tmp_path, rand
     start = load_file(Path(random_llamas[0]) / "model.safetensors")
     a, b = (load_file(tmp_path / run / "model.safetensors") for run in ("one", "two"))
     assert a.keys() == b.keys() == start.keys()
+    # The tolerance is set by the size of one AdamW update (lr 1e-2): Adam divides each gradient by its own running
+    # size, so an entry whose gradient is near zero turns the rounding of a sharded all-reduce into an update of any
+    # size up to lr. On an AVX2 machine one gate_proj entry of 2,048 differed by 1.7e-5 (0.2% of a step) where
+    # atol 1e-5 had passed on AVX-512. A sharding bug misplaces whole updates (about 1e-2), far above 1e-4.
     for name in a:
         assert not torch.equal(a[name], start[name]), f"{name} did not train"
-        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-4, msg=name)
