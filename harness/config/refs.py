@@ -31,8 +31,8 @@ BUILDABLE_CHECKS = {
 # Whether this machine has a built-in model built (``"module:function"`` returning a bool, building nothing), and what
 # building it costs: a dry run and the checks before a grid say so instead of building it.
 BUILT_CHECKS = {
-    TINY_LM: ("harness.assets.tiny:tiny_lm_built", "about 1 minute on 2 CPU cores"),
-    "builtin:tiny-paraphraser": ("attacks.tiny_paraphraser:tiny_paraphraser_built", "about 35 minutes on 2 CPU cores"),
+    TINY_LM: ("harness.assets.tiny:tiny_lm_built", "about 2 minutes on 2 CPU cores"),
+    "builtin:tiny-paraphraser": ("attacks.tiny_paraphraser:tiny_paraphraser_built", "35-80 minutes on 2 CPU cores"),
     "builtin:small-lm": ("harness.assets.small:small_lm_built", "minutes on one GPU"),
     "builtin:small-oracle": ("harness.assets.small:small_oracle_built", "minutes on one GPU"),
     "builtin:smollm2-135m": ("harness.assets.gguf:smollm2_built", "about 30 seconds"),
