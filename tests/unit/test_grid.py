@@ -210,7 +210,10 @@ def test_a_dry_run_builds_no_built_in_model(tmp_path, cli, monkeypatch):
     out = cli("grid", str(grids / "tiny.yaml"), "--results", str(tmp_path / "runs"), "--dry-run")
     assert out.returncode == 0, out.stderr
     assert "0 of 90 cells stored; 90 to compute" in out.stdout
-    assert "builtin:tiny-lm is not built on this machine: the grid will build it once (about 1 minute" in out.stdout
+    from harness.config.refs import BUILT_CHECKS
+
+    cost = BUILT_CHECKS["builtin:tiny-lm"][1]
+    assert f"builtin:tiny-lm is not built on this machine: the grid will build it once ({cost}" in out.stdout
     assert "builtin:tiny-paraphraser is not built on this machine" in out.stdout
     assert "to compute (first builds builtin:tiny-lm, builtin:tiny-paraphraser)" in out.stdout  # the DIPPER cells
     assert not any(p.name.startswith(("tiny-lm", "tiny-paraphraser")) for p in cache.glob("*"))
