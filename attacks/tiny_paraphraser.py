@@ -25,7 +25,7 @@ before the window, as DIPPER's prompt and earlier output), which the model learn
 Training: a T5 trained from scratch must first learn to copy its input, so stage 1 copies random token strings in
 DIPPER's format (codes asking for no diversity, a random prefix; at lr 1e-3 the loss falls to about 0.1 by step 4,000,
 at 3e-3 it never leaves the uniform one), and stage 2 learns the rewrite pairs. The build took about 35 minutes on
-2 AVX-512 cores; on 2 AVX2 cores its copying stage alone took 36 minutes, and the rewriting stage runs about as long.
+2 AVX-512 cores and takes about an hour on 2 AVX2 cores (0.38-0.46 s a copying step, 0.50-0.57 s a rewriting step).
 
 **What it does, measured** (recipe v5; ``measure``: 40 held-out texts of the tiny preset's shape, with the tiny
 preset's settings: one sentence per window, sentences over 40 words cut, DIPPER's top_p 0.75): mean unigram overlap

@@ -132,7 +132,7 @@ def test_split_sentences(text, expected):
 
 @pytest.mark.slow
 def test_tiny_paraphraser_rewrites_heldout_text():
-    """Builds the tiny paraphraser if this machine has none (35-80 minutes on 2 cores). On held-out text, with the
+    """Builds the tiny paraphraser if this machine has none (35-65 minutes on 2 cores). On held-out text, with the
     tiny preset's settings at DIPPER-1's lexical diversity, it must change words (overlap < 0.9) yet keep most of them
     and much of the meaning: a mean MiniLM cosine above 0.5 and 0.3 above that of unrelated held-out texts (each
     original paired with the next one's paraphrase). Recipe v5 measured overlap 0.57, cosine 0.60, unrelated 0.27."""
