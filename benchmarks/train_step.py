@@ -20,6 +20,7 @@ Defaults: the tiny preset's model and batch shape (16 x 128), about 2 minutes on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import time
@@ -52,12 +53,10 @@ def timed_steps(name, student, step, batches, lr, counter) -> dict:
     for i, batch in enumerate(batches):
         before = counter.calls
         start = time.perf_counter()
-        if i == 0:
-            with FlopCounterMode(display=False) as flop_counter:
-                step(student, batch, lambda loss: loss.backward())
-            flops = flop_counter.get_total_flops()
-        else:
+        with FlopCounterMode(display=False) if i == 0 else contextlib.nullcontext() as flop_counter:
             step(student, batch, lambda loss: loss.backward())
+        if i == 0:
+            flops = flop_counter.get_total_flops()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i > 0:  # the first step warms up allocators and caches

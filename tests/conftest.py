@@ -209,6 +209,20 @@ def fake_run():
     return _fake_run
 
 
+@pytest.fixture
+def two_method_store(tmp_path, fake_run):
+    """A store of made-up runs of Gu-KGW and PRO: the base, unaltered and SLERP t = 0.5 rows of each (for what reads
+    a store: tables, the report, export)."""
+    from harness.store.stages import Store
+
+    store = Store(tmp_path / "runs")
+    for method, auc in (("gu-kgw", 0.97), ("pro", 0.9)):
+        fake_run(store, method, {}, "base", {}, 0.5)
+        fake_run(store, method, {}, "none", {}, auc)
+        fake_run(store, method, {}, "slerp", {"t": 0.5}, auc - 0.25)
+    return store
+
+
 GU_KGW_SLERP = ("run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.5")
 
 

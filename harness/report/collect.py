@@ -153,8 +153,7 @@ def _row(run: Path) -> dict:
 def collect_attribution(store: Store) -> pd.DataFrame:
     """One row per stored attribution stage: detector (method, configuration), whose texts, share flagged."""
     rows = []
-    for done in sorted((store.root / "stages" / "attribution").glob("*/DONE")):
-        folder = done.parent
+    for folder in store.attributions():
         try:
             stage = Stage("attribution", {}, folder.name, folder, store.root)
             problem = stage.problem()

@@ -142,11 +142,7 @@ def rescore(run: Stage) -> bool:
 def rescore_store(store: Store) -> tuple[int, int, list[str]]:
     """``rescore`` every finished run and attribution stage of ``store``; return (rescored, total, the ones left as
     they are because they are damaged or edited: each named in a warning, the others rescored all the same)."""
-    stages = [Stage("run", {}, p.name, p, store.root) for p in store.runs()]
-    stages += [
-        Stage("attribution", {}, p.parent.name, p.parent, store.root)
-        for p in sorted((store.root / "stages" / "attribution").glob("*/DONE"))
-    ]
+    stages = store.results()
     rescored, skipped = 0, []
     for stage in stages:
         try:

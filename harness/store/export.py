@@ -17,22 +17,12 @@ from pathlib import Path
 
 from harness.config.errors import HarnessError
 from harness.store import files
-from harness.store.stages import CONTENTS, EditedStage, Stage, Store, contents
+from harness.store.stages import CONTENTS, EditedStage, Store, contents
 
 log = logging.getLogger(__name__)
 
 TEXTS = "generations.jsonl"
 EXPORTED = "exported_without"
-
-
-def exportable(store: Store) -> list[Stage]:
-    """The finished runs and attribution stages of ``store``, oldest run first."""
-    found = [Stage("run", {}, p.name, p, store.root) for p in store.runs()]
-    found += [
-        Stage("attribution", {}, p.parent.name, p.parent, store.root)
-        for p in sorted((store.root / "stages" / "attribution").glob("*/DONE"))
-    ]
-    return found
 
 
 def export(store: Store, dest: Path, keep_texts: bool = False) -> tuple[int, list[str]]:
@@ -44,7 +34,7 @@ def export(store: Store, dest: Path, keep_texts: bool = False) -> tuple[int, lis
     files.check_writable(dest, "export folder")
     left_out, copied = [], 0
     drop = () if keep_texts else (TEXTS,)
-    for stage in exportable(store):
+    for stage in store.results():
         try:
             problem = stage.problem()
         except EditedStage as err:

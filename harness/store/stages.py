@@ -241,3 +241,13 @@ class Store:
         """Finished run folders, oldest first."""
         found = [p for p in self.root.glob("*/DONE") if p.parent.name not in ("stages", "damaged")]
         return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]
+
+    def attributions(self) -> list[Path]:
+        """Finished attribution stage folders, by hash."""
+        return [p.parent for p in sorted((self.root / "stages" / "attribution").glob("*/DONE"))]
+
+    def results(self) -> list[Stage]:
+        """What tables and reports read: the finished runs (oldest first), then the attribution stages."""
+        return [Stage("run", {}, p.name, p, self.root) for p in self.runs()] + [
+            Stage("attribution", {}, p.name, p, self.root) for p in self.attributions()
+        ]

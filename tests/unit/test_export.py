@@ -12,12 +12,8 @@ from harness.store.stages import Store
 
 
 @pytest.fixture
-def store(tmp_path, fake_run):
-    store = Store(tmp_path / "runs")
-    for method, auc in (("gu-kgw", 0.97), ("pro", 0.9)):
-        fake_run(store, method, {}, "base", {}, 0.5)
-        fake_run(store, method, {}, "none", {}, auc)
-        fake_run(store, method, {}, "slerp", {"t": 0.5}, auc - 0.25)
+def store(two_method_store, fake_run):
+    store = two_method_store
     fake_run(store, "gu-kgw", {}, "dipper", {"lexical": 60, "order": 0}, 0.8)  # a text attack: its metrics read texts
     return store
 

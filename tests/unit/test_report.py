@@ -11,16 +11,10 @@ import subprocess
 
 import pytest
 
-from harness.store.stages import Store
-
 
 @pytest.fixture
-def store(tmp_path, fake_run):
-    store = Store(tmp_path / "runs")
-    for method, auc in (("gu-kgw", 0.97), ("pro", 0.9)):
-        fake_run(store, method, {}, "base", {}, 0.5)
-        fake_run(store, method, {}, "none", {}, auc)
-        fake_run(store, method, {}, "slerp", {"t": 0.5}, auc - 0.25)
+def store(two_method_store, fake_run):
+    store = two_method_store
     fake_run(store, "gu-kgw", {}, "int8", {}, 0.96)  # PRO has no INT8 run: a missing cell
     return store
 
