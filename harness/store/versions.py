@@ -28,9 +28,11 @@ def versions() -> dict:
 
 @functools.cache
 def machine() -> dict:
-    """The processor that computed a result. Float results (a trained model's bits, so every hash downstream of a
-    model built here) depend on the vector instructions torch's kernels use: the tiny LM built on an AVX2 machine
-    differs from the one built on an AVX-512 machine, and so do the numbers of every run made from it."""
+    """The processor that computed a result, and with how many threads. Float results (a trained model's bits, so
+    every hash downstream of a model built here) depend on the vector instructions torch's kernels use (the tiny LM
+    built on an AVX2 machine differs from the one built on an AVX-512 machine, and so do the numbers of every run made
+    from it) and on the number of threads torch splits its reductions over (one per physical core by default: 30
+    steps of the tiny paraphraser's build on 1 and on 2 threads give different weights)."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -42,10 +44,10 @@ def machine() -> dict:
     try:
         import torch
 
-        capability = torch.backends.cpu.get_cpu_capability()
+        capability, threads = torch.backends.cpu.get_cpu_capability(), torch.get_num_threads()
     except (ImportError, AttributeError):
-        capability = None
-    return {"cpu": cpu, "torch_cpu_capability": capability}
+        capability = threads = None
+    return {"cpu": cpu, "torch_cpu_capability": capability, "torch_threads": threads}
 
 
 @functools.cache

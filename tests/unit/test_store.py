@@ -28,11 +28,12 @@ def test_build_publishes_spec_manifest_and_done(tmp_path):
     manifest = stage.manifest()
     assert manifest["hash"] == stage.key and manifest["report"] == {"measured": 3}
     assert manifest["versions"]["torch"]
-    # The processor and torch's kernel level: a model trained on AVX2 has other bits than one trained on AVX-512.
+    # The processor, torch's kernel level and threads: each changes a trained model's bits (AVX2 against AVX-512).
     import torch
 
     assert manifest["machine"]["cpu"]
     assert manifest["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert manifest["machine"]["torch_threads"] == torch.get_num_threads()
     assert (stage.path / "result.txt").read_text() == "ok"
 
 
