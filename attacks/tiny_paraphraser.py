@@ -47,6 +47,7 @@ import json
 import logging
 import random
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -103,9 +104,13 @@ def tiny_paraphraser_built() -> bool:
 
 def tiny_paraphraser() -> Path:
     """Folder of the tiny paraphraser and its tokenizer, building it first if this machine has none. One process
-    builds it while others wait (a lock per recipe); an interrupted build leaves nothing behind."""
+        builds it while others wait (a lock per recipe); an interrupted build keeps only its copying stage, once that is
+    done, and the next build goes on from it (``build``)."""
     folder = files.cache_root() / f"tiny-paraphraser-{recipe_hash()}"
-    return files.build_once(folder, FILES, "the tiny paraphraser", build)
+    checkpoint = folder.with_name(f".{folder.name}.copied")
+    built = files.build_once(folder, FILES, "the tiny paraphraser", lambda out: build(out, checkpoint))
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    return built
 
 
 def build_tokenizer(texts: list[str]):
@@ -293,11 +298,15 @@ def copy_batches(tokenizer):
         yield BatchEncoding({"input_ids": ids, "attention_mask": (ids != pad).long(), "labels": labels})
 
 
-def build(out: Path) -> dict:
-    """Train the tokenizer and the paraphraser into ``out``; return what was measured."""
+def build(out: Path, checkpoint: Path | None = None) -> dict:
+    """Train the tokenizer and the paraphraser into ``out``; return what was measured. With ``checkpoint`` (a folder),
+    the model after the copying stage (half the build: about half an hour on 2 cores) is saved there, and a build that
+    finds it there goes on from it: the rewriting stage starts from those weights alone (its optimizer, schedule,
+    batches and random state are its own, seeded), so a resumed build gives the same bits as one that ran through."""
     import time
 
     import torch
+    from safetensors.torch import load_model, save_model
     from transformers import T5Config, T5ForConditionalGeneration
 
     from harness.compute.training import loss_step, train
@@ -320,9 +329,23 @@ def build(out: Path) -> dict:
     c = RECIPE["copy"]
     copy_settings = TrainSettings(steps=c["steps"], batch_size=c["batch_size"], seq_len=c["max_tokens"], lr=c["lr"],
                                   warmup_frac=0.0, schedule="constant", seed=c["seed"])  # fmt: skip
-    copy_log = train(
-        model, step, copy_batches(tokenizer), copy_settings, desc="tiny paraphraser: copying", device="cpu"
-    )
+    copied = checkpoint / "model.safetensors" if checkpoint is not None else None
+    if copied is not None and copied.is_file():
+        log.info("tiny paraphraser: going on from the copying stage saved in %s", checkpoint)
+        load_model(model, copied)
+        copy_log = {**json.loads((checkpoint / "copy.json").read_text()), "resumed": True}
+    else:
+        copy_log = train(
+            model, step, copy_batches(tokenizer), copy_settings, desc="tiny paraphraser: copying", device="cpu"
+        )
+        if checkpoint is not None:  # written whole, then renamed: a half-written checkpoint is never read
+            partial = checkpoint.with_name(f"{checkpoint.name}.writing")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            save_model(model, str(partial / "model.safetensors"))
+            (partial / "copy.json").write_text(json.dumps({k: copy_log[k] for k in ("loss_last_10", "seconds")}))
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            partial.rename(checkpoint)
     settings = TrainSettings(**RECIPE["train"])
     batches = pair_batches(tokenizer, pairs, settings.batch_size, settings.seed)
     log_ = train(model, step, batches, settings, desc="tiny paraphraser: rewriting", device="cpu")
@@ -337,6 +360,7 @@ def build(out: Path) -> dict:
         "prepare_seconds": round(prepared, 1),
         "copy_loss_last_10": copy_log["loss_last_10"],
         "copy_seconds": copy_log["seconds"],
+        "copy_resumed": copy_log.get("resumed", False),
         "torch": torch.__version__,
         **{k: v for k, v in log_.items() if k != "losses"},
         "build_seconds": round(time.perf_counter() - start, 1),

@@ -143,3 +143,41 @@ def test_tiny_paraphraser_rewrites_heldout_text():
     assert 0.3 < result["mean_unigram_overlap"] < 0.9
     assert result["mean_embedding_cosine"] > 0.5
     assert result["mean_embedding_cosine"] > result["unrelated_embedding_cosine"] + 0.3
+
+
+def test_a_paraphraser_build_goes_on_from_its_copying_stage_with_the_same_bits(tmp_path, monkeypatch):
+    """The tiny paraphraser's build (about an hour on 2 cores) saves its model after the copying stage; a build that
+    finds that checkpoint skips the copying and ends with the weights of a build that ran through."""
+    import torch
+    from safetensors.torch import load_file
+
+    from attacks import tiny_paraphraser as tp
+    from harness.compute import training
+
+    small = {"copy": {"steps": 2, "batch_size": 2, "max_tokens": 8, "max_prefix_tokens": 4},
+             "train": {"steps": 2, "batch_size": 2}, "pairs": {"count": 16, "max_words": 8}}  # fmt: skip
+    for stage, settings in small.items():
+        for key, value in settings.items():
+            monkeypatch.setitem(tp.RECIPE[stage], key, value)
+    monkeypatch.setattr(tp, "synonyms", lambda texts: {})  # the sentence encoder is not what is tested here
+    weights = lambda out: load_file(out / "model.safetensors")  # noqa: E731
+
+    through = tmp_path / "through"
+    tp.build(through)
+    checkpoint, first = tmp_path / "copied", tmp_path / "first"
+    report = tp.build(first, checkpoint)  # saves the copying stage
+    assert (checkpoint / "model.safetensors").is_file() and not report["copy_resumed"]
+
+    real_train = training.train
+
+    def no_copying(model, step, batches, settings, desc="", **kw):
+        assert "copying" not in desc, "the copying stage ran again"
+        return real_train(model, step, batches, settings, desc=desc, **kw)
+
+    monkeypatch.setattr(training, "train", no_copying)
+    resumed = tmp_path / "resumed"
+    report = tp.build(resumed, checkpoint)
+    assert report["copy_resumed"]
+    for out in (first, resumed):
+        a, b = weights(through), weights(out)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), out
