@@ -36,6 +36,10 @@ pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; font-size: 12px; }
 """
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def esc(value) -> str:
     return html.escape(str(value))
 
@@ -108,7 +112,8 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
 
     body = [
         f"<h1>Watermark robustness: {esc(store.root)}</h1>",
-        f"<p>{len(df)} stored runs in {len(setups(df))} setups. Every number below is read from the store.</p>",
+        f"<p>{plural(len(df), 'stored run')} in {plural(len(setups(df)), 'setup')}. Every number below is read from "
+        "the store.</p>",
     ]
     for name, part in setups(df).items():
         body += [
