@@ -4,7 +4,7 @@ its batch or on which process of a launch samples it; and the automatic batch si
 import pytest
 import torch
 
-from harness.compute.generation import GumbelPerPrompt, hash32, sample
+from harness.compute.generation import GumbelPerPrompt, hash32, hash32_int32, sample
 from harness.config.presets import EvalSettings
 
 
@@ -36,6 +36,28 @@ def test_hash_is_32_bit_and_avalanches():
     flipped = hash32(x ^ 1) ^ h  # one input bit flipped: about half the output bits change
     bits = sum(((flipped >> b) & 1).double().mean() for b in range(32)) / 32
     assert 0.45 < float(bits) < 0.55
+
+
+def test_the_int32_hash_gives_the_int64_definitions_bits():
+    edges = [0, 1, 2**15, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 0x7FEB352D, 0x846CA68B]
+    drawn = torch.randint(0, 2**32, (1_000_000,), generator=torch.Generator().manual_seed(0))
+    x = torch.cat([torch.tensor(edges), drawn])
+    assert torch.equal(hash32_int32(x.to(torch.int32)).long() & 0xFFFFFFFF, hash32(x))
+
+
+def test_the_noise_is_the_hashed_gumbel_of_its_definition():
+    """The processor's noise, bit for bit, as its docstring defines it (int64 arithmetic throughout): texts sampled
+    by this sampler version never change with how the noise is computed."""
+    seed, prompt_len, temperature, vocab = 7, 5, 0.7, 1000
+    rows = torch.tensor([0, 3, 2**31 + 5, 123456])
+    scores = torch.randn(len(rows), vocab, generator=torch.Generator().manual_seed(1))
+    ids = torch.zeros(len(rows), prompt_len + 3, dtype=torch.long)  # step 3
+    got = GumbelPerPrompt(seed, rows, prompt_len, temperature)(ids, scores)
+    key = hash32(rows ^ hash32(torch.tensor(seed) ^ 0x5BD1E995))
+    key = hash32(key ^ hash32(torch.tensor(3) + 0x165667B1))
+    bits = hash32(key[:, None] ^ hash32(torch.arange(vocab) ^ 0x27D4EB2F)[None, :]) >> 8
+    expected = scores / temperature - torch.log(-torch.log((bits.float() + 0.5) / 2**24))
+    assert torch.equal(got, expected)
 
 
 def test_a_prompt_gets_its_text_in_any_batch(random_llamas):
