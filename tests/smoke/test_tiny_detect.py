@@ -1,6 +1,7 @@
 """``harness detect`` on the tiny preset, in the store the Gu-KGW smoke test trained: the student and its SLERP and
 INT8 derivatives are found from 64 texts, the unwatermarked base is not, and texts from a file get the scores the run
-gave them. (Another method's key on these models: ``test_tiny_pro.py``.)"""
+gave them. (Another method's key on these models: ``test_tiny_pro.py``.) Named to run after ``test_tiny_attacks.py``,
+whose grid makes the INT8 cell this test would otherwise compute."""
 
 import json
 
