@@ -104,7 +104,7 @@ def tiny_paraphraser_built() -> bool:
 
 def tiny_paraphraser() -> Path:
     """Folder of the tiny paraphraser and its tokenizer, building it first if this machine has none. One process
-        builds it while others wait (a lock per recipe); an interrupted build keeps only its copying stage, once that is
+    builds it while others wait (a lock per recipe); an interrupted build keeps only its copying stage, once that is
     done, and the next build goes on from it (``build``)."""
     folder = files.cache_root() / f"tiny-paraphraser-{recipe_hash()}"
     checkpoint = folder.with_name(f".{folder.name}.copied")
