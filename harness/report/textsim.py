@@ -3,6 +3,7 @@ cosine similarity of the two texts' sentence embeddings (all-MiniLM-L6-v2 by def
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 
@@ -26,10 +27,20 @@ def embedding_cosine(originals: list[str], paraphrases: list[str], encoder: str,
 
     from harness.assets.encoder import shared_embedder
 
-    embedder = shared_embedder(encoder, device)
     with torch.no_grad():
-        a, b = embedder.embed_texts(originals), embedder.embed_texts(paraphrases)
+        a = _embedded(encoder, device, tuple(originals))
+        b = shared_embedder(encoder, device).embed_texts(paraphrases)
         return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).tolist()
+
+
+@functools.lru_cache(maxsize=4)
+def _embedded(encoder: str, device: str, texts: tuple[str, ...]):
+    """``embed_texts`` of one list, kept for the next text attack of the same generations in this process (a grid
+    of edit rates rewrites one generation many times). The same list is embedded in the same batches, so a kept
+    result has the bits a new one would have. Read only."""
+    from harness.assets.encoder import shared_embedder
+
+    return shared_embedder(encoder, device).embed_texts(list(texts))
 
 
 def summary(overlap: list[float], cosine: list[float]) -> dict:
