@@ -8,7 +8,7 @@ import sys
 
 from harness.cli import commands
 from harness.cli.parser import build_parser
-from harness.compute import distributed, memory
+from harness.compute import distributed, imports, memory
 from harness.config.errors import HarnessError
 
 log = logging.getLogger("harness")
@@ -17,6 +17,7 @@ log = logging.getLogger("harness")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     memory.tune_allocator()  # before any model is built or loaded (harness/compute/memory.py)
+    imports.defer_hqq_import()  # before transformers is imported: 2 s less start-up (harness/compute/imports.py)
     level = logging.DEBUG if args.verbose else logging.INFO
     if not distributed.is_main():  # another process of a launch: it only says what goes wrong
         level = logging.WARNING

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from attacks.base import MODEL, AttackContext, TextAttack
 from harness.assets import data, models, weights
-from harness.compute import distributed, memory, training
+from harness.compute import distributed, imports, memory, training
 from harness.compute.generation import SAMPLER, completion_perplexity, sample
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
@@ -87,6 +87,7 @@ class Pipeline:
 
     def __init__(self, preset: Preset, store: Store, device: str | None = None, plan: bool = False):
         memory.tune_allocator()  # logits-sized tensors reused, not page-faulted anew (harness/compute/memory.py)
+        imports.defer_hqq_import()  # a job that has not imported transformers yet starts faster (compute/imports.py)
         self.preset = preset
         self.store = store
         self.device = device or models.default_device()
