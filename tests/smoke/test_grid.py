@@ -72,14 +72,14 @@ def uninterrupted(grid_spec, harness, tmp_path_factory):
     return root, first, tables
 
 
-def test_grid_runs_every_cell_once_then_reuses_them(uninterrupted, grid_spec, harness):
+def test_grid_runs_every_cell_once_then_reuses_them(uninterrupted, grid_spec, harness, cli):
     root, first, tables = uninterrupted
     assert "4 cells: 0 reused, 4 computed, 0 failed; attribution ok" in first.stdout
     assert len(list((root / "stages" / "train").glob("*/DONE"))) == 2  # two configurations, each trained once
     again = harness("grid", str(grid_spec), "--results", str(root), timeout=600)
     assert again.returncode == 0 and "4 cells: 4 reused, 0 computed, 0 failed" in again.stdout, again.stdout
     assert "computing" not in again.stderr and "reusing" in again.stderr
-    dry = harness("grid", str(grid_spec), "--results", str(root), "--dry-run")
+    dry = cli("grid", str(grid_spec), "--results", str(root), "--dry-run")
     assert dry.returncode == 0 and "4 of 4 cells stored; 0 to compute" in dry.stdout, dry.stdout
     names = {p.name for p in tables.rglob("*")}
     assert {"robustness.csv", "attribution.csv", "watermark_config.csv", "auc_vs_slerp.png"} <= names
@@ -109,7 +109,7 @@ def test_dry_run_verifies_what_it_calls_stored_and_checks_inputs_first(uninterru
     ), dry.stderr
 
 
-def test_a_killed_grid_resumes_to_the_same_tables(uninterrupted, grid_spec, harness, script, tmp_path):
+def test_a_killed_grid_resumes_to_the_same_tables(uninterrupted, grid_spec, harness, cli, script, tmp_path):
     _, _, want = uninterrupted
     root = tmp_path / "runs"
     command = [script("harness"), "grid", str(grid_spec), "--results", str(root)]
@@ -124,7 +124,7 @@ def test_a_killed_grid_resumes_to_the_same_tables(uninterrupted, grid_spec, harn
     again = harness("grid", str(grid_spec), "--results", str(root), timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "0 failed" in again.stdout
-    out = harness("tables", "--results", str(root), "--out", str(tmp_path / "tables"))
+    out = cli("tables", "--results", str(root), "--out", str(tmp_path / "tables"))
     assert out.returncode == 0, out.stderr[-2000:]
     assert files_of(tmp_path / "tables") == files_of(want)
 

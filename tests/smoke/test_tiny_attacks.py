@@ -77,9 +77,9 @@ def test_attacked_rows_lie_between_base_and_unaltered(attack, tiny_store, harnes
             assert 0 < para["mean_unigram_overlap"] < 0.95 and para["mean_embedding_cosine"] > 0.3, para
 
 
-def test_tables_hold_every_attack(tiny_store, grid_output, harness, tmp_path):
+def test_tables_hold_every_attack(tiny_store, grid_output, cli, tmp_path):
     root, _ = tiny_store
-    out = harness("tables", "--results", str(root), "--out", str(tmp_path))
+    out = cli("tables", "--results", str(root), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     csv = (tmp_path / "tiny" / "robustness.csv").read_text()
     for label in ("GPTQ", "INT8", "HQQ", "Wanda", "SparseGPT", "SLERP", "StdlibCodeInstruct"):

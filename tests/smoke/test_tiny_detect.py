@@ -18,8 +18,8 @@ def stored(tiny_store, runs_by_row):
     return root, key, rows
 
 
-def detect(harness, root, *args):
-    out = harness("detect", "--results", str(root), "--num-texts", "64", "--json", *args, timeout=600)
+def detect(cli, root, *args):
+    out = cli("detect", "--results", str(root), "--num-texts", "64", "--json", *args)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
@@ -33,15 +33,15 @@ def attacked_model(root, attack):
     )
 
 
-def test_the_student_and_its_derivatives_are_found_and_the_base_is_not(stored, harness):
+def test_the_student_and_its_derivatives_are_found_and_the_base_is_not(stored, cli):
     root, key, rows = stored
-    out = harness("run", "--method", "gu-kgw", "--attack", "int8", "--results", str(root), timeout=900)
+    out = cli("run", "--method", "gu-kgw", "--attack", "int8", "--results", str(root))
     assert out.returncode == 0, out.stderr[-3000:]  # the INT8 cell (reused where test_tiny_attacks made it)
     found = {
-        "student": detect(harness, root, "--key", key, "--model", str(root / "stages" / "train" / key / "model")),
-        "slerp": detect(harness, root, "--key", key[:8], "--model", str(attacked_model(root, "slerp"))),
-        "int8": detect(harness, root, "--key", key, "--model", str(attacked_model(root, "int8"))),
-        "base": detect(harness, root, "--method", "gu-kgw", "--model", "builtin:tiny-lm"),
+        "student": detect(cli, root, "--key", key, "--model", str(root / "stages" / "train" / key / "model")),
+        "slerp": detect(cli, root, "--key", key[:8], "--model", str(attacked_model(root, "slerp"))),
+        "int8": detect(cli, root, "--key", key, "--model", str(attacked_model(root, "int8"))),
+        "base": detect(cli, root, "--method", "gu-kgw", "--model", "builtin:tiny-lm"),
     }
     for name in ("student", "slerp", "int8"):
         d = found[name]["decision"]
@@ -51,7 +51,7 @@ def test_the_student_and_its_derivatives_are_found_and_the_base_is_not(stored, h
     assert found["base"]["key"]["train_stage"] == key  # --method found the same training
 
 
-def test_texts_from_a_file_get_the_scores_of_their_run(stored, harness, tmp_path):
+def test_texts_from_a_file_get_the_scores_of_their_run(stored, cli, tmp_path):
     root, key, rows = stored
     run = next(
         p.parent for p in root.glob("*/DONE") if json.loads((p.parent / "spec.json").read_text())["row"] == "Unaltered"
@@ -61,7 +61,7 @@ def test_texts_from_a_file_get_the_scores_of_their_run(stored, harness, tmp_path
     generated = [s for s in scored if s["label"] == 1][:40]
     file = tmp_path / "texts.jsonl"
     file.write_text("".join(json.dumps({"text": gens[s["i"]]["completion"]}) + "\n" for s in generated))
-    report = detect(harness, root, "--key", key, "--texts", str(file))
+    report = detect(cli, root, "--key", key, "--texts", str(file))
     assert [t["score"] for t in report["texts"]] == pytest.approx([s["score"] for s in generated], abs=1e-9)
     assert [t["p_value"] for t in report["texts"]] == pytest.approx([s["p_value"] for s in generated], abs=1e-12)
     assert report["decision"]["watermarked"] and report["decision"]["texts"] == 40

@@ -63,9 +63,9 @@ def test_second_run_reuses_every_stage(store, harness):
     assert out.stdout.count("(reused)") == 3
 
 
-def test_tables_from_the_store(store, harness, tmp_path):
+def test_tables_from_the_store(store, cli, tmp_path):
     root, _ = store
-    out = harness("tables", "--results", str(root), "--out", str(tmp_path))
+    out = cli("tables", "--results", str(root), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     csv = (tmp_path / "tiny" / "robustness.csv").read_text()
     assert "SLERP" in csv and "Unaltered" in csv and "Gu-KGW" in csv

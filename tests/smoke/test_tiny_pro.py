@@ -31,13 +31,13 @@ def test_pro_watermark_is_learned_on_the_tiny_preset(pro_store, runs_by_row):
     assert found["Unaltered"][0]["config"]["method"]["config_label"].endswith(", no FPL")
 
 
-def test_one_methods_key_does_not_fire_on_the_other_methods_model(pro_store, tiny_store, harness, runs_by_row):
+def test_one_methods_key_does_not_fire_on_the_other_methods_model(pro_store, tiny_store, cli, runs_by_row):
     stores = {"pro": pro_store, "gu-kgw": tiny_store[0]}
     keys = {m: runs_by_row(root, method=m)["Unaltered"][0]["detector"]["key_from"] for m, root in stores.items()}
     for key_of, model_of in (("pro", "gu-kgw"), ("gu-kgw", "pro")):
         model = stores[model_of] / "stages" / "train" / keys[model_of] / "model"
         args = ("detect", "--results", str(stores[key_of]), "--num-texts", "64", "--json", "--key", keys[key_of])
-        out = harness(*args, "--model", str(model), timeout=600)
+        out = cli(*args, "--model", str(model))
         assert out.returncode == 0, out.stderr[-3000:]
         decision = json.loads(out.stdout)["decision"]
         assert decision["p_value"] > 0.01 and not decision["watermarked"], (key_of, model_of, decision)

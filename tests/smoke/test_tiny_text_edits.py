@@ -24,11 +24,11 @@ groups:
 ROWS = ["Token edits p=0.1", "Token edits p=0.5", "Word deletion p=0.3", "Typos p=0.1", "Lowercase"]
 
 
-def test_edited_rows_lie_between_base_and_unaltered(tiny_store, harness, runs_by_row, tmp_path):
+def test_edited_rows_lie_between_base_and_unaltered(tiny_store, harness, cli, runs_by_row, tmp_path):
     root, _ = tiny_store
     spec = tmp_path / "edits.yaml"
     spec.write_text(SPEC)
-    out = harness("grid", str(spec), "--results", str(root), timeout=900)
+    out = cli("grid", str(spec), "--results", str(root))
     assert out.returncode == 0, out.stderr[-3000:]
     rows = list(ROWS)
     if importlib.util.find_spec("nltk") is not None:  # with WordNet's data, else the attack refuses in one line
@@ -44,7 +44,7 @@ def test_edited_rows_lie_between_base_and_unaltered(tiny_store, harness, runs_by
         assert base["auc"] - 0.05 < m["auc"] <= unaltered["auc_ci95"][1] + 1e-9, (row, m["auc"])
         assert 0 < m["paraphrase"]["mean_unigram_overlap"] <= 1, (row, m["paraphrase"])
     assert found["Token edits p=0.5"]["auc"] < found["Token edits p=0.1"]["auc"]
-    out = harness("tables", "--results", str(root), "--out", str(tmp_path))
+    out = cli("tables", "--results", str(root), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     for attack in ("token-edit", "word-delete", "typo", "lowercase"):
         assert (tmp_path / "tiny" / f"{attack}.csv").is_file(), attack
