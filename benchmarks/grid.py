@@ -133,7 +133,7 @@ def cache_builds(cache: Path) -> list[dict]:
             record = json.loads(built.read_text())
         except (OSError, ValueError):
             continue
-        seconds = record.get("seconds", record.get("build_seconds"))
+        seconds = record.get("build_seconds", record.get("seconds"))  # the whole build, not its last stage
         if isinstance(seconds, (int, float)):
             name = built.parent.name.rsplit("-", 1)[0]
             out.append({"kind": "cache", "spec": {"name": name}, "start": built.stat().st_mtime - seconds,

@@ -75,6 +75,23 @@ def heatmap(part: pd.DataFrame) -> str:
     return "\n".join(out) + f'<p class="legend">{legend}</p>'
 
 
+def other_configurations(part: pd.DataFrame) -> str:
+    """Every run of a configuration that is not its method's main one (other settings, ablations), a row each with
+    its AUC linked to its run: the heatmap shows main configurations only, and every stored cell belongs on the page."""
+    others = part[~part["run"].isin(main_runs(part)["run"])]
+    if others.empty:
+        return "<p>none stored</p>"
+    out = ['<table class="others">', "<tr><th>method</th><th>configuration</th><th>attack</th><th>AUC</th>"
+           "<th>TPR@1%</th></tr>"]  # fmt: skip
+    for _, r in others.sort_values(["method", "method_config", "category", "attack", "attack_config"]).iterrows():
+        attack = f"{r['attack']} {r['attack_config']}".strip() or "unaltered"
+        link = f'<a href="#run-{esc(r["run"])}">{r["AUC"]:.3f}</a>'
+        out.append(f"<tr><td>{esc(r['method'])}</td><td>{esc(r['method_config'])}</td><td>{esc(attack)}</td>"
+                   f"<td>{link}</td><td>{r['TPR@1%']:.3f}</td></tr>")  # fmt: skip
+    out.append("</table>")
+    return "\n".join(out)
+
+
 def frame(table: pd.DataFrame) -> str:
     if table.empty:
         return "<p>none stored</p>"
@@ -121,6 +138,8 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
             f"{esc(part['preset'].iloc[0])}</h2>",
             "<h3>AUC and TPR at 1% FPR of each method's main configuration</h3>",
             heatmap(part),
+            "<h3>Other configurations (settings, ablations)</h3>",
+            other_configurations(part),
             "<h3>Figures</h3>",
             figures(part, store),
             "<h3>Tokens to detect (1% FPR)</h3>",

@@ -16,6 +16,7 @@ import pytest
 def store(two_method_store, fake_run):
     store = two_method_store
     fake_run(store, "gu-kgw", {}, "int8", {}, 0.96)  # PRO has no INT8 run: a missing cell
+    fake_run(store, "gu-kgw", {"delta": 1.0}, "none", {}, 0.83)  # another configuration: not in the heatmap
     return store
 
 
@@ -28,7 +29,14 @@ def test_every_stored_cell_is_on_the_page(store, cli, tmp_path):
     out = cli("report", "--results", str(store.root), "--out", str(tmp_path / "report.html"))
     assert out.returncode == 0, out.stderr
     page = (tmp_path / "report.html").read_text()
+    specs = {p.name: json.loads((p / "spec.json").read_text())["config"]["method"] for p in store.runs()}
+    other = [run for run, m in specs.items() if m["name"] == "gu-kgw" and m.get("params", {}).get("delta") == 1.0]
+    assert len(other) == 1
     for run, auc in stored_cells(store).items():
+        assert f'href="#run-{run}">{auc:.3f}</a>' in page, run  # every stored cell, linked to its run
+        assert f'<details id="run-{run}">' in page  # its spec, versions and timings
+        if run in other:
+            continue
         cell = re.search(rf'<td class="cell" style="background:([^"]+)" title="run {run}"><a href="#run-{run}">'
                          rf"([0-9.]+)</a>", page)  # fmt: skip
         assert cell is not None, run
