@@ -1,10 +1,10 @@
 """``harness report``: one self-contained HTML page of a run store, to open from disk in any browser.
 
 Built from the store alone (no model loads), like the tables: per setup, a heatmap of AUC and TPR@1% of each method's
-main configuration under every attack (the paper's colour rule), the figures (ROC curves, AUC against each attack's
-strength, TPR by text length, ...) embedded as PNG data, tokens to detect, the attribution matrix, and every run's
-spec, versions and timings one click away. A cell with no stored run says so. No script, stylesheet or font is
-fetched: the page needs no network.
+main configuration under every attack (the paper's colour rule), every other configuration's runs, the figures (ROC
+curves, AUC against each attack's strength, TPR by text length, ...) embedded as PNG data, tokens to detect, the
+attribution matrix, and every run's spec, versions and timings one click away. A cell with no stored run says so. No
+script, stylesheet or font is fetched: the page needs no network.
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ def esc(value) -> str:
     return html.escape(str(value))
 
 
+RUN_ORDER = ["method", "method_config", "category", "attack", "attack_config"]  # the order runs are listed in
+
+
+def attack_label(attack: str, config: str) -> str:
+    return f"{attack} {config}".strip() or "unaltered"
+
+
 def heatmap(part: pd.DataFrame) -> str:
     """Rows: every attack row stored for a main configuration; columns: methods x (AUC, TPR@1%). Each cell links to
     its run; a cell with no stored run says so."""
@@ -67,7 +74,7 @@ def heatmap(part: pd.DataFrame) -> str:
             style = f' style="background:{COLOURS[colour(auc)]}"'
             cells.append(f'<td class="cell"{style} title="run {run}{seeds}"><a href="#run-{run}">{auc:.3f}</a></td>'
                          f"<td>{tpr:.3f}</td>")  # fmt: skip
-        label = f"{attack} {config}".strip() or "unaltered"
+        label = attack_label(attack, config)
         out.append(f'<tr><td class="row">{esc(category)}</td><td class="row">{esc(label)}</td>{"".join(cells)}</tr>')
     out.append("</table>")
     rule = (("green", "AUC >= 0.8"), ("yellow", "0.7 <= AUC < 0.8"), ("red", "AUC < 0.7"))
@@ -83,8 +90,8 @@ def other_configurations(part: pd.DataFrame) -> str:
         return "<p>none stored</p>"
     out = ['<table class="others">', "<tr><th>method</th><th>configuration</th><th>attack</th><th>AUC</th>"
            "<th>TPR@1%</th></tr>"]  # fmt: skip
-    for _, r in others.sort_values(["method", "method_config", "category", "attack", "attack_config"]).iterrows():
-        attack = f"{r['attack']} {r['attack_config']}".strip() or "unaltered"
+    for _, r in others.sort_values(RUN_ORDER).iterrows():
+        attack = attack_label(r["attack"], r["attack_config"])
         link = f'<a href="#run-{esc(r["run"])}">{r["AUC"]:.3f}</a>'
         out.append(f"<tr><td>{esc(r['method'])}</td><td>{esc(r['method_config'])}</td><td>{esc(attack)}</td>"
                    f"<td>{link}</td><td>{r['TPR@1%']:.3f}</td></tr>")  # fmt: skip
@@ -111,12 +118,12 @@ def figures(part: pd.DataFrame, store: Store) -> str:
 
 def run_details(part: pd.DataFrame, store: Store) -> str:
     out = []
-    for r in part.sort_values(["method", "method_config", "category", "attack", "attack_config"]).itertuples():
+    for r in part.sort_values(RUN_ORDER).itertuples():
         folder = store.root / r.run
         spec = json.loads((folder / "spec.json").read_text())
         manifest = json.loads((folder / "manifest.json").read_text())
         about = {k: manifest.get(k) for k in ("started", "seconds", "git_sha", "host", "versions", "report")}
-        label = f"{r.method} ({r.method_config}) / {(r.attack + ' ' + r.attack_config).strip() or 'unaltered'}"
+        label = f"{r.method} ({r.method_config}) / {attack_label(r.attack, r.attack_config)}"
         out.append(f'<details id="run-{esc(r.run)}"><summary>{esc(label)}: AUC {r.AUC:.3f}, run {esc(r.run)}'
                    f"</summary><pre>{esc(json.dumps(spec, indent=1))}</pre><pre>{esc(json.dumps(about, indent=1))}"
                    "</pre></details>")  # fmt: skip
