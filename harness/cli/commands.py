@@ -315,6 +315,7 @@ def _audit(args) -> tuple[dict, list[dict]]:
             )
         trained = audit.train_stage(store, str(trained.path))
     preset = audit.setup_of(trained, chosen)
+    resolved = audit.check_causal_lm(args.model) if texts is None else None  # before the base model loads or builds
     if args.num_texts is not None:
         preset = preset.model_copy(update={"eval": preset.eval.model_copy(update={"num_prompts": args.num_texts})})
     pipe = Pipeline(preset, store, args.device)
@@ -326,7 +327,7 @@ def _audit(args) -> tuple[dict, list[dict]]:
     for source in (preset.eval_data, preset.train_data):
         data.check(source)
     if texts is None:
-        suspect = audit.Suspect("model", args.model, audit.check_model(args.model, pipe.tokenizer))
+        suspect = audit.Suspect("model", args.model, audit.check_model(resolved, args.model, pipe.tokenizer))
     else:
         suspect = audit.Suspect("texts", str(args.texts), texts=tuple(texts))
     stage, result = audit.audit(pipe, method, trained, suspect)

@@ -114,12 +114,18 @@ def read_texts(path: Path) -> list[str]:
     return texts
 
 
-def check_model(ref: str, key_tokenizer) -> str:
-    """The suspect model's folder (or hub id), after checking, before any generation, that it is a causal LM and that
-    its tokenizer is the key's (same vocabulary), so that the key's ids mean what they meant in training."""
+def check_causal_lm(ref: str) -> str:
+    """The suspect model's folder (or hub id), after checking that it is a causal LM: needs no key, so it runs before
+    the key's setup loads (or builds) its base model."""
     models.check(ref)
     resolved = models.resolve(ref)
     models.check_causal_lm(resolved, ref)
+    return resolved
+
+
+def check_model(resolved: str, ref: str, key_tokenizer) -> str:
+    """``resolved`` (from ``check_causal_lm``), after checking, before any generation, that its tokenizer is the key's
+    (same vocabulary), so that the key's ids mean what they meant in training."""
     vocab, want = models.load_tokenizer(resolved).get_vocab(), key_tokenizer.get_vocab()
     if vocab != want:
         differ = sum(want.get(token) != i for token, i in vocab.items()) + len(set(want) - set(vocab))
