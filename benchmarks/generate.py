@@ -2,7 +2,7 @@
 transformers' ``generate`` with multinomial sampling at batch 128, on the same prompts and model.
 
     python benchmarks/generate.py [--model REF] [--prompts N] [--prompt-tokens P] [--new-tokens T] [--batch B]
-                                  [--reference-prompts K] [--device D]
+                                  [--reference-prompts K] [--device D] [--random-shape llama-1b|smollm2-135m]
 
 Both draw exactly T new tokens per prompt (top-k 0, top-p 1, temperature 1). The reference is timed on the first K
 prompts (K >= 128: whole batches) and its rate compared with the harness's on all N. On a GPU the peak memory of each
@@ -16,6 +16,7 @@ import argparse
 import time
 
 import torch
+from shapes import SHAPES, random_llama
 
 
 def reference(model, prompts: torch.Tensor, new_tokens: int, batch: int) -> None:
@@ -39,6 +40,7 @@ def main() -> None:
     parser.add_argument("--reference-batch", type=int, default=128)
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default="auto", help="model weights' dtype (auto: as stored)")
+    parser.add_argument("--random-shape", choices=sorted(SHAPES), help="a real model's shape, random weights")
     args = parser.parse_args()
     if not 1 <= args.reference_prompts <= args.prompts:
         parser.error("--reference-prompts must be in 1..--prompts")
@@ -50,7 +52,12 @@ def main() -> None:
 
     tuned = tune_allocator()  # as every harness process (HARNESS_MALLOC=system: glibc's defaults)
     device = args.device or models.default_device()
-    model = models.load_causal_lm(models.resolve(args.model), device, dtype=args.dtype)
+    if args.random_shape:
+        dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+        model = random_llama(args.random_shape, device, dtype)
+        args.model = f"{args.random_shape} shape (random weights)"
+    else:
+        model = models.load_causal_lm(models.resolve(args.model), device, dtype=args.dtype)
     vocab = model.get_output_embeddings().weight.shape[0]
     prompts = torch.randint(3, vocab, (args.prompts, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
     cuda = model.device.type == "cuda"

