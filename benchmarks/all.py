@@ -30,7 +30,18 @@ SIZES = {
         "generate": [],
     },
     "cuda": {
-        "kgw_detect": ["--texts", "5000", "--vocab", "128256", "--loop-texts", "20", "--device", "cuda"],
+        "kgw_detect": [
+            "--texts",
+            "5000",
+            "--vocab",
+            "128256",
+            "--loop-texts",
+            "20",
+            "--fly-texts",
+            "200",
+            "--device",
+            "cuda",
+        ],
         "kth_detect": ["--texts", "1000", "--loop-texts", "10"],
         "train_step": ["--steps", "5"],
         "generate": [

@@ -11,7 +11,7 @@
 #   train_step  benchmarks/train_step.py at the 1B and SmolLM2-135M shapes: each method's step against plain
 #               fine-tuning, its pass-count and FLOP predictions, peak memory
 #   generate    benchmarks/generate.py at the 1B shape: the harness's sampler against HF generate at batch 128
-#   detect      benchmarks/kgw_detect.py (V = 128,256, packed table on the GPU) and kth_detect.py
+#   detect      benchmarks/kgw_detect.py (V = 128,256, packed table on the GPU; KTH's detector is CPU only)
 #   small       the small LM's build on the GPU and its held-out perplexity (tests/unit/test_small.py, gpu)
 #
 # The machine may have no network and none of the harness's extra packages: wheels carried in .whl/ are installed
@@ -67,7 +67,7 @@ part() {  # part NAME CAP_SECONDS: run the function NAME, output to NAME.log, fo
 }
 
 pytest_gpu() {
-    python3 -m pytest -p no:cacheprovider -m gpu -s --durations=0 tests/gpu tests/smoke/test_distributed.py
+    python3 -m pytest -p no:cacheprovider -m gpu -s --durations=0 tests/gpu tests/smoke/test_distributed.py ${PYTEST_K:+-k "$PYTEST_K"}
 }
 train_step() {
     python3 benchmarks/train_step.py --random-shape llama-1b --batch-size 8 --seq-len 512 --steps 5 \
@@ -80,17 +80,16 @@ generate() {
         --new-tokens 200 --reference-prompts 256
 }
 detect() {
-    python3 benchmarks/kgw_detect.py --texts 5000 --vocab 128256 --loop-texts 20 --device cuda &&
-        python3 benchmarks/kth_detect.py --texts 1000 --loop-texts 10
+    python3 benchmarks/kgw_detect.py --texts 5000 --vocab 128256 --loop-texts 20 --fly-texts 50 --device cuda
 }
 small() {
     python3 -m pytest -p no:cacheprovider -m gpu -s --durations=0 tests/unit/test_small.py
 }
 
 export -f pytest_gpu train_step generate detect small
-part pytest_gpu 240
-part train_step 150
+part pytest_gpu 170
+part train_step 110
 part generate 120
-part detect 100
+part detect 60
 part small 300
 cat "$OUT/timing.txt"

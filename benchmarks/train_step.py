@@ -51,6 +51,27 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def eager_attention():
+    """Eager attention in the causal LMs while torch's FLOP counter runs: on CUDA it rejects SDPA's fused kernels with
+    grouped-query attention (fewer key/value heads than query heads, as in the 1B and SmolLM2 shapes). Eager attention
+    does the same matrix products; only the counted warm-up step runs it."""
+    saved = {}
+
+    def pre_hook(module, args):
+        if type(module).__name__.endswith("ForCausalLM"):
+            saved.setdefault(id(module.config), (module.config, module.config._attn_implementation))
+            module.config._attn_implementation = "eager"
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+        for config, implementation in saved.values():
+            config._attn_implementation = implementation
+
+
 def timed_steps(name, student, step, batches, lr, counter, device="cpu") -> dict:
     """Mean seconds per step (optimizer step included, as in the harness loop) after one warm-up step, and the
     matmul FLOPs of the warm-up step (torch's FlopCounterMode: every matrix product of the LMs and of M, forward and
@@ -66,7 +87,8 @@ def timed_steps(name, student, step, batches, lr, counter, device="cpu") -> dict
         before = counter.calls
         synchronize(device)
         start = time.perf_counter()
-        with FlopCounterMode(display=False) if i == 0 else contextlib.nullcontext() as flop_counter:
+        counting = FlopCounterMode(display=False) if i == 0 else contextlib.nullcontext()
+        with counting as flop_counter, eager_attention() if i == 0 else contextlib.nullcontext():
             with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():
                 step(student, batch, lambda loss: loss.backward())
         if i == 0:
