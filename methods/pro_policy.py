@@ -175,15 +175,18 @@ def fpl_gradients(
     ``loss.backward()``). After the probe the parameters are copied back from a saved copy, so they are bit-identical
     to before (subtracting the step back could differ in the last bits). Returns the three losses and ``||g||``;
     with ``diagnose`` also the global norms of ``grad L_sim`` and of the FPL term ``beta * (g - grad L_anti(probe))``
-    and their cosine (``benchmarks/fpl_diagnostics.py``; it keeps a copy of ``grad L_sim``, so it is off in training).
+    and their cosine (``benchmarks/fpl_diagnostics.py``; it keeps a copy of ``grad L_sim``, so it is off in training;
+    a gradient there before the call counts in ``grad L_sim``).
     """
     import torch
 
     backward = backward or (lambda loss: loss.backward())
+    sim = sim_loss_fn(model)
+    backward(sim)
+    # The parameters are listed only now, after a backward: under FSDP2 the ones registered while a forward's graph is
+    # alive (the root module's, after PRO's L_sim forward) are the gathered copies, whose storage the backward frees;
+    # copying one then read freed memory (a CUDA "invalid argument" on the GPU, a segfault on a CPU).
     params = [p for p in model.parameters() if p.requires_grad]
-    earlier = [p.grad for p in params]
-    for p in params:
-        p.grad = None
 
     def take() -> list:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -191,9 +194,7 @@ def fpl_gradients(
             p.grad = None
         return grads
 
-    sim = sim_loss_fn(model)
-    backward(sim)
-    total = take()  # grad L_sim, then the FPL terms are added in place
+    total = take()  # grad L_sim (plus any gradient there before), then the FPL terms are added in place
     sim_grad = [t.detach().clone() for t in total] if diagnose else None
     anti = anti_loss_fn(model)
     backward(anti)
@@ -233,8 +234,8 @@ def fpl_gradients(
         out.update(
             sim_grad_norm=sim_sq**0.5, fpl_grad_norm=fpl_sq**0.5, cosine=dot / max((sim_sq * fpl_sq) ** 0.5, 1e-30)
         )
-    for p, acc, before in zip(params, total, earlier, strict=True):
-        p.grad = acc if before is None else acc + before
+    for p, acc in zip(params, total, strict=True):
+        p.grad = acc
     return out
 
 

@@ -43,7 +43,10 @@ def main(model_folder: str, out: str) -> None:
     optimizer.step()
     optimizer.zero_grad()
     sim, anti = my_rows(batches[2]), my_rows(batches[3])
-    fpl_gradients(model, lambda m: lm_loss(m, sim), lambda m: lm_loss(m, anti), alpha=0.1, beta=0.5)
+    # As PRO's step calls it: the L_sim forward has run before (under FSDP2 the root module's parameters are then the
+    # gathered ones, freed by the backward).
+    sim_loss = lm_loss(model, sim)
+    fpl_gradients(model, lambda m: sim_loss, lambda m: lm_loss(m, anti), alpha=0.1, beta=0.5)
     optimizer.step()
     save_model(model, out)
     if distributed.world_size() > 1:

@@ -114,6 +114,17 @@ def test_fpl_gradient_matches_a_reference():
     assert out["probe"] < out["anti"]  # the probe step descends L_anti
 
 
+def test_fpl_gradient_adds_to_a_gradient_already_there():
+    sim, anti = _losses()
+    clean, accumulated = _two_layer(), _two_layer()
+    for p in accumulated.parameters():
+        p.grad = torch.full_like(p, 0.25)
+    fpl_gradients(clean, sim, anti, 0.3, 2.0)
+    fpl_gradients(accumulated, sim, anti, 0.3, 2.0)
+    for a, b in zip(clean.parameters(), accumulated.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad + 0.25, rtol=1e-10, atol=1e-12)
+
+
 def test_fpl_diagnostics_measure_the_terms_and_change_no_gradient():
     sim, anti = _losses()
     alpha, beta = 0.3, 2.0
