@@ -87,9 +87,9 @@ small() {
 }
 
 export -f pytest_gpu train_step generate detect small
-part pytest_gpu 170
-part train_step 110
-part generate 120
-part detect 60
-part small 300
+part pytest_gpu 260
+part train_step 170
+part generate 60
+part detect 70
+part small 180
 cat "$OUT/timing.txt"

@@ -73,9 +73,10 @@ def eager_attention():
 
 
 def timed_steps(name, student, step, batches, lr, counter, device="cpu") -> dict:
-    """Mean seconds per step (optimizer step included, as in the harness loop) after one warm-up step, and the
-    matmul FLOPs of the warm-up step (torch's FlopCounterMode: every matrix product of the LMs and of M, forward and
-    backward; element-wise work is not counted)."""
+    """Median seconds per step (optimizer step included, as in the harness loop) over ``batches[1:]``, after two
+    untimed steps on ``batches[0]``: the first counts the matmul FLOPs (torch's FlopCounterMode: every matrix product
+    of the LMs and of M, forward and backward; element-wise work is not counted) with eager attention, the second
+    warms the kernels the timed steps run (on a GPU, SDPA's first call is an outlier of about a second)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     cuda = device.startswith("cuda")
@@ -83,7 +84,7 @@ def timed_steps(name, student, step, batches, lr, counter, device="cpu") -> dict
     times, calls, flops = [], [], 0
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    for i, batch in enumerate(batches):
+    for i, batch in enumerate([batches[0], *batches]):
         before = counter.calls
         synchronize(device)
         start = time.perf_counter()
@@ -96,16 +97,16 @@ def timed_steps(name, student, step, batches, lr, counter, device="cpu") -> dict
         opt.step()
         opt.zero_grad(set_to_none=True)
         synchronize(device)
-        if i > 0:  # the first step warms up allocators and caches
+        if i > 1:
             times.append(time.perf_counter() - start)
             calls.append(counter.calls - before)
-    return {"name": name, "mean": statistics.mean(times), "sd": statistics.pstdev(times), "fwd_calls": max(calls),
+    return {"name": name, "median": statistics.median(times), "sd": statistics.pstdev(times), "fwd_calls": max(calls),
             "flops": flops, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per method (after one warm-up step)")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per method (after two untimed steps)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--model", default="builtin:tiny-lm")
@@ -200,33 +201,34 @@ def main() -> None:
         synchronize(device)
         start = time.perf_counter()
         opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
-        w = policy(emb)
-        loss = kl_per_token(base_logits, base_logits + w) + norm_loss(w.flatten(0, -2), 0.5, 1.0)[0]
+        with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():  # as in the steps
+            w = policy(emb)
+            loss = kl_per_token(base_logits, base_logits + w) + norm_loss(w.flatten(0, -2), 0.5, 1.0)[0]
         loss.backward()
         opt.step()
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():
             policy(emb)
         synchronize(device)
         m_times.append(time.perf_counter() - start)
-    m_s = statistics.mean(m_times[1:])
+    m_s = statistics.median(m_times[1:])
 
-    plain_s = rows[0]["mean"]
+    plain_s = rows[0]["median"]
     where = torch.cuda.get_device_name(device) + ", bf16 autocast, bf16 teacher" if cuda else "CPU, float32"
-    print(f"\nmodel {args.model}, batch {args.batch_size} x {args.seq_len}, {args.steps} timed steps after 1 warm-up, "
-          f"{where}, {torch.get_num_threads()} threads, glibc thresholds {'raised' if tuned else 'as they are'}\n"
-          )  # fmt: skip
+    print(f"\nmodel {args.model}, batch {args.batch_size} x {args.seq_len}, median of {args.steps} timed steps after 2 "
+          f"untimed, {where}, {torch.get_num_threads()} threads, "
+          f"glibc thresholds {'raised' if tuned else 'as they are'}\n")  # fmt: skip
     header = (
-        f"{'method':<26}{'s/step':>9}{'sd':>7}{'LM fwd':>8}{'units':>7}{'ratio':>8}{'predicted':>11}{'meas/pred':>11}"
+        f"{'method':<26}{'median s':>9}{'sd':>7}{'LM fwd':>8}{'units':>7}{'ratio':>8}{'predicted':>11}{'meas/pred':>11}"
         f"{'GFLOP':>8}{'FLOP pred':>11}{'meas/FLOP':>11}" + (f"{'peak GiB':>10}" if cuda else "")
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         units = UNITS[row["name"]]
-        ratio, predicted = row["mean"] / plain_s, units / UNITS["plain fine-tuning (CE)"]
+        ratio, predicted = row["median"] / plain_s, units / UNITS["plain fine-tuning (CE)"]
         by_flops = row["flops"] / rows[0]["flops"]
         print(
-            f"{row['name']:<26}{row['mean']:>9.3f}{row['sd']:>7.3f}{row['fwd_calls']:>8}{units:>7}"
+            f"{row['name']:<26}{row['median']:>9.3f}{row['sd']:>7.3f}{row['fwd_calls']:>8}{units:>7}"
             f"{ratio:>7.2f}x{predicted:>10.2f}x{ratio / predicted:>10.2f}x"
             f"{row['flops'] / 1e9:>8.1f}{by_flops:>10.2f}x{ratio / by_flops:>10.2f}x"
             + (f"{row['peak_gib']:>10.1f}" if cuda else "")
@@ -234,9 +236,9 @@ def main() -> None:
     pred_fpl = UNITS["PRO, CAWP + FPL"] / UNITS["plain fine-tuning (CE)"]
     for name in ("PRO, CAWP only", "PRO, CAWP + FPL"):
         row = next(r for r in rows if r["name"] == name)
-        ratio = (row["mean"] - m_s) / plain_s
+        ratio = (row["median"] - m_s) / plain_s
         predicted = UNITS[name] / UNITS["plain fine-tuning (CE)"]
-        print(f"{name + ' minus M':<26}{row['mean'] - m_s:>9.3f}{'':>22}{ratio:>7.2f}x{predicted:>10.2f}x"
+        print(f"{name + ' minus M':<26}{row['median'] - m_s:>9.3f}{'':>22}{ratio:>7.2f}x{predicted:>10.2f}x"
               f"{ratio / predicted:>10.2f}x")  # fmt: skip
     print(f"\nM (policy MLP) work per PRO step: {m_s:.3f} s ({m_s / plain_s:.2f}x a plain step); "
           f"PRO + FPL target: within 1.15x of {pred_fpl:.2f}x")  # fmt: skip

@@ -48,9 +48,11 @@ def logit_distill(
     desc: str,
     device: str | None = None,
     masks: dict | None = None,
+    on_step: Callable | None = None,
 ) -> dict:
     """Train ``student`` towards ``watermark(input_ids, teacher_logits)``; the teacher stays frozen. ``masks``: train
-    only these entries of the student's parameters (see ``harness.compute.training.train``)."""
+    only these entries of the student's parameters; ``on_step``: called after each step (both as
+    ``harness.compute.training.train`` takes them)."""
     import torch
 
     teacher.eval().requires_grad_(False)
@@ -63,4 +65,4 @@ def logit_distill(
             target = watermark(input_ids, teacher(input_ids=input_ids).logits)
         return kl_per_token(model(input_ids=input_ids).logits, target)
 
-    return train(student, loss_step(loss_fn), batches, settings, desc=desc, device=device, masks=masks)
+    return train(student, loss_step(loss_fn), batches, settings, desc=desc, device=device, masks=masks, on_step=on_step)
