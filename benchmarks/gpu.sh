@@ -85,6 +85,9 @@ detect() {
 }
 small() {
     python3 -m pytest -p no:cacheprovider -m gpu -s --durations=0 tests/unit/test_small.py
+    local rc=$?
+    cat "$HARNESS_CACHE"/small-*/build.json  # the build's training log (losses), for the perplexity it reaches
+    return $rc
 }
 
 export -f pytest_gpu train_step generate detect small
