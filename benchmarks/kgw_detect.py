@@ -66,7 +66,7 @@ def main() -> None:
     loop_rate = args.loop_texts * (args.tokens - 1) / (time.perf_counter() - start)
 
     start = time.perf_counter()
-    fly = score_sequences(GreenLists(key), texts[: args.fly_texts])  # a randperm per new context: K texts
+    fly = score_sequences(GreenLists(key), texts[: args.fly_texts])  # a randperm per new context: F texts
     fly_rate = len(fly) * (args.tokens - 1) / (time.perf_counter() - start)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -51,6 +51,11 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def autocast(cuda: bool):
+    """The GPU presets' bf16 autocast on CUDA; nothing on a CPU (float32, as the tiny preset trains)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def eager_attention():
     """Eager attention in the causal LMs while torch's FLOP counter runs: on CUDA it rejects SDPA's fused kernels with
@@ -89,9 +94,8 @@ def timed_steps(name, student, step, batches, lr, counter, device="cpu") -> dict
         synchronize(device)
         start = time.perf_counter()
         counting = FlopCounterMode(display=False) if i == 0 else contextlib.nullcontext()
-        with counting as flop_counter, eager_attention() if i == 0 else contextlib.nullcontext():
-            with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():
-                step(student, batch, lambda loss: loss.backward())
+        with counting as flop_counter, eager_attention() if i == 0 else contextlib.nullcontext(), autocast(cuda):
+            step(student, batch, lambda loss: loss.backward())
         if i == 0:
             flops = flop_counter.get_total_flops()
         opt.step()
@@ -201,12 +205,12 @@ def main() -> None:
         synchronize(device)
         start = time.perf_counter()
         opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
-        with torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():  # as in the steps
+        with autocast(cuda):  # as in the steps
             w = policy(emb)
             loss = kl_per_token(base_logits, base_logits + w) + norm_loss(w.flatten(0, -2), 0.5, 1.0)[0]
         loss.backward()
         opt.step()
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext():
+        with torch.no_grad(), autocast(cuda):
             policy(emb)
         synchronize(device)
         m_times.append(time.perf_counter() - start)

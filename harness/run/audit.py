@@ -55,11 +55,12 @@ def train_stage(store: Store, ref: str) -> Stage:
 def _stage_at(path: Path, ref: str) -> Stage:
     kind = path.parent.name if path.parent.parent.name == "stages" else "run"
     if kind != "train" or not (path / "key.json").is_file():
-        what = "not a stage of a store"
-        if kind != "run" and (path / "spec.json").is_file():
-            what = f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} stage"
-        if kind == "run" and (path / "spec.json").is_file():
+        if not (path / "spec.json").is_file():
+            what = "not a stage of a store"
+        elif kind == "run":
             what = "a run (its spec.json names the train stage as detector.key_from)"
+        else:
+            what = f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} stage"
         raise HarnessError(f"--key '{ref}' is not a trained watermark: {what}")
     if not (path / "DONE").is_file():
         raise HarnessError(f"--key '{ref}': the training in {path} did not finish")
