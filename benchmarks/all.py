@@ -7,7 +7,8 @@ Runs, one after the other, with sizes for the device (a CPU by default, CUDA whe
   per-position loop;
 - kth_detect: KTH detection, vectorised, vs the per-text loop;
 - train_step: the training step of each method vs plain fine-tuning (and PRO detection with a cold and warm cache);
-- generate: the harness's sampler vs HF generate at batch 128 (Gu et al.'s setting).
+- generate: the harness's sampler vs HF generate at batch 128 (Gu et al.'s setting), and the perplexity scorer, each
+  also against the arithmetic bound of its forward passes.
 On 2 CPU cores the whole takes about 8 minutes. Each script also runs alone with its own options (see its --help).
 """
 

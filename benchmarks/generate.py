@@ -5,9 +5,17 @@ transformers' ``generate`` with multinomial sampling at batch 128, on the same p
                                   [--reference-prompts K] [--device D] [--random-shape llama-1b|smollm2-135m]
 
 Both draw exactly T new tokens per prompt (top-k 0, top-p 1, temperature 1). The reference is timed on the first K
-prompts (K >= 128: whole batches) and its rate compared with the harness's on all N. On a GPU the peak memory of each
-is printed too. Defaults: the tiny preset's model, 512 x (32 + 64) tokens, K = 256: about a minute on 2 CPU cores.
-Target (issue 17, on a GPU at the paper's size, 5,000 x 200 new tokens): at least 4x the reference.
+prompts (K >= 128: whole batches) and its rate compared with the harness's on all N; ``--batch`` takes a list
+(``auto,16,256``) for one harness row per batch size. The perplexity scorer (``completion_perplexity``, at
+``--ppl-batch``, the presets' 32 by default) is timed on the harness's texts, in tokens read per second.
+
+Each row is also put against the arithmetic bound of its forward passes on this device: its matrix-product FLOPs per
+token (torch's FlopCounterMode on a few prompts, eager attention, the KV cache as it runs) at the rate of one large
+matrix product in the model's dtype (2,048-square, timed in the same run). "of bound" near 1 means the model's
+arithmetic is all that is left; on a CPU at small shapes the per-step work around the model (the generation loop,
+the sampler's noise, small matrices) is most of the time. On a GPU the peak memory of each is printed too. Defaults:
+the tiny preset's model, 512 x (32 + 64) tokens, K = 256: about a minute on 2 CPU cores. Target (issue 17, on a GPU
+at the paper's size, 5,000 x 200 new tokens): at least 4x the reference.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import time
 
 import torch
 from shapes import SHAPES, random_llama
+from train_step import eager_attention
 
 
 def reference(model, prompts: torch.Tensor, new_tokens: int, batch: int) -> None:
@@ -35,7 +44,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--batch", default="auto", help="the harness's batch size (an integer or auto)")
+    parser.add_argument("--batch", default="auto", help="the harness's batch sizes (integers or auto, comma-separated)")
+    parser.add_argument("--ppl-batch", type=int, default=32, help="the perplexity scorer's batch size")
     parser.add_argument("--reference-prompts", type=int, default=256)
     parser.add_argument("--reference-batch", type=int, default=128)
     parser.add_argument("--device", default=None)
@@ -46,7 +56,7 @@ def main() -> None:
         parser.error("--reference-prompts must be in 1..--prompts")
 
     from harness.assets import models
-    from harness.compute.generation import sample
+    from harness.compute.generation import completion_perplexity, sample
     from harness.compute.memory import tune_allocator
     from harness.config.presets import EvalSettings
 
@@ -75,25 +85,75 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - start, (torch.cuda.max_memory_allocated() / 2**30 if cuda else None)
 
-    used: dict = {}
-    settings = EvalSettings(num_prompts=args.prompts, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
-                            batch_size=args.batch)  # fmt: skip
+    batches = [b.strip() for b in args.batch.split(",")]
+    settings = {b: EvalSettings(num_prompts=args.prompts, prompt_tokens=args.prompt_tokens,
+                                new_tokens=args.new_tokens, batch_size=b) for b in batches}  # fmt: skip
+    eos = model.config.eos_token_id
+    dtype = next(model.parameters()).dtype
+    peak = matmul_rate(model.device, dtype)
+    few = prompts[:8].tolist()
+    per_new_token = counted(lambda: sample(model, few, settings[batches[0]], eos, "count", 0)) / (8 * args.new_tokens)
+
     ref_s, ref_mem = timed(lambda: reference(model, prompts[: args.reference_prompts], args.new_tokens,
                                              args.reference_batch))  # fmt: skip
-    ours_s, ours_mem = timed(
-        lambda: sample(model, prompts.tolist(), settings, model.config.eos_token_id, "gen", 0, used)
-    )
-    ref_rate = args.reference_prompts * args.new_tokens / ref_s
-    ours_rate = args.prompts * args.new_tokens / ours_s
+    rows = [(f"HF generate, batch {args.reference_batch} ({args.reference_prompts} prompts)",
+             args.reference_prompts * args.new_tokens / ref_s, per_new_token, ref_mem)]  # fmt: skip
+    ref_rate = rows[0][1]
+    texts: list = []
+    for b in batches:
+        used: dict = {}
+        ours_s, ours_mem = timed(lambda b=b, used=used: texts.append(
+            sample(model, prompts.tolist(), settings[b], eos, "gen", 0, used)))  # fmt: skip
+        rows.append((f"harness sample, batch {b} -> {used['batch_size']}", args.prompts * args.new_tokens / ours_s,
+                     per_new_token, ours_mem))  # fmt: skip
 
-    row = "{:<48}{:>16}{:>10}{:>12}"
-    print(row.format("sampler", "new tokens/s", "vs ref", "peak GiB"))
-    print("-" * 86)
-    for name, rate, mem in (
-        (f"HF generate, batch {args.reference_batch} ({args.reference_prompts} prompts)", ref_rate, ref_mem),
-        (f"harness sample, batch {args.batch} -> {used['batch_size']}", ours_rate, ours_mem),
-    ):
-        print(row.format(name, f"{rate:,.0f}", f"{rate / ref_rate:.2f}x", "-" if mem is None else f"{mem:.1f}"))
+    read, scored = prompts.tolist(), texts[-1]
+    width = args.prompt_tokens + args.new_tokens
+    per_read_token = counted(lambda: completion_perplexity(model, read[:8], scored[:8], 8)) / (8 * width)
+    ppl_s, ppl_mem = timed(lambda: completion_perplexity(model, read, scored, args.ppl_batch))
+    rows.append((f"perplexity scorer, batch {args.ppl_batch} (tokens read)",
+                 args.prompts * width / ppl_s, per_read_token, ppl_mem))  # fmt: skip
+
+    print(f"matrix products: {peak / 1e9:,.0f} GFLOP/s ({dtype}, 2,048-square); FLOPs per token: sampling "
+          f"{per_new_token / 1e6:,.1f} M, scoring {per_read_token / 1e6:,.1f} M")  # fmt: skip
+    row = "{:<52}{:>14}{:>9}{:>14}{:>10}{:>10}"
+    print(row.format("", "tokens/s", "vs ref", "bound tok/s", "of bound", "peak GiB"))
+    print("-" * 109)
+    for name, rate, flops, mem in rows:
+        bound = peak / flops
+        ratio = f"{rate / ref_rate:.2f}x" if name.startswith(("HF", "harness")) else "-"
+        print(row.format(name, f"{rate:,.0f}", ratio, f"{bound:,.0f}", f"{rate / bound:.2f}",
+                         "-" if mem is None else f"{mem:.1f}"))  # fmt: skip
+
+
+def matmul_rate(device, dtype, size: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of the best of ``repeats`` ``size``-square matrix products in ``dtype`` on ``device`` (after one warm-up):
+    the pace of this device's dense arithmetic, measured in the run it is compared in."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    best = float("inf")
+    for i in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        synchronize(device)
+        if i:
+            best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def counted(fn) -> float:
+    """Matrix-product FLOPs of ``fn()`` (torch's FlopCounterMode; eager attention, whose products it can count)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, eager_attention():
+        fn()
+    return counter.get_total_flops()
+
+
+def synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ class EvalSettings(Params):
     new_tokens: int = Field(gt=2)
     temperature: float = Field(1.0, gt=0)
     seed: int = 42
-    # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 64 on a
+    # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 256 on a
     # CPU), recorded in the generation's manifest. Draws are per prompt, so the batch does not choose the texts; it
     # stays part of the hash as kernels may compute the last bits of logits differently at another batch size.
     batch_size: int | Literal["auto"] = 64

@@ -92,6 +92,6 @@ def test_auto_batch_halves_until_a_batch_fits_and_keeps_the_texts(random_llamas)
     model.generate = small_memory
     used = {}
     assert sample(model, prompts, e.model_copy(update={"batch_size": "auto"}), None, "t", used=used) == expected
-    assert sizes[:3] == [10, 5, 2] and used["batch_size"] == 2  # 64 capped at 10 prompts, then halved
+    assert sizes[:3] == [10, 5, 2] and used["batch_size"] == 2  # a CPU's 256 capped at 10 prompts, then halved
     with pytest.raises(torch.OutOfMemoryError):  # a fixed batch size is the user's: never changed behind them
         sample(model, prompts, e, None, "t")
