@@ -25,7 +25,7 @@ import time
 
 import torch
 from shapes import SHAPES, random_llama
-from train_step import eager_attention
+from train_step import eager_attention, synchronize
 
 
 def reference(model, prompts: torch.Tensor, new_tokens: int, batch: int) -> None:
@@ -131,6 +131,7 @@ def main() -> None:
 def matmul_rate(device, dtype, size: int, repeats: int = 10) -> float:
     """FLOP/s of the best of ``repeats`` ``size``-square matrix products in ``dtype`` on ``device`` (after one warm-up):
     the pace of this device's dense arithmetic, measured in the run it is compared in."""
+    device = str(device)
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     best = float("inf")
@@ -151,11 +152,6 @@ def counted(fn) -> float:
     with FlopCounterMode(display=False) as counter, eager_attention():
         fn()
     return counter.get_total_flops()
-
-
-def synchronize(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
