@@ -4,8 +4,14 @@ glibc serves every allocation above ``M_MMAP_THRESHOLD`` (at most 32 MB, however
 and gives it back with ``munmap`` when freed. A CPU training step allocates and frees dozens of tensors the size of
 the logits (B x T x V floats: 16 x 128 x 4,096 is 33.5 MB on the tiny preset), so each one is page-faulted and
 zeroed by the kernel again, one 4 KB page at a time: an element-wise op over the logits then costs 2-3x what the
-arithmetic does. Raising the thresholds keeps freed blocks in the heap for the next tensor of that size. It changes
+arithmetic does. Raising the mmap threshold keeps freed blocks in the heap for the next tensor of that size. It changes
 where tensors live, never what is computed: results are bit-identical (``tests/unit/test_memory.py``).
+
+glibc also gives free memory at the heap's top back to the system as soon as it passes the trim threshold, all of it,
+and the next step faults it in again. A CAWP step at SmolLM2-135M's 49,152-token vocabulary frees more than the 1 GiB
+that was kept, and its policy update spent about a quarter of its time in those faults. So the heap is never trimmed
+while a stage works. Between stages (``release``, after each stage a pipeline builds) the free memory goes back to the
+system when there is more than 1 GiB of it, the amount glibc kept before.
 
 PyTorch's tuning guide gets the same effect by preloading jemalloc or tcmalloc; a ``mallopt`` call in the process
 does it with nothing to install. Written by hand because no maintained library makes that call. On a system
@@ -23,10 +29,18 @@ log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-# Blocks up to 1 GiB come from the heap (a 128,256-token vocabulary's logits for a 512 x 2 batch are 0.5 GB), and up
-# to 1 GiB of free heap is kept for reuse instead of being returned.
+# Blocks up to 1 GiB come from the heap (a 128,256-token vocabulary's logits for a 512 x 2 batch are 0.5 GB); free
+# heap is never given back by free() (-1: glibc's "no trimming"), only by ``release`` when more than KEEP is free.
 MMAP_THRESHOLD = 1 << 30
-TRIM_THRESHOLD = 1 << 30
+TRIM_THRESHOLD = -1
+KEEP = 1 << 30
+
+
+class _MallInfo2(ctypes.Structure):  # glibc >= 2.33
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]  # fmt: skip
+
 
 _done: bool | None = None
 
@@ -51,3 +65,27 @@ def tune_allocator() -> bool:
     if not _done:
         log.debug("mallopt refused the thresholds; glibc's defaults stay")
     return _done
+
+
+def free_heap() -> int | None:
+    """Bytes free in glibc's heap (``mallinfo2().fordblks``: kept, not given back); None before glibc 2.33."""
+    try:
+        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.argtypes, mallinfo2.restype = (), _MallInfo2
+    return mallinfo2().fordblks
+
+
+def release() -> bool:
+    """Between stages: give the heap's free memory back to the system (``malloc_trim``) if more than ``KEEP`` of it is
+    free and ``tune_allocator`` turned glibc's own trimming off; return whether it did."""
+    if not _done:
+        return False
+    free = free_heap()
+    if free is not None and free <= KEEP:
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.malloc_trim.argtypes, libc.malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    libc.malloc_trim(0)
+    return True

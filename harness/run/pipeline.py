@@ -101,7 +101,13 @@ class Pipeline:
                 return stage.done and stage.problem() is None
             except EditedStage:
                 return False
-        return self.store.build_or_reuse(stage, what, fn, collective)
+        return self._build_or_reuse(stage, what, fn, collective)
+
+    def _build_or_reuse(self, stage: Stage, what: str, fn, collective: bool) -> bool:
+        try:
+            return self.store.build_or_reuse(stage, what, fn, collective)
+        finally:
+            memory.release()  # the stage's tensors are gone: their memory goes back (harness/compute/memory.py)
 
     # --- inputs shared by every stage -------------------------------------------------------------------------
     @cached_property
@@ -168,7 +174,7 @@ class Pipeline:
             "train_data": source_spec(self.preset.train_data),
         }
         stage = self.store.stage(kind, full)
-        self.store.build_or_reuse(stage, what, build, collective)
+        self._build_or_reuse(stage, what, build, collective)
         return stage.path
 
     def train_other(self, name: str, settings: dict) -> Path:

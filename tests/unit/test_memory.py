@@ -1,5 +1,6 @@
 """glibc's thresholds raised for large tensors (``harness.compute.memory``) change where tensors live, not what is
-computed: two training steps of a model whose logits exceed 32 MB give bit-identical weights either way."""
+computed: two training steps of a model whose logits exceed 32 MB give bit-identical weights either way. Memory a
+step frees is used again by the next without page faults, however much it is, and ``release`` gives it back."""
 
 from __future__ import annotations
 
@@ -46,3 +47,43 @@ def test_raised_thresholds_leave_training_bit_identical():
     untouched, reference = _steps("system")
     assert (tuned, untouched) == ("True", "False")
     assert digest == reference
+
+
+STEP = r"""
+import ctypes, resource
+from harness.compute.memory import KEEP, free_heap, release, tune_allocator
+tuned = tune_allocator()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes, libc.memset.argtypes = (ctypes.c_void_p,), (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+def step():  # a step's transient tensors: two of 600 MB, together more than the 1 GiB glibc kept when it trimmed
+    blocks = [libc.malloc(600 << 20) for _ in range(2)]
+    for block in blocks:
+        libc.memset(block, 1, 600 << 20)
+    for block in reversed(blocks):
+        libc.free(block)
+step()
+before = faults()
+step()
+refaults = faults() - before
+kept, held = (free_heap() or 0) > KEEP, rss()
+print(tuned, refaults, kept, release(), held - rss() > KEEP)  # the last: more than KEEP went back
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_step_reuses_what_the_last_freed_and_the_stage_gives_it_back():
+    def run(malloc: str) -> list[str]:
+        env = {**os.environ, "HARNESS_MALLOC": malloc}
+        out = subprocess.run([sys.executable, "-c", STEP], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()[-5:]
+
+    pages = (1200 << 20) // 4096  # what one step touches
+    tuned, refaults, kept, released, back = run("")
+    assert tuned == "True" and int(refaults) < pages // 20, refaults  # kept for the next step, not faulted in again
+    assert (kept, released, back) == ("True", "True", "True")  # given back once the stage is over
+    tuned, refaults, _, released, _ = run("system")
+    assert (tuned, released) == ("False", "False") and int(refaults) > pages // 2, refaults  # glibc's own way
