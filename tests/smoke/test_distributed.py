@@ -50,11 +50,13 @@ def finished(root: Path) -> dict[str, dict[str, bytes]]:
 @pytest.mark.parametrize(
     "method, attack, runs",
     [
-        # Fine-tuning: the attack that all processes train together (two checkpoints: two rows).
-        (
+        # Fine-tuning: the attack that all processes train together (two checkpoints: two rows). Marked slow (25 s)
+        # to keep the default suite under 15 minutes: training split across processes is in PRO's case below.
+        pytest.param(
             ["gu-kgw"],
             ["finetune", "--attack-arg", "steps=2,4", "--attack-arg", "batch_size=4", "--attack-arg", "seq_len=128"],
             4,
+            marks=pytest.mark.slow,
         ),
         # PRO: its policy, norm loss and FPL pool across processes; SLERP: an attack the main process builds alone.
         (["pro", "--method-arg", "anti_every=2"], ["slerp", "--attack-arg", "t=0.5"], 3),
