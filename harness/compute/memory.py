@@ -9,9 +9,9 @@ where tensors live, never what is computed: results are bit-identical (``tests/u
 
 glibc also gives free memory at the heap's top back to the system as soon as it passes the trim threshold, all of it,
 and the next step faults it in again. A CAWP step at SmolLM2-135M's 49,152-token vocabulary frees more than the 1 GiB
-that was kept, and its policy update spent about a quarter of its time in those faults. So the heap is never trimmed
-while a stage works. Between stages (``release``, after each stage a pipeline builds) the free memory goes back to the
-system when there is more than 1 GiB of it, the amount glibc kept before.
+that was kept: its policy update (M's part of the step) took 3.5 s with those faults and 2.8 s without them
+(benchmarks/README.md). So the heap is never trimmed while a stage works. Between stages (``release``, after each stage
+a pipeline builds or reuses) the free memory goes back to the system if more than 1 GiB of it is free.
 
 PyTorch's tuning guide gets the same effect by preloading jemalloc or tcmalloc; a ``mallopt`` call in the process
 does it with nothing to install. Written by hand because no maintained library makes that call. On a system
