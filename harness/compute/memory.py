@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 
@@ -45,6 +46,15 @@ class _MallInfo2(ctypes.Structure):  # glibc >= 2.33
 _done: bool | None = None
 
 
+@functools.cache
+def _libc():
+    """The C library (glibc's functions are looked up on it), or None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def tune_allocator() -> bool:
     """Raise glibc's mmap and trim thresholds for this process (once); return whether they are raised."""
     global _done
@@ -53,10 +63,8 @@ def tune_allocator() -> bool:
     _done = False
     if os.environ.get("HARNESS_MALLOC", "").lower() == "system":
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt): nothing to tune
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # not glibc (macOS, musl without mallopt): nothing to tune
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     # Some glibc versions refuse an mmap threshold above 32 MB (half their largest heap): that one then.
@@ -69,9 +77,8 @@ def tune_allocator() -> bool:
 
 def free_heap() -> int | None:
     """Bytes free in glibc's heap (``mallinfo2().fordblks``: kept, not given back); None before glibc 2.33."""
-    try:
-        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):
+    mallinfo2 = getattr(_libc(), "mallinfo2", None)
+    if mallinfo2 is None:
         return None
     mallinfo2.argtypes, mallinfo2.restype = (), _MallInfo2
     return mallinfo2().fordblks
@@ -85,7 +92,7 @@ def release() -> bool:
     free = free_heap()
     if free is not None and free <= KEEP:
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    libc.malloc_trim.argtypes, libc.malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
-    libc.malloc_trim(0)
+    malloc_trim = _libc().malloc_trim  # glibc: tune_allocator's mallopt calls succeeded
+    malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
+    malloc_trim(0)
     return True

@@ -73,7 +73,7 @@ print(tuned, refaults, kept, release(), held - rss() > KEEP)  # the last: more t
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and mallinfo2")
 def test_a_step_reuses_what_the_last_freed_and_the_stage_gives_it_back():
     def run(malloc: str) -> list[str]:
         env = {**os.environ, "HARNESS_MALLOC": malloc}
@@ -81,7 +81,7 @@ def test_a_step_reuses_what_the_last_freed_and_the_stage_gives_it_back():
         assert out.returncode == 0, out.stderr[-2000:]
         return out.stdout.split()[-5:]
 
-    pages = (1200 << 20) // 4096  # what one step touches
+    pages = (1200 << 20) // os.sysconf("SC_PAGE_SIZE")  # what one step touches
     tuned, refaults, kept, released, back = run("")
     assert tuned == "True" and int(refaults) < pages // 20, refaults  # kept for the next step, not faulted in again
     assert (kept, released, back) == ("True", "True", "True")  # given back once the stage is over
