@@ -56,7 +56,7 @@ def _libc():
 
 
 def tune_allocator() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process (once); return whether they are raised."""
+    """Raise glibc's mmap threshold and turn its trimming off for this process (once); return whether both took."""
     global _done
     if _done is not None:
         return _done

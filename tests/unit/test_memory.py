@@ -33,23 +33,23 @@ print(tuned, digest)
 """
 
 
-def _steps(malloc: str) -> tuple[str, str]:
+def _printed(script: str, malloc: str, count: int) -> list[str]:
+    """The last ``count`` words ``script`` prints, run in a fresh process with ``HARNESS_MALLOC=malloc``."""
     env = {**os.environ, "HARNESS_MALLOC": malloc}
-    out = subprocess.run([sys.executable, "-c", STEPS], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    tuned, digest = out.stdout.split()[-2:]
-    return tuned, digest
+    return out.stdout.split()[-count:]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_raised_thresholds_leave_training_bit_identical():
-    tuned, digest = _steps("")
-    untouched, reference = _steps("system")
+    tuned, digest = _printed(STEPS, "", 2)
+    untouched, reference = _printed(STEPS, "system", 2)
     assert (tuned, untouched) == ("True", "False")
     assert digest == reference
 
 
-STEP = r"""
+REUSE = r"""
 import ctypes, resource
 from harness.compute.memory import KEEP, free_heap, release, tune_allocator
 tuned = tune_allocator()
@@ -75,15 +75,9 @@ print(tuned, refaults, kept, release(), held - rss() > KEEP)  # the last: more t
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and mallinfo2")
 def test_a_step_reuses_what_the_last_freed_and_the_stage_gives_it_back():
-    def run(malloc: str) -> list[str]:
-        env = {**os.environ, "HARNESS_MALLOC": malloc}
-        out = subprocess.run([sys.executable, "-c", STEP], env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return out.stdout.split()[-5:]
-
     pages = (1200 << 20) // os.sysconf("SC_PAGE_SIZE")  # what one step touches
-    tuned, refaults, kept, released, back = run("")
+    tuned, refaults, kept, released, back = _printed(REUSE, "", 5)
     assert tuned == "True" and int(refaults) < pages // 20, refaults  # kept for the next step, not faulted in again
     assert (kept, released, back) == ("True", "True", "True")  # given back once the stage is over
-    tuned, refaults, _, released, _ = run("system")
+    tuned, refaults, _, released, _ = _printed(REUSE, "system", 5)
     assert (tuned, released) == ("False", "False") and int(refaults) > pages // 2, refaults  # glibc's own way
