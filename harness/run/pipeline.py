@@ -52,14 +52,18 @@ class Output:
 
 
 def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
-    """Everything cheap, before any model loads: the models (base, oracle, the plugins' own) resolve, the plugins'
-    deeper checks pass, every dataset reads, and the training batch splits across the processes of a launch.
+    """Everything cheap, before any model loads: the training batch splits across the processes of a launch, the models
+    (base, oracle, the plugins' own) resolve, every dataset reads, then the plugins' deeper checks pass and every
+    sequence fits the base model (these two build a built-in base model that this machine lacks, hence last).
     ``build=False`` (a dry run) builds no built-in model: the checks that need an unbuilt base model are left to the
     run."""
     training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)
+    for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
+        data.check(source)
+    # What follows is judged against the base model, which a first run builds here when it is a built-in one: last.
     base_ready = build or models.built(preset.base_model)
     for plugin in plugins:
         plugin.validate(preset.base_model if base_ready else None)
@@ -77,8 +81,6 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
                     f"{what} ({length} tokens) is longer than the base model takes ({context}: its "
                     "max_position_embeddings)"
                 )
-    for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
-        data.check(source)
 
 
 class Pipeline:
