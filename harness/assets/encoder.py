@@ -7,7 +7,9 @@ torch and transformers are imported inside functions and classes so that importi
 
 from __future__ import annotations
 
+import hashlib
 import json
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,8 +92,9 @@ class Embedder:
     Written by hand rather than through sentence-transformers: one code path serves plain encoders (CLS pooling,
     like the paper's compositional-bert-large) and sentence-transformers folders (pooling and normalisation read from
     their config files), and batching and the n-gram cache are under our control. The cache is keyed by the tuple
-    of base-model token ids, so each distinct n-gram is decoded and embedded once, across training batches, the
-    anti-watermarked pool (whose n-grams generation already embedded) and detection.
+    of base-model token ids and the tokenizer that decodes them, so each distinct n-gram is decoded and embedded
+    once, across training batches, the anti-watermarked pool (whose n-grams generation already embedded) and
+    detection.
     """
 
     def __init__(
@@ -112,7 +115,8 @@ class Embedder:
         self.model.requires_grad_(False)
         self.dim = int(self.model.config.hidden_size)
         self.cache_size, self.batch_size, self.max_length = cache_size, batch_size, max_length
-        self.cache: OrderedDict[tuple[int, ...], object] = OrderedDict()
+        self.cache: OrderedDict[tuple[str, tuple[int, ...]], object] = OrderedDict()  # (tokenizer, ids) -> vector
+        self._tokenizers: dict[int, tuple[weakref.ref, str]] = {}  # id(tokenizer) -> (the tokenizer, its hash)
         self.hits = 0
         self.misses = 0
 
@@ -151,18 +155,21 @@ class Embedder:
     def embed_ngrams(self, ngrams: Sequence[tuple[int, ...]], tokenizer):
         """(N, dim) embeddings of n-grams of base-model ids, each decoded to text with the base ``tokenizer``
         (special tokens kept, so distinct n-grams stay distinct texts). Each distinct n-gram not in the cache is
-        embedded once; ``hits`` / ``misses`` count distinct n-grams found / not found in the cache."""
+        embedded once; ``hits`` / ``misses`` count distinct n-grams found / not found in the cache. The cache holds
+        the n-grams of every tokenizer it has seen apart: one process may detect PRO on models of several tokenizers
+        (a grid, ``harness rescore``), where the same ids are other texts."""
         import torch
 
+        vocab = self._fingerprint(tokenizer)
         keys = [tuple(int(t) for t in g) for g in ngrams]
         found: dict[tuple[int, ...], object] = {}
         todo: list[tuple[int, ...]] = []
         for key in dict.fromkeys(keys):  # distinct, in order
-            vec = self.cache.get(key)
+            vec = self.cache.get((vocab, key))
             if vec is None:
                 todo.append(key)
             else:
-                self.cache.move_to_end(key)
+                self.cache.move_to_end((vocab, key))
                 found[key] = vec
         self.hits += len(found)
         self.misses += len(todo)
@@ -174,12 +181,24 @@ class Embedder:
             for key, vec in zip(todo, new, strict=True):
                 found[key] = vec
                 if self.cache_size > 0:
-                    self.cache[key] = vec
+                    self.cache[(vocab, key)] = vec
             while len(self.cache) > self.cache_size:
                 self.cache.popitem(last=False)
         if not keys:
             return torch.zeros(0, self.dim, device=self.device)
         return torch.stack([found[k] for k in keys])
+
+    def _fingerprint(self, tokenizer) -> str:
+        """What turns ids into text: a hash of ``tokenizer``'s definition (its fast tokenizer's JSON, else its
+        vocabulary), worked out once per tokenizer object."""
+        known = self._tokenizers.get(id(tokenizer))
+        if known is not None and known[0]() is tokenizer:
+            return known[1]
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        definition = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+        digest = hashlib.sha256(f"{type(tokenizer).__name__}\n{definition}".encode()).hexdigest()[:16]
+        self._tokenizers[id(tokenizer)] = (weakref.ref(tokenizer), digest)
+        return digest
 
 
 _SHARED: dict[tuple[str, str], Embedder] = {}

@@ -170,6 +170,20 @@ def test_embedding_cache_counts_hits(embedder, base_tokenizer):
     assert (embedder.pooling, embedder.normalize) == ("mean", True)
 
 
+def test_the_same_ids_under_another_tokenizer_are_embedded_anew(embedder, base_tokenizer, other_tokenizer_llama):
+    """One process may detect PRO on models of two tokenizers (a grid, rescore): their ids are other texts."""
+    from harness.assets.models import load_tokenizer
+
+    other = load_tokenizer(str(other_tokenizer_llama))
+    grams = [(300, 301, 302), (260, 261, 262)]  # merges each tokenizer learnt from its own texts
+    assert [base_tokenizer.decode(g) for g in grams] != [other.decode(g) for g in grams]
+    mine = embedder.embed_ngrams(grams, base_tokenizer)
+    theirs = embedder.embed_ngrams(grams, other)
+    alone = Embedder(resolve(EMB), "cpu").embed_ngrams(grams, other)
+    assert torch.equal(theirs, alone) and not torch.allclose(mine, theirs)
+    assert torch.equal(embedder.embed_ngrams(grams, load_tokenizer(str(other_tokenizer_llama))), theirs)  # one hash
+
+
 def test_watermark_logits_alignment(embedder, base_tokenizer):
     n, vocab = 3, 11
     torch.manual_seed(0)
