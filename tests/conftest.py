@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+FIRST_WORKER = "gw0"  # the pytest-xdist worker that runs the tiny store's files, at full priority
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -39,9 +41,6 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return ByFileAndSharedStore(config, log)
-
-
-FIRST_WORKER = "gw0"
 
 
 def pytest_configure(config):

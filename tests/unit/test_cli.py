@@ -161,7 +161,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, case, tmp_path, monkeypatch):
     if case not in JUDGED_ON_THE_BASE_MODEL:
         monkeypatch.setenv("HARNESS_CACHE", str(cache))
     out = cli(*args)
-    assert not cache.exists() or not [p for p in cache.iterdir() if p.is_dir()], case  # no model was built first
+    assert not any(p.is_dir() for p in cache.glob("*")), case  # no model was built first
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
     assert "Traceback" not in out.stderr
