@@ -84,6 +84,28 @@ def linear_shapes(model: str) -> list[tuple[str, int, int]]:
 
 # --- GPTQ ----------------------------------------------------------------------------------------------------------
 
+# What gptqmodel's CPU kernel (TorchLinear) packs, as the pinned gptqmodel 7.6.0 declares it. Importing gptqmodel
+# takes about 8 s on 2 cores (it loads its whole model zoo), most of a grid's dry run for a lookup in a table; another
+# installed version is asked directly, and tests/unit/test_quant.py checks this copy against the library.
+GPTQ_KERNEL_LIMITS = {
+    "7.6.0": {"group_size": (-1, 16, 32, 64, 128, 256, 512, 1024), "in_features": (1,), "out_features": (1,)}
+}
+
+
+def gptq_kernel_limits(ask_library: bool = False) -> dict[str, tuple[int, ...]]:
+    """The group sizes gptqmodel's TorchLinear packs, and the numbers a layer's in/out features must be a multiple of
+    (one of)."""
+    from importlib.metadata import version
+
+    known = GPTQ_KERNEL_LIMITS.get(version("gptqmodel"))
+    if known is not None and not ask_library:
+        return known
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+
+    return {"group_size": tuple(TorchLinear.SUPPORTS_GROUP_SIZE),
+            "in_features": tuple(TorchLinear.SUPPORTS_IN_FEATURES_DIVISIBLE_BY),
+            "out_features": tuple(TorchLinear.SUPPORTS_OUT_FEATURES_DIVISIBLE_BY)}  # fmt: skip
+
 
 class GPTQParams(CalibrationParams):
     """GPTQ settings. Calibration defaults to wikitext-2 (Gloaguen et al. calibrate GPTQ on it). The algorithm's
@@ -132,16 +154,16 @@ class GPTQ(ModelAttack):
     def validate(self, base_model: str | None = None) -> None:
         """The group size and bits that gptqmodel's kernel takes, checked before any work (it refuses others only
         when it packs the model, after training and calibration)."""
-        from gptqmodel.nn_modules.qlinear.torch import TorchLinear
-
         p = self.params
-        if p.group_size not in TorchLinear.SUPPORTS_GROUP_SIZE:
-            sizes = ", ".join(map(str, TorchLinear.SUPPORTS_GROUP_SIZE))
+        limits = gptq_kernel_limits()
+        if p.group_size not in limits["group_size"]:
+            sizes = ", ".join(map(str, limits["group_size"]))
             raise HarnessError(f"GPTQ group_size {p.group_size} is not one gptqmodel packs: use one of {sizes}")
         if base_model is None:
             return
-        divisors = {"in_features": TorchLinear.SUPPORTS_IN_FEATURES_DIVISIBLE_BY,
-                    "out_features": TorchLinear.SUPPORTS_OUT_FEATURES_DIVISIBLE_BY}  # fmt: skip
+        divisors = {"in_features": limits["in_features"], "out_features": limits["out_features"]}
+        if divisors == {"in_features": (1,), "out_features": (1,)}:
+            return  # every shape packs: no need to build the model's skeleton to look
         for name, columns, rows in linear_shapes(base_model):
             for what, size in (("in_features", columns), ("out_features", rows)):
                 if not any(size % d == 0 for d in divisors[what]):

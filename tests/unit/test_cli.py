@@ -149,7 +149,7 @@ BAD_INPUTS = {
 # The bad inputs that only the base model's shapes, vocabulary or context length can show: a first run builds the
 # built-in base model to judge them. Every other one is refused on a machine that has built nothing, building nothing.
 JUDGED_ON_THE_BASE_MODEL = {
-    "kth vocab", "hqq group", "gptq group", "eval too long", "train too long", "calibration too long",
+    "kth vocab", "hqq group", "eval too long", "train too long", "calibration too long",
     "fine-tuning too long",
 }  # fmt: skip
 

@@ -170,3 +170,13 @@ def test_labels_and_defaults():
     assert attacks.build("hqq", {}).config_label() == "4 bits"
     assert attacks.build("hqq", {"bits": "8", "group_size": "32"}).config_label() == "8 bits, group 32"
     assert attacks.build("int8", {}).params.threshold == 0.6
+
+
+def test_gptq_kernel_limits_copy_matches_the_library():
+    """The copy of TorchLinear's limits that spares a dry run gptqmodel's import is what the installed library says
+    (a version without a copy is asked directly, so this holds for every version)."""
+    from attacks.quant import gptq_kernel_limits
+
+    assert gptq_kernel_limits() == gptq_kernel_limits(ask_library=True)
+    with pytest.raises(HarnessError, match="GPTQ group_size 24 is not one gptqmodel packs: use one of -1, 16, 32"):
+        attacks.build("gptq", {"group_size": "24"}).validate()
