@@ -8,6 +8,7 @@ torch and transformers are imported inside functions and classes so that importi
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import weakref
 from collections import OrderedDict
@@ -201,12 +202,15 @@ class Embedder:
         return digest
 
 
-_SHARED: dict[tuple[str, str], Embedder] = {}
+_SHARED: dict[tuple, Embedder] = {}
 
 
 def shared_embedder(folder: str, device: str = "cpu", **kwargs) -> Embedder:
-    """One Embedder (and so one cache) per encoder folder and device in this process."""
-    key = (str(folder), str(device))
+    """One Embedder (and so one cache) per encoder folder, device and settings in this process: a caller that asks
+    for another batch or cache size gets an embedder that has them (the batch moves an embedding's last bits)."""
+    bound = inspect.signature(Embedder).bind(str(folder), str(device), **kwargs)
+    bound.apply_defaults()  # the same settings share one embedder, whether given or left to their defaults
+    key = tuple(bound.arguments.items())
     if key not in _SHARED:
         _SHARED[key] = Embedder(folder, device, **kwargs)
     return _SHARED[key]

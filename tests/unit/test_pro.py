@@ -184,6 +184,19 @@ def test_the_same_ids_under_another_tokenizer_are_embedded_anew(embedder, base_t
     assert torch.equal(embedder.embed_ngrams(grams, load_tokenizer(str(other_tokenizer_llama))), theirs)  # one hash
 
 
+def test_a_shared_embedder_has_the_settings_its_caller_asked_for():
+    """Detectors of one process share an embedder, and so its cache, only where their settings agree: a later caller's
+    batch and cache sizes are its own, not the first caller's."""
+    from harness.assets.encoder import shared_embedder
+
+    folder = resolve(EMB)
+    first = shared_embedder(folder, "cpu", cache_size=100, batch_size=8)
+    assert shared_embedder(folder, "cpu", batch_size=8, cache_size=100) is first
+    other = shared_embedder(folder, "cpu", cache_size=0, batch_size=64)
+    assert (other.cache_size, other.batch_size) == (0, 64) and (first.cache_size, first.batch_size) == (100, 8)
+    assert shared_embedder(folder, "cpu") is shared_embedder(folder, "cpu", batch_size=Embedder(folder).batch_size)
+
+
 def test_watermark_logits_alignment(embedder, base_tokenizer):
     n, vocab = 3, 11
     torch.manual_seed(0)
