@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.compute import memory
 from harness.config.errors import HarnessError
 from harness.store.versions import machine  # a build records the processor: its float bits depend on it
 
@@ -222,6 +223,7 @@ def build_once(folder: Path, ready_files: tuple[str, ...], what: str, build: Cal
             partial.rename(folder)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
+            memory.release()  # the build's tensors are gone: their memory goes back, as after a stage
     return folder
 
 
