@@ -3,14 +3,20 @@ bf16 mixed precision with a bf16 teacher, with and without gradient checkpointin
 the packed green-list table on the GPU (as the GPU presets train at V = 128,256); prints the step time after the first
 step and the peak memory of each (the figures the README's FSDP memory figure is derived from)."""
 
+import importlib.util
 import itertools
 import math
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.gpu
+
+_SPEC = importlib.util.spec_from_file_location("shapes", Path(__file__).parents[2] / "benchmarks" / "shapes.py")
+shapes = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(shapes)  # the benchmarks' shapes (benchmarks/ is not a package)
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +43,7 @@ def test_llama_1b_distillation_step_in_bf16(checkpointing, green_table):
     from methods.distill import logit_distill
     from methods.kgw import GreenLists, watermark_logits
 
-    config = LlamaConfig(vocab_size=128_256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=2048,
-                         tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(max_position_embeddings=2048, **shapes.SHAPES["llama-1b"])
     torch.manual_seed(0)
     with torch.device("cuda"):  # initialised on the GPU: 1.5B parameters take longer to initialise on a CPU
         student = LlamaForCausalLM(config)
