@@ -73,6 +73,9 @@ def cmd_run(args) -> None:
     if args.allow_pickle:
         os.environ[models.ALLOW_PICKLE_ENV] = "1"
     _device_env(args)
+    if args.dry_run:
+        _dry_run(args, preset, (method, attack))
+        return
     store = Store(args.results)
     store.check_writable()
     check_inputs(preset, (method, attack))
@@ -82,6 +85,28 @@ def cmd_run(args) -> None:
     print(f"\n{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model})")
     print(format_cells(cells))
     print(f"\nruns stored in {store.root}/<run>; 'harness tables' rebuilds tab:robustness from them")
+
+
+def _dry_run(args, preset, plugins) -> None:
+    """``harness run --dry-run``: the run's inputs checked as a run checks them, building nothing, then each run it
+    would make, stored (and verified) or to compute; a built-in model this machine lacks is named with its cost."""
+    from harness.assets import models
+    from harness.run import jobs
+    from harness.run.pipeline import check_inputs
+
+    check_inputs(preset, plugins, build=False)
+    print(f"{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model}): inputs checked")
+    missing = jobs.unbuilt_models(preset, plugins)
+    if missing:
+        for ref in missing:
+            print(f"{ref} is not built on this machine: the run will build it once ({models.build_cost(ref)})")
+        print("every run is to compute (none can be stored before the models it reads are built)")
+        return
+    rows = jobs.plan_runs(preset, plugins, args.results, args.device)
+    for row, stored in rows:
+        print(f"  {row:40s} {'stored' if stored else 'to compute'}")
+    done = sum(stored for _, stored in rows)
+    print(f"{done} of {len(rows)} runs stored in {args.results}; {len(rows) - done} to compute")
 
 
 def cmd_tables(args) -> None:

@@ -65,6 +65,9 @@ def build_parser() -> Parser:
     )
     run.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
     run.add_argument(
+        "--dry-run", action="store_true", help="check the inputs and list the runs, stored or to compute; run nothing"
+    )
+    run.add_argument(
         "--device",
         help="torch device: cpu, cuda or cuda:N (default: $HARNESS_DEVICE, else cuda if available, else cpu)",
     )

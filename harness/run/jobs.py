@@ -31,21 +31,30 @@ def check_cells(cells: list[Cell], build: bool = True) -> None:
 
 def unbuilt(cell: Cell) -> list[str]:
     """The built-in models a cell needs that this machine has not built yet (a dry run plans no such cell)."""
+    return unbuilt_models(cell.preset, cell.build())
+
+
+def unbuilt_models(preset, plugins) -> list[str]:
+    """The built-in models that ``preset`` with ``plugins`` (a method and an attack) needs and this machine has not
+    built yet."""
     from harness.assets import models
 
-    m, a = cell.build()
-    refs = (cell.preset.base_model, cell.preset.oracle_model, *m.model_refs().values(), *a.model_refs().values())
+    refs = (preset.base_model, preset.oracle_model, *(ref for p in plugins for ref in p.model_refs().values()))
     return [ref for ref in dict.fromkeys(refs) if not models.built(ref)]
 
 
 def plan(cell: Cell, results: Path, device: str | None) -> list[tuple[str, bool]]:
     """``(row, stored)`` of each run the cell makes, building nothing."""
+    return plan_runs(cell.preset, cell.build(), results, device)
+
+
+def plan_runs(preset, plugins, results: Path, device: str | None) -> list[tuple[str, bool]]:
+    """``(row, stored)`` of each run that ``preset`` with ``(method, attack)`` makes, building nothing."""
     from harness.run.pipeline import Pipeline
     from harness.store.stages import Store
 
-    m, a = cell.build()
-    pipe = Pipeline(cell.preset, Store(results), device, plan=True)
-    return [(c.row, c.reused) for c in pipe.run(m, a)]  # (planned: "reused" is "stored and verified")
+    pipe = Pipeline(preset, Store(results), device, plan=True)
+    return [(c.row, c.reused) for c in pipe.run(*plugins)]  # (planned: "reused" is "stored and verified")
 
 
 def run_cell(cell: Cell, results: str, device: str | None) -> dict:

@@ -63,6 +63,22 @@ def test_second_run_reuses_every_stage(store, harness):
     assert out.stdout.count("(reused)") == 3
 
 
+def test_a_dry_run_lists_the_stored_runs_and_the_missing_ones(store, cli):
+    """``harness run --dry-run``: each run of the command, stored or to compute, and nothing computed or written."""
+    root, _ = store
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    out = cli(*RUN, str(root), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert [line.split() for line in out.stdout.splitlines() if line.startswith("  ")] == [
+        ["Unwatermarked", "base", "stored"], ["Unaltered", "stored"], ["SLERP", "t=0.5", "stored"]
+    ]  # fmt: skip
+    assert f"3 of 3 runs stored in {root}; 0 to compute" in out.stdout
+    out = cli(*RUN[:-2], "t=0.3", "--results", str(root), "--dry-run")  # the same model, merged otherwise
+    assert out.returncode == 0, out.stderr
+    assert "SLERP t=0.3" in out.stdout and f"2 of 3 runs stored in {root}; 1 to compute" in out.stdout
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
 def test_tables_from_the_store(store, cli, tmp_path):
     root, _ = store
     out = cli("tables", "--results", str(root), "--out", str(tmp_path))

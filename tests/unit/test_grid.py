@@ -218,3 +218,20 @@ def test_a_dry_run_builds_no_built_in_model(tmp_path, cli, monkeypatch):
     assert "to compute (first builds builtin:tiny-lm, builtin:tiny-paraphraser)" in out.stdout  # the DIPPER cells
     assert not any(p.name.startswith(("tiny-lm", "tiny-paraphraser")) for p in cache.glob("*"))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_dry_run_of_one_command_builds_no_built_in_model(tmp_path, cli, monkeypatch):
+    """``harness run --dry-run`` on a machine that has built nothing: its inputs checked, the tiny LM named with what
+    building it costs, every run to compute, and the cache and the store left as they were."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HARNESS_CACHE", str(cache))
+    out = cli("run", "--method", "pro", "--attack", "slerp", "--results", str(tmp_path / "runs"), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    from harness.config.refs import BUILT_CHECKS
+
+    cost = BUILT_CHECKS["builtin:tiny-lm"][1]
+    assert f"builtin:tiny-lm is not built on this machine: the run will build it once ({cost}" in out.stdout
+    assert "every run is to compute" in out.stdout
+    assert not any(p.is_dir() for p in cache.glob("*")) and not (tmp_path / "runs").exists()
+    bad = cli("run", "--method", "pro", "--set", "eval_data.path=missing.jsonl", "--dry-run")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "missing.jsonl" in bad.stderr, bad.stderr
