@@ -43,11 +43,9 @@ class GGUF(ModelAttack):
         if self.params.type in K_QUANTS and importlib.util.find_spec("llama_cpp") is None:
             raise HarnessError(f"GGUF type {self.params.type} is quantized by llama.cpp's own quantizer: {LLAMA_CPP}")
         if base_model is not None:
-            from transformers import AutoConfig
+            from harness.assets import models
 
-            from harness.assets.models import resolve
-
-            kind = AutoConfig.from_pretrained(resolve(base_model)).model_type
+            kind = models.config(base_model).model_type
             if kind != "llama":
                 raise HarnessError(f"the GGUF attack writes Llama models, and the base model is a '{kind}'")
 

@@ -66,20 +66,27 @@ def _config_dtype(model_dir: Path):
 
 def linear_shapes(model: str) -> list[tuple[str, int, int]]:
     """``(name, in_features, out_features)`` of every Linear layer of ``model`` but ``lm_head`` (the layers the
-    quantizers take), from its config alone: the model is built on the meta device, so no weight loads."""
+    quantizers take), from its config alone: the model is built on the meta device, so no weight loads. Once per
+    config in a process: a grid's check asks for the same base model's shapes cell after cell."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from harness.assets.models import resolve
+    from harness.assets import models
 
-    config = AutoConfig.from_pretrained(resolve(model))
-    with torch.device("meta"):
-        built = AutoModelForCausalLM.from_config(config)
-    return [
-        (name, module.in_features, module.out_features)
-        for name, module in built.named_modules()
-        if isinstance(module, torch.nn.Linear) and name.split(".")[-1] != "lm_head"
-    ]
+    config = models.config(model)
+    key = config.to_json_string()
+    if key not in _LINEAR_SHAPES:
+        with torch.device("meta"):
+            built = AutoModelForCausalLM.from_config(config)
+        _LINEAR_SHAPES[key] = [
+            (name, module.in_features, module.out_features)
+            for name, module in built.named_modules()
+            if isinstance(module, torch.nn.Linear) and name.split(".")[-1] != "lm_head"
+        ]
+    return list(_LINEAR_SHAPES[key])
+
+
+_LINEAR_SHAPES: dict[str, list[tuple[str, int, int]]] = {}  # config JSON -> its shapes
 
 
 # --- GPTQ ----------------------------------------------------------------------------------------------------------

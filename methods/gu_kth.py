@@ -101,9 +101,9 @@ class GuKTH(WatermarkMethod):
     def validate(self, base_model: str | None = None) -> None:
         if self.params.vocab_size is None or base_model is None:
             return
-        from harness.assets.models import load_tokenizer, resolve
+        from harness.assets.models import vocab_length
 
-        found = len(load_tokenizer(resolve(base_model)))
+        found = vocab_length(base_model)
         if found != self.params.vocab_size:
             raise HarnessError(
                 f"gu-kth key vocab_size={self.params.vocab_size} differs from the base model's vocabulary ({found} "

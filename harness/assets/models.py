@@ -20,7 +20,14 @@ from pathlib import Path
 from harness.assets import gguf
 from harness.compute import distributed
 from harness.config.errors import HarnessError, first_line
-from harness.config.refs import BUILDABLE_CHECKS, BUILT_CHECKS, BUILTIN_MODELS, load_target, looks_like_path
+from harness.config.refs import (
+    BUILDABLE_CHECKS,
+    BUILT_CHECKS,
+    BUILTIN_MODELS,
+    PLANNED_CONFIGS,
+    load_target,
+    looks_like_path,
+)
 from harness.store.files import file_sha256
 
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -103,11 +110,39 @@ def build_cost(ref: str) -> str:
     return BUILT_CHECKS[ref][1] if ref in BUILT_CHECKS else "a moment"
 
 
+def planned(ref: str) -> bool:
+    """Whether ``ref`` is a built-in not built on this machine whose config its recipe gives (``planned_config``)."""
+    return ref in PLANNED_CONFIGS and not built(ref)
+
+
+def planned_config(ref: str):
+    """The config of ``ref`` if it is ``planned`` (a transformers config, nothing built), else None."""
+    return load_target(PLANNED_CONFIGS[ref])() if planned(ref) else None
+
+
+def config(ref: str):
+    """The transformers config of model ``ref``: from its recipe while it is ``planned``, else read from its folder
+    (a built-in without a recipe is built first, as the run would next)."""
+    from transformers import AutoConfig
+
+    return planned_config(ref) or AutoConfig.from_pretrained(resolve(ref))
+
+
+def vocab_length(ref: str) -> int:
+    """How many tokens the model ``ref``'s tokenizer has (its recipe's vocabulary size while it is ``planned``)."""
+    found = planned_config(ref)
+    return found.vocab_size if found is not None else len(load_tokenizer(resolve(ref)))
+
+
 def context_length(ref: str) -> int | None:
     """The longest sequence the model ``ref`` takes (its config's ``max_position_embeddings``; None where its config
-    does not say), read from its config alone (a built-in is built first, as the run would next)."""
+    does not say), read from its config alone (from its recipe while it is ``planned``; another built-in is built
+    first, as the run would next)."""
     import json as json_
 
+    found = planned_config(ref)
+    if found is not None:
+        return found.max_position_embeddings
     folder = Path(resolve(ref))
     if (folder / "config.json").is_file():
         config = json_.loads((folder / "config.json").read_text())

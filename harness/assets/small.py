@@ -129,6 +129,18 @@ def _model(ref: str) -> Path:
     )
 
 
+def planned_lm_config():
+    from harness.assets import tiny
+
+    return tiny.planned_config(RECIPES["builtin:small-lm"])
+
+
+def planned_oracle_config():
+    from harness.assets import tiny
+
+    return tiny.planned_config(RECIPES["builtin:small-oracle"])
+
+
 def small_lm_built() -> bool:
     return files.is_built(model_folder("builtin:small-lm"), MODEL_FILES)
 

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from harness.assets import data
+from harness.config.errors import HarnessError
 from harness.config.presets import DataSource, TrainSettings
 from harness.store import files
 
@@ -55,6 +56,14 @@ def tiny_lm() -> Path:
     return files.build_once(folder, TINY_FILES, "the tiny base model", build)
 
 
+def planned_config(recipe: dict = RECIPE):
+    """The config that ``build_lm`` gives a model of ``recipe``, known before it is built: its layers, context length
+    and vocabulary size (the token ids of its specials aside)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=recipe["vocab_size"], **recipe["model"])
+
+
 def build_tokenizer(texts: list[str], vocab_size: int = RECIPE["vocab_size"]):
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
@@ -79,6 +88,10 @@ def build_lm(out: Path, recipe: dict, texts: list[str], desc: str, device: str |
     from harness.compute.training import loss_step, train
 
     tokenizer = build_tokenizer(texts, recipe["vocab_size"])
+    if len(tokenizer) != recipe["vocab_size"]:  # what planned_config promised the checks before the build
+        raise HarnessError(
+            f"{desc}: the corpus gave a BPE of {len(tokenizer)} tokens, not the recipe's {recipe['vocab_size']}"
+        )
     tokenizer.save_pretrained(out)
     stream = data.token_stream(tokenizer, texts)
 

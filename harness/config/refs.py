@@ -38,6 +38,15 @@ BUILT_CHECKS = {
     "builtin:smollm2-135m": ("harness.assets.gguf:smollm2_built", "about 30 seconds"),
 }
 
+# Built-ins whose config (shapes, context length, vocabulary size) is known from their recipe before they are built:
+# reference -> function returning it (a transformers config), so that the checks against a base model judge a first
+# run's settings at once, before the build. The build makes exactly this (harness/assets/tiny.py ``build_lm``).
+PLANNED_CONFIGS = {
+    TINY_LM: "harness.assets.tiny:planned_config",
+    "builtin:small-lm": "harness.assets.small:planned_lm_config",
+    "builtin:small-oracle": "harness.assets.small:planned_oracle_config",
+}
+
 TINY_CORPUS = "builtin:tiny-corpus"
 TINY_CODE_INSTRUCT = "builtin:tiny-code-instruct"
 SMALL_CORPUS = "builtin:small-corpus"

@@ -54,17 +54,18 @@ class Output:
 def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     """Everything cheap, before any model loads: the training batch splits across the processes of a launch, the models
     (base, oracle, the plugins' own) resolve, every dataset reads, then the plugins' deeper checks pass and every
-    sequence fits the base model (these two build a built-in base model that this machine lacks, hence last).
-    ``build=False`` (a dry run) builds no built-in model: the checks that need an unbuilt base model are left to the
-    run."""
+    sequence fits the base model (these two read the base model's config: a built-in one this machine lacks is judged
+    by its recipe's where it has one, else built first, hence last). ``build=False`` (a dry run) builds no built-in
+    model: the checks that would need one built are left to the run."""
     training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)
     for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
         data.check(source)
-    # What follows is judged against the base model, which a first run builds here when it is a built-in one: last.
-    base_ready = build or models.built(preset.base_model)
+    # What follows is judged against the base model: a built-in one this machine lacks is judged by the config its
+    # recipe gives (models.planned), or else built here by a first run (last, for that).
+    base_ready = build or models.built(preset.base_model) or models.planned(preset.base_model)
     for plugin in plugins:
         plugin.validate(preset.base_model if base_ready else None)
     context = models.context_length(preset.base_model) if base_ready else None
@@ -120,15 +121,15 @@ class Pipeline:
     @cached_property
     def oracle(self) -> dict:
         path = models.resolve(self.preset.oracle_model)
-        tokenizer = models.load_tokenizer(path)
+        return {"ref": self.preset.oracle_model, "path": path, "fingerprint": models.fingerprint(path)}
+
+    @cached_property
+    def oracle_tokenizer(self) -> dict:
+        """The oracle's tokenizer, and whether it is the base model's (False: texts are re-tokenized for the oracle).
+        Apart from ``oracle``: planning a run needs the oracle's fingerprint, not its tokenizer."""
+        tokenizer = models.load_tokenizer(self.oracle["path"])
         shares = tokenizer.get_vocab() == models.load_tokenizer(self.base["path"]).get_vocab()
-        return {
-            "ref": self.preset.oracle_model,
-            "path": path,
-            "fingerprint": models.fingerprint(path),
-            "tokenizer": tokenizer,
-            "shares_tokenizer": shares,  # False: texts are re-tokenized for the oracle
-        }
+        return {"tokenizer": tokenizer, "shares": shares}
 
     # --- stages ---------------------------------------------------------------------------------------------
     def train(self, method) -> Stage:
@@ -439,8 +440,8 @@ class Pipeline:
     def perplexities(self, gens: list[dict], desc: str) -> list[float]:
         """Completion perplexity under the oracle; texts are re-tokenized when its tokenizer differs (e.g. LLaMA-2
         scoring LLaMA-3 text, as in the paper)."""
-        oracle_tok = self.oracle["tokenizer"]
-        if self.oracle["shares_tokenizer"]:
+        oracle_tok = self.oracle_tokenizer["tokenizer"]
+        if self.oracle_tokenizer["shares"]:
             prompts = [g["prompt_ids"] for g in gens]
             completions = [g["completion_ids"] for g in gens]
         else:

@@ -79,6 +79,23 @@ def test_a_dry_run_lists_the_stored_runs_and_the_missing_ones(store, cli):
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
 
 
+def test_the_tiny_lm_is_what_its_recipe_planned(store):
+    """The checks before a first run judge the unbuilt tiny LM by the config its recipe gives (shapes, context length,
+    vocabulary: ``models.planned_config``); the built model has exactly that config, but for its special tokens' ids
+    and what saving adds."""
+    from transformers import AutoConfig
+
+    from harness.assets import models, tiny
+    from harness.config.refs import TINY_LM
+
+    folder = models.resolve(TINY_LM)
+    added = {"bos_token_id", "eos_token_id", "pad_token_id", "architectures", "dtype", "_name_or_path"}
+    built = {k: v for k, v in AutoConfig.from_pretrained(folder).to_dict().items() if k not in added}
+    planned = {k: v for k, v in tiny.planned_config().to_dict().items() if k not in added}
+    assert planned == built
+    assert len(models.load_tokenizer(folder)) == planned["vocab_size"]
+
+
 def test_tables_from_the_store(store, cli, tmp_path):
     root, _ = store
     out = cli("tables", "--results", str(root), "--out", str(tmp_path))

@@ -146,27 +146,21 @@ BAD_INPUTS = {
 }
 
 
-# The bad inputs that only the base model's shapes, vocabulary or context length can show: a first run builds the
-# built-in base model to judge them. Every other one is refused on a machine that has built nothing, building nothing.
-JUDGED_ON_THE_BASE_MODEL = {
-    "kth vocab", "hqq group", "eval too long", "train too long", "calibration too long",
-    "fine-tuning too long",
-}  # fmt: skip
-
-
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_is_one_line_and_exit_2(cli, case, tmp_path, monkeypatch):
+    """On a machine that has built nothing, before building anything: the settings judged against the base model's
+    shapes, vocabulary or context length are judged by the tiny LM's recipe. ``harness run --dry-run`` says the same."""
     args, expected = BAD_INPUTS[case]
     cache = tmp_path / "empty-cache"
-    if case not in JUDGED_ON_THE_BASE_MODEL:
-        monkeypatch.setenv("HARNESS_CACHE", str(cache))
-    out = cli(*args)
-    assert not any(p.is_dir() for p in cache.glob("*")), case  # no model was built first
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.count("\n") == 1, out.stderr
-    assert "Traceback" not in out.stderr
-    assert expected in out.stderr
-    assert out.stderr.startswith("harness: error: ")
+    monkeypatch.setenv("HARNESS_CACHE", str(cache))
+    for dry in ([], ["--dry-run"]) if args[0] == "run" else ([],):
+        out = cli(*args, *dry)
+        assert not any(p.is_dir() for p in cache.glob("*")), case  # no model was built first
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "Traceback" not in out.stderr
+        assert expected in out.stderr
+        assert out.stderr.startswith("harness: error: ")
     if case == "unknown attack":  # every registered attack is offered, in order
         from harness.config.registry import attacks
 
