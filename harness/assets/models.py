@@ -125,7 +125,8 @@ def config(ref: str):
     (a built-in without a recipe is built first, as the run would next)."""
     from transformers import AutoConfig
 
-    return planned_config(ref) or AutoConfig.from_pretrained(resolve(ref))
+    found = planned_config(ref)
+    return found if found is not None else AutoConfig.from_pretrained(resolve(ref))
 
 
 def vocab_length(ref: str) -> int:
