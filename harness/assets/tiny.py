@@ -56,12 +56,12 @@ def tiny_lm() -> Path:
     return files.build_once(folder, TINY_FILES, "the tiny base model", build)
 
 
-def planned_config(recipe: dict = RECIPE):
-    """The config that ``build_lm`` gives a model of ``recipe``, known before it is built: its layers, context length
-    and vocabulary size (the token ids of its specials aside)."""
+def planned_config(recipe: dict = RECIPE, **special_ids):
+    """The config of a model of ``recipe``, known before it is built: its layers, context length and vocabulary size.
+    ``build_lm`` makes its model from this, with its tokenizer's ``special_ids`` (bos/eos/pad_token_id)."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=recipe["vocab_size"], **recipe["model"])
+    return LlamaConfig(vocab_size=recipe["vocab_size"], **special_ids, **recipe["model"])
 
 
 def build_tokenizer(texts: list[str], vocab_size: int = RECIPE["vocab_size"]):
@@ -83,7 +83,7 @@ def build_lm(out: Path, recipe: dict, texts: list[str], desc: str, device: str |
     ``recipe["train"]`` (TrainSettings), saved into ``out``; returns what was measured. Shared by the tiny and the
     small presets' models (harness/assets/small.py)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from harness.compute.training import loss_step, train
 
@@ -96,13 +96,8 @@ def build_lm(out: Path, recipe: dict, texts: list[str], desc: str, device: str |
     stream = data.token_stream(tokenizer, texts)
 
     torch.manual_seed(recipe["train"]["seed"])
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
-        **recipe["model"],
-    )
+    eos = tokenizer.eos_token_id
+    config = planned_config(recipe, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     model = LlamaForCausalLM(config)
     settings = TrainSettings(**recipe["train"])
     batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)

@@ -40,7 +40,7 @@ BUILT_CHECKS = {
 
 # Built-ins whose config (shapes, context length, vocabulary size) is known from their recipe before they are built:
 # reference -> function returning it (a transformers config), so that the checks against a base model judge a first
-# run's settings at once, before the build. The build makes exactly this (harness/assets/tiny.py ``build_lm``).
+# run's settings at once, before the build. The build makes its model from this (harness/assets/tiny.py ``build_lm``).
 PLANNED_CONFIGS = {
     TINY_LM: "harness.assets.tiny:planned_config",
     "builtin:small-lm": "harness.assets.small:planned_lm_config",
