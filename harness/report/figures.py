@@ -163,7 +163,9 @@ def tpr_by_length(part: pd.DataFrame, plt):
     import json
 
     runs = main_runs(part)
-    runs = runs[runs["by_length"].notna() & runs["attack_name"].notna()]  # (the base row has no attack)
+    runs = runs[runs["by_length"].notna()]
+    base = runs[runs["attack_name"].isna()]  # the unwatermarked base: the rate the 1% is read against
+    runs = runs[runs["attack_name"].notna()]
     if runs.empty:
         return None
     runs = runs.assign(first=unaltered(runs))
@@ -180,6 +182,12 @@ def tpr_by_length(part: pd.DataFrame, plt):
             label = f"{attack} {config}".strip() or "unaltered"
             (line,) = ax.plot(curve["lengths"], curve["tpr@0.01"], marker="o", label=label)
             ax.fill_between(curve["lengths"], lo, hi, color=line.get_color(), alpha=0.15)
+        mine_base = base[base["method"] == method].sort_values("seed")
+        if not mine_base.empty:
+            curve = json.loads(mine_base.iloc[0]["by_length"])
+            ax.plot(curve["lengths"], curve["tpr@0.01"], color="0.4", linestyle="--", marker="x",
+                    label="unwatermarked base (flag rate)")  # fmt: skip
+        ax.axhline(0.01, color="0.6", linewidth=0.6, linestyle=":")
         ax.set(xlabel="completion tokens", ylabel="TPR at 1% FPR", title=method, ylim=(-0.02, 1.02))
         ax.legend(fontsize=6)
     fig.tight_layout()

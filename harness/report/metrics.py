@@ -12,7 +12,7 @@ from harness.store.files import read_jsonl
 FPRS = (0.001, 0.01, 0.05, 0.1)
 # Bump when the code that turns stored per-text scores into metrics changes: runs keep their hash and are brought up
 # to date from their scores (``harness rescore``), with no detector or model loaded.
-METRICS_VERSION = "2"  # 2: TPR by text length and tokens to detect, from per-text prefix scores
+METRICS_VERSION = "3"  # 2: TPR by text length and tokens to detect; 3: tokens to detect as MarkMyWords' size
 LENGTH_FPR = 0.01  # the FPR at which tokens-to-detect and TPR by length are read
 
 
@@ -72,10 +72,15 @@ def detection_metrics(
     return out
 
 
-def _prefix(score: dict, length: int) -> float:
-    """A text's score over its first ``length`` tokens (its whole score where it is shorter or stores none)."""
-    prefix = score.get("prefix_scores")
-    return prefix[min(length, len(prefix)) - 1] if prefix else score["score"]
+def _prefix_matrix(texts: list[dict], longest: int) -> np.ndarray:
+    """Texts x lengths: each text's score over its first 1 .. ``longest`` tokens; past its own length (a paraphrase,
+    deleted words), or where it stores none, its whole score."""
+    out = np.empty((len(texts), longest))
+    for row, s in zip(out, texts, strict=True):
+        prefix = s.get("prefix_scores") or [s["score"]]
+        row[: len(prefix)] = prefix[:longest]
+        row[len(prefix) :] = prefix[-1]
+    return out
 
 
 def _fires_above(neg: np.ndarray, fpr: float) -> float:
@@ -86,39 +91,54 @@ def _fires_above(neg: np.ndarray, fpr: float) -> float:
     return float(ordered[allowed]) if allowed < len(ordered) else -np.inf
 
 
-def length_metrics(pos: list[dict], neg: list[dict], fpr: float = LENGTH_FPR, full: int | None = None) -> dict | None:
-    """How detection grows with text length (MarkMyWords' "size"), from the texts' prefix scores (the detector's score
-    over their first L tokens); None where the detector stores none (Gu-KTH, whose statistic is not a running one).
+def stays_detected_from(flagged: np.ndarray) -> np.ndarray:
+    """Per text (rows of a texts x lengths boolean matrix of "flagged at this length"): the length from which it stays
+    flagged to its end, i.e. one more than the last length at which it is not (1 if flagged at every length); inf
+    where it is not flagged on the whole text. MarkMyWords' "size" (``VerifierOutput.get_size``) is the same event:
+    a text counts only if its whole-text test fires, so the share counted is that one test's rate, not the rate of
+    the first of many looks; MarkMyWords reports the 0-based index of the last unflagged prefix, which is this
+    length minus 2."""
+    lengths = flagged.shape[1]
+    last_miss = lengths - 1 - np.argmax(~flagged[:, ::-1], axis=1)  # 0-based index of the last unflagged length
+    first = np.where(flagged.all(axis=1), 1.0, last_miss + 2.0)
+    return np.where(flagged[:, -1], first, np.inf)
 
-    ``by_length``: TPR at ``fpr`` (threshold from the human texts' prefix scores of the same length) at a quarter, a
-    half, three quarters and all of ``full`` tokens (the setup's ``eval.new_tokens``, so that every run of a setup
-    is read at the same lengths; default: the generated texts' median length), with Clopper-Pearson 95% intervals.
-    A text shorter than a length (a paraphrase, deleted words) counts with its whole score there.
-    ``tokens_to_detect``: the median over generated texts of the first length at which a text's prefix score exceeds
-    that length's threshold (None where half of them never do; ``detected_by_end`` says how many do)."""
+
+def length_metrics(pos: list[dict], neg: list[dict], fpr: float = LENGTH_FPR, full: int | None = None) -> dict | None:
+    """How detection grows with text length, from the texts' prefix scores (the detector's score over their first L
+    tokens); None where the detector stores none (Gu-KTH, whose statistic is not a running one). Every length is
+    read at its own threshold: the human texts' prefix scores of that length at ``fpr`` (``tpr_at_fpr``'s rule).
+
+    ``by_length``: TPR at ``fpr`` at a quarter, a half, three quarters and all of ``full`` tokens (the setup's
+    ``eval.new_tokens``, so that every run of a setup is read at the same lengths; default: the generated texts'
+    median length), with Clopper-Pearson 95% intervals; each point is one test at ``fpr``.
+    ``detected_by_end``: the share flagged on the whole text (its longest length), one test at ``fpr``: on
+    unwatermarked text it is ``fpr`` up to sampling error.
+    ``tokens_to_detect``: MarkMyWords' "size": the median over generated texts of the length from which a text flagged
+    on its whole text stays flagged to its end (``stays_detected_from``; texts not flagged count as infinite, so it
+    is None where fewer than half are flagged). It is not the first length at which a text crosses its threshold:
+    that looks ``full`` times and flags unwatermarked text far above ``fpr``."""
     from scipy.stats import beta
 
     if not pos or not neg or not all("prefix_scores" in s for s in pos + neg):
         return None
     full = full or max(1, int(np.median([len(s["prefix_scores"]) or 1 for s in pos])))
-    longest = max(len(s["prefix_scores"]) for s in pos + neg)
-    thresholds = [_fires_above(np.array([_prefix(s, n) for s in neg]), fpr) for n in range(1, longest + 1)]
-    first = []
-    for s in pos:
-        fired = [n for n in range(1, longest + 1) if _prefix(s, n) > thresholds[n - 1]]
-        first.append(fired[0] if fired else np.inf)
+    longest = max(full, *(len(s["prefix_scores"]) for s in pos + neg))
+    neg_m, pos_m = _prefix_matrix(neg, longest), _prefix_matrix(pos, longest)
+    thresholds = np.array([_fires_above(neg_m[:, n], fpr) for n in range(longest)])
+    flagged = pos_m > thresholds
     lengths = sorted({max(1, round(full * q / 4)) for q in (1, 2, 3, 4)})
     tprs, bands = [], []
     for n in lengths:
-        k = sum(_prefix(s, n) > thresholds[n - 1] for s in pos)
+        k = int(flagged[:, n - 1].sum())
         tprs.append(k / len(pos))
         lo = float(beta.ppf(0.025, k, len(pos) - k + 1)) if k > 0 else 0.0
         hi = float(beta.ppf(0.975, k + 1, len(pos) - k)) if k < len(pos) else 1.0
         bands.append([lo, hi])
-    ttd = float(np.median(first))
+    ttd = float(np.median(stays_detected_from(flagged)))
     return {
         f"tokens_to_detect@{fpr:g}": None if np.isinf(ttd) else ttd,
-        f"detected_by_end@{fpr:g}": float(np.mean(np.isfinite(first))),
+        f"detected_by_end@{fpr:g}": float(flagged[:, -1].mean()),
         "by_length": {"lengths": lengths, f"tpr@{fpr:g}": tprs, f"tpr@{fpr:g}_ci95": bands},
     }
 

@@ -252,8 +252,10 @@ def watermark_config(df: pd.DataFrame) -> pd.DataFrame:
 
 def tokens_to_detect(df: pd.DataFrame) -> pd.DataFrame:
     """Tokens to detect (MarkMyWords' "size"): for every stored configuration and attack row whose detector keeps
-    prefix scores, the median number of completion tokens before a text is flagged at 1% FPR, the share flagged by
-    the end of the text, and TPR at 1% FPR after a quarter, a half, three quarters and all of the text."""
+    prefix scores, the median length from which a text flagged at 1% FPR on its whole text stays flagged, the share
+    flagged on the whole text, TPR at 1% FPR after a quarter, a half, three quarters and all of the text, and beside
+    each row the share of the unwatermarked base model's texts flagged on their whole text by the same detector (the
+    rate the 1% is to be read against)."""
     part = df[df["by_length"].notna()]
     if part.empty:
         return pd.DataFrame()
@@ -264,6 +266,8 @@ def tokens_to_detect(df: pd.DataFrame) -> pd.DataFrame:
     part = part.rename(columns={"tokens_to_detect": "tokens to detect", "detected_by_end": "detected"})
     keys = ["method", "method_config", "category", "attack", "attack_config"]
     part = mean_over_seeds(part, [*keys, "attack_name"], columns)
+    base = part[part["attack_name"].isna()].groupby(["method", "method_config"], sort=False)["detected"].first()
+    part["base flagged"] = [base.get((m, c)) for m, c in zip(part["method"], part["method_config"], strict=True)]
     # Each configuration's rows: the base (no attack), the unaltered model, then the attacks.
     part["first"] = part["attack_name"].notna().astype(int) + (~unaltered(part)).astype(int)
     order = sorted(

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from harness.config.presets import TINY
+from harness.report import metrics
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def test_runs_keep_prefix_scores_and_length_metrics(stored):
             )  # k = 1: the first token has no context
             assert s["prefix_scores"][-1] == pytest.approx(s["score"], abs=1e-4)
         m = json.loads((run / "metrics.json").read_text())
-        assert m["by_length"]["lengths"] == [5, 10, 15, 20] and m["metrics_version"] == "2"
+        assert m["by_length"]["lengths"] == [5, 10, 15, 20] and m["metrics_version"] == metrics.METRICS_VERSION
         assert len(m["by_length"]["tpr@0.01"]) == 4 and 0 <= m["detected_by_end@0.01"] <= 1
 
 

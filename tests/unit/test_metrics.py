@@ -133,3 +133,42 @@ def test_tokens_to_detect_falls_with_signal_and_tpr_rises_with_length():
     assert metrics.length_metrics([{"label": 1, "score": 1.0}], neg) is None
     short = metrics.length_metrics([{"label": 1, "score": 9.0, "prefix_scores": []}] * 3, neg)
     assert short["detected_by_end@0.01"] == 1.0
+
+
+def test_unwatermarked_texts_are_flagged_at_the_stated_rate_not_at_the_rate_of_64_looks():
+    """Texts from the human texts' own distribution: the share counted as detected is one whole-text test's rate
+    (1%, within its binomial 99.9% interval over 2,000 texts), where "first crossing of any of 64 lengths" counts
+    several times that."""
+    from scipy.stats import binom
+
+    rng = np.random.default_rng(7)
+    neg = _texts(rng, 2000, 64, 0.0, 0)
+    null = _texts(rng, 2000, 64, 0.0, 1)
+    m = metrics.length_metrics(null, neg)
+    lo, hi = binom.ppf([0.0005, 0.9995], 2000, 0.01) / 2000
+    assert lo <= m["detected_by_end@0.01"] <= hi
+    assert m["tokens_to_detect@0.01"] is None
+    # The rule it replaces: the first of 64 per-length crossings flags far more than 1% of null texts.
+    matrix = metrics._prefix_matrix(null, 64)
+    thresholds = np.array([metrics._fires_above(metrics._prefix_matrix(neg, 64)[:, n], 0.01) for n in range(64)])
+    assert (matrix > thresholds).any(axis=1).mean() > 3 * hi
+
+
+def test_tokens_to_detect_is_the_length_from_which_a_text_stays_flagged():
+    flagged = np.array(
+        [
+            [True, True, True, True, True],  # flagged at every length: 1
+            [False, True, False, True, True],  # last miss at length 3: stays flagged from 4
+            [True, True, True, True, False],  # not flagged on the whole text: never
+            [False, False, False, False, True],  # flagged only at the end: 5
+        ]
+    )
+    assert metrics.stays_detected_from(flagged).tolist() == [1.0, 4.0, np.inf, 5.0]
+    # Through length_metrics: one human text scoring 0 at every length (threshold 0 at any fpr < 1), and texts
+    # whose prefix scores cross and fall back.
+    neg = [{"label": 0, "score": 0.0, "prefix_scores": [0.0] * 5}]
+    pos = [
+        {"label": 1, "score": s[-1], "prefix_scores": s} for s in ([1, 1, 1, 1, 1], [-1, 1, -1, 1, 1], [1, -1, 1, 1, 1])
+    ]
+    m = metrics.length_metrics(pos, neg, fpr=0.5)
+    assert m["tokens_to_detect@0.5"] == 3.0 and m["detected_by_end@0.5"] == 1.0  # median of 1, 4, 3
