@@ -82,6 +82,11 @@ class TextAttack(Attack, ABC):
     def apply_texts(self, texts: list[str], ctx: AttackContext) -> list[str]:
         """Return one rewritten text per input text, in order (``ctx.prompts`` holds the prompt of each)."""
 
+    def apply_texts_measured(self, texts: list[str], ctx: AttackContext) -> tuple[list[str], list[dict] | None]:
+        """``apply_texts`` and, where the attack can say it, what it applied to each text (an edit's
+        ``{"unit", "units", "edited"}``), stored with each rewritten text; None where it cannot."""
+        return self.apply_texts(texts, ctx), None
+
 
 class CalibrationParams(Params):
     """Calibration data of the attacks that need some (GPTQ, Wanda, SparseGPT): ``calib_samples`` windows of

@@ -38,6 +38,7 @@ ATTACKS: dict[str, str | None] = {
     "finetune": "attacks.finetune:FineTune",
     "dipper": "attacks.paraphrase:Dipper",
     "token-edit": "attacks.edits:TokenEdit",
+    "token-insert": "attacks.edits:TokenInsert",
     "word-delete": "attacks.edits:WordDelete",
     "synonym": "attacks.edits:Synonym",
     "typo": "attacks.edits:Typo",

@@ -180,8 +180,9 @@ def run_metrics(folder: Path, new_tokens: int | None = None) -> dict:
     if gens and "unigram_overlap" in gens[0]:  # a text attack: how much it rewrote, and how much meaning it kept
         from harness.report import textsim
 
+        applied = [g["edit"] for g in gens] if all("edit" in g for g in gens) else None
         result["paraphrase"] = textsim.summary(
-            [g["unigram_overlap"] for g in gens], [g["embedding_cosine"] for g in gens]
+            [g["unigram_overlap"] for g in gens], [g["embedding_cosine"] for g in gens], applied
         )
     result["metrics_version"] = METRICS_VERSION
     return result

@@ -110,12 +110,14 @@ def tpr_tex(table: pd.DataFrame, caption: str, label_column: str, columns: list[
 def own(df: pd.DataFrame, attack: str, ci: bool = False) -> pd.DataFrame:
     """The table of one attack of its own (tab:dipper for DIPPER): AUC of each method's main configuration under
     each of its settings, with how much the texts were rewritten (mean unigram overlap with the original) and kept
-    (mean MiniLM cosine)."""
+    (mean MiniLM cosine), and for an edit the rate it applied (``edit_rate``: below its ``p`` where, say, few words
+    have a synonym)."""
     part = main_runs(df)
     part = part[part["attack_name"] == attack]
     if part.empty:
         return pd.DataFrame()
-    values = ["AUC", "overlap", "cosine"] + (["AUC_lo", "AUC_hi"] if ci else [])
+    values = ["AUC", "overlap", "cosine"] + (["edit_rate"] if part["edit_rate"].notna().any() else [])
+    values += ["AUC_lo", "AUC_hi"] if ci else []
     part = mean_over_seeds(part, ["method", "attack_config"], values)
     table = part.pivot_table(index="method", columns="attack_config", values=values, aggfunc="first")
     table = table.swaplevel(0, 1, axis=1)

@@ -43,10 +43,16 @@ def _embedded(encoder: str, device: str, texts: tuple[str, ...]):
     return shared_embedder(encoder, device).embed_texts(list(texts))
 
 
-def summary(overlap: list[float], cosine: list[float]) -> dict:
-    """Means over the texts, as reported in a paraphrase run's metrics."""
-    return {
+def summary(overlap: list[float], cosine: list[float], applied: list[dict] | None = None) -> dict:
+    """Means over the texts, as reported in a paraphrase run's metrics; with an edit's per-text record of what it
+    applied, the rate applied over all texts (units edited / units, e.g. words changed of all words)."""
+    out = {
         "mean_unigram_overlap": sum(overlap) / len(overlap),
         "mean_embedding_cosine": sum(cosine) / len(cosine),
         "texts": len(overlap),
     }
+    if applied:
+        units = sum(a["units"] for a in applied)
+        out["applied_rate"] = sum(a["edited"] for a in applied) / units if units else 0.0
+        out["applied_unit"] = applied[0]["unit"]
+    return out

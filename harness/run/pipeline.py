@@ -267,7 +267,7 @@ class Pipeline:
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
             ctx = AttackContext(self.base["path"], self.device, extra, prompts=[g["prompt"] for g in gens])
-            texts = attack.apply_texts([g["completion"] for g in gens], ctx)
+            texts, applied = attack.apply_texts_measured([g["completion"] for g in gens], ctx)
             if len(texts) != len(gens):
                 raise RuntimeError(f"attack {attack.name} returned {len(texts)} texts for {len(gens)}")
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -279,8 +279,10 @@ class Pipeline:
                  "unigram_overlap": o, "embedding_cosine": c}
                 for g, t, i, o, c in zip(gens, texts, ids, overlap, cosine, strict=True)
             ]  # fmt: skip
+            for row, done in zip(rows, applied or [], strict=False):  # an edit's rate as applied, text by text
+                row["edit"] = done
             files.write_jsonl(out / "generations.jsonl", rows)
-            return {"texts": len(rows), **textsim.summary(overlap, cosine)}
+            return {"texts": len(rows), **textsim.summary(overlap, cosine, applied)}
 
         self._build(stage, f"text attack {attack.name}", build)
         return stage

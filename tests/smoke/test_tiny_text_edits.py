@@ -17,11 +17,13 @@ groups:
       gu-kgw: [{}]
     attacks:
       token-edit: [{p: 0.1}, {p: 0.5}]
+      token-insert: [{p: 0.1}]
       word-delete: [{p: 0.3}]
       typo: [{p: 0.1}]
       lowercase: [{}]
 """
-ROWS = ["Token edits p=0.1", "Token edits p=0.5", "Word deletion p=0.3", "Typos p=0.1", "Lowercase"]
+ROWS = ["Token edits p=0.1", "Token edits p=0.5", "Token insertion p=0.1", "Word deletion p=0.3", "Typos p=0.1",
+        "Lowercase"]  # fmt: skip
 
 
 def test_edited_rows_lie_between_base_and_unaltered(tiny_store, harness, cli, runs_by_row, tmp_path):
@@ -43,9 +45,12 @@ def test_edited_rows_lie_between_base_and_unaltered(tiny_store, harness, cli, ru
         m = found[row]
         assert base["auc"] - 0.05 < m["auc"] <= unaltered["auc_ci95"][1] + 1e-9, (row, m["auc"])
         assert 0 < m["paraphrase"]["mean_unigram_overlap"] <= 1, (row, m["paraphrase"])
+        if row != "Lowercase":  # each edit stores the rate it applied, near its p (tokens, words or letters)
+            p = float(row.rsplit("p=", 1)[1])
+            assert abs(m["paraphrase"]["applied_rate"] - p) < 0.05 + p / 4, (row, m["paraphrase"])
     assert found["Token edits p=0.5"]["auc"] < found["Token edits p=0.1"]["auc"]
     out = cli("tables", "--results", str(root), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    for attack in ("token-edit", "word-delete", "typo", "lowercase"):
+    for attack in ("token-edit", "token-insert", "word-delete", "typo", "lowercase"):
         assert (tmp_path / "tiny" / f"{attack}.csv").is_file(), attack
     assert (tmp_path / "tiny" / "figures" / "auc_vs_token-edit.png").is_file()
