@@ -68,8 +68,8 @@ class KGWDetector(Detector):
         return {
             "p_value": s.p_value,
             "statistic": s.z_score,
-            "test": f"KGW green count of the {s.num_scored} distinct {self.greens.key.context_width + 1}-grams of all "
-            f"texts ({s.num_green} green), exact one-sided binomial at gamma={self.greens.key.gamma:g}",
+            "test": f"KGW green count of the {s.num_scored} distinct (green list, token) pairs of all texts "
+            f"({s.num_green} green), exact one-sided binomial at gamma={self.greens.key.gamma:g}",
             "tokens": s.num_scored,
         }
 

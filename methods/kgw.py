@@ -317,18 +317,40 @@ def prefix_z(hit: torch.Tensor, counted: torch.Tensor, width: int, gamma: float)
 
 
 def pooled_score(greens: GreenLists, sequences: list[list[int]]) -> KGWScore:
-    """All ``sequences`` scored as one text: each distinct (width+1)-gram counted once over all of them (Kirchenbauer
-    et al.'s repeated-n-gram rule applied across texts). Counting repeats would break the binomial null over many
-    texts: a model that repeats a phrase would repeat its green or red tokens with it, and pooled counts would add
-    that up into a false detection."""
+    """All ``sequences`` scored as one text, counting each unit that is independent under the null once: a token is
+    green or not as a function of its green list's seed and of itself alone, so each distinct (seed, token) pair over
+    all texts counts once. With one fixed list (``simple_0``) that is each distinct token: counting distinct bigrams
+    there (what Kirchenbauer et al.'s repeated-n-gram rule does) counts a frequent token once per context, and a key
+    whose list holds "the" flagged human text at p = 5e-11. Additive hashing (``simple_2``) gives (a, b) and (b, a)
+    one seed, so they are one unit too. Positions with no green list (a context ending in an excluded id) and
+    excluded targets, never green, are not counted. Under the null each unit is green with probability
+    ``int(gamma V) / V <= gamma`` and units of one seed are drawn without replacement, so the binomial p-value at
+    gamma is conservative."""
     from scipy.stats import binom
 
     width, gamma = greens.key.context_width, greens.key.gamma
-    grams = sorted({tuple(seq[i : i + width + 1]) for seq in sequences for i in range(len(seq) - width)})
-    if not grams:
+    windows = [torch.tensor(seq, dtype=torch.long).unfold(0, width + 1, 1) for seq in sequences if len(seq) > width]
+    if not windows:
         return KGWScore(0, 0, 0.0, 1.0, 1.0)
-    flat = torch.tensor(grams, dtype=torch.long)
-    num_scored, num_green = len(grams), int(greens.hits(flat[:, :width], flat[:, width]).sum())
+    flat = torch.cat(windows)
+    contexts, targets = flat[:, :width], flat[:, width]
+    keep = greens._has_list(contexts)
+    if greens.key.excluded_ids:
+        keep &= ~torch.isin(targets, torch.tensor(greens.key.excluded_ids, dtype=torch.long))
+    units = torch.stack([greens.hash(contexts), targets], 1)[keep]
+    units, first = _first_rows(units)
+    if not len(units):
+        return KGWScore(0, 0, 0.0, 1.0, 1.0)
+    num_scored, num_green = len(units), int(greens.hits(contexts[keep][first], targets[keep][first]).sum())
     z = (num_green - gamma * num_scored) / (num_scored * gamma * (1 - gamma)) ** 0.5
     p_exact, p_gu = binom.sf([num_green - 1, num_green], num_scored, gamma)
     return KGWScore(num_scored, num_green, float(z), float(p_exact), float(p_gu))
+
+
+def _first_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of a 2-D tensor and the index of each one's first occurrence."""
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    first = torch.full((len(unique),), len(rows), dtype=torch.long).scatter_reduce(
+        0, inverse, torch.arange(len(rows)), reduce="amin"
+    )
+    return unique, first

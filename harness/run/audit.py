@@ -6,7 +6,7 @@ in ``harness run``); texts are read from a file. Each text is scored by the meth
 then tested together for one decision about their source:
 
 - where the scheme has a null distribution of its own, its pooled test (``Detector.pool``: KGW's green count over the
-  distinct n-grams of all texts, Fisher's combination of KTH's per-text p-values);
+  distinct (green list, token) pairs of all texts, Fisher's combination of KTH's per-text p-values);
 - otherwise (PRO) the texts' scores are calibrated against the scores of as many human continuations of the same
   evaluation data, by a one-sided Mann-Whitney U test (the texts score higher than human text). That null is "the
   source writes like the human texts under this detector"; the base row of ``harness run`` shows how far an
@@ -31,6 +31,8 @@ from harness.store import files
 from harness.store.stages import Stage, Store
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
+# Bump when the decision drawn from the scores changes (the pooled tests): a detect stage's result is keyed by it.
+DECISION_VERSION = "2"  # 2: KGW counts distinct (green list, token) pairs (1: distinct (k+1)-grams)
 
 
 # --- the key ----------------------------------------------------------------------------------------------------
@@ -184,6 +186,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
     spec = {
         "stage": "detect",
         "scoring_version": scoring.SCORING_VERSION,
+        "decision_version": DECISION_VERSION,
         "detector": {"method": method.name, "key_from": trained.key, "reads": e.score_on},
         "source": source,
         "human": {"eval_data": source_spec(pipe.preset.eval_data), "prompts": e.num_prompts,

@@ -43,6 +43,43 @@ def test_pooled_kgw_p_values_hold_their_level_on_unwatermarked_text():
     assert rate < 0.05 + 3 * (0.05 * 0.95 / 400) ** 0.5, rate  # the exact binomial is conservative, never above
 
 
+def zipf_texts(rng: np.random.Generator, vocab: int, count: int, length: int) -> list[list[int]]:
+    """Texts of a source that ignores the key but writes like people: Zipf-distributed ids (a few very frequent),
+    repeated in many contexts, and a phrase repeated inside and across texts."""
+    weights = 1.0 / np.arange(1, vocab + 1)
+    ids = rng.permutation(vocab)
+    phrase = list(rng.choice(ids, 5, p=weights / weights.sum()))
+    return [list(rng.choice(ids, length, p=weights / weights.sum())) + phrase for _ in range(count)]
+
+
+@pytest.mark.parametrize("scheme", ["simple_0", "simple_1", "simple_2"])
+def test_pooled_kgw_holds_its_stated_rate_over_many_keys_on_unwatermarked_text(scheme):
+    """``harness detect``'s KGW decision at 1% over many keys (each its own green lists) on texts that ignore the key:
+    the share flagged lies within the binomial interval of 1% (99.9%, upper end; the test is conservative). With one
+    fixed list (k = 0) counting distinct bigrams flagged such text at p ~ 1e-11 for keys whose list holds a frequent
+    token."""
+    from scipy.stats import binom
+
+    rng = np.random.default_rng({"simple_0": 0, "simple_1": 1, "simple_2": 2}[scheme])
+    keys = 150 if scheme == "simple_2" else 400  # (simple_2 draws a green list per pair sum: slower)
+    flagged = 0
+    for _ in range(keys):
+        key = KGWKey(0.25, 2.0, scheme, 400, hash_key=int(rng.integers(1, 2**31)))
+        flagged += pooled_score(GreenLists(key), zipf_texts(rng, 400, 8, 48)).p_value <= 0.01
+    assert flagged <= binom.ppf(0.999, keys, 0.01), flagged
+
+
+def test_pooled_kgw_counts_one_unit_per_seed_and_token():
+    """simple_0: a token is green or not whatever precedes it, so it counts once; simple_2 hashes the sum of the two
+    previous ids, so (a, b, t) and (b, a, t) are one unit."""
+    fixed = GreenLists(KGWKey(0.25, 2.0, "simple_0", 300))
+    assert pooled_score(fixed, [[1, 5, 2, 5, 3, 5], [4, 5]]).num_scored == 3  # 5, 2, 3 (1 and 4 are context only)
+    additive = GreenLists(KGWKey(0.25, 2.0, "simple_2", 300))
+    assert pooled_score(additive, [[1, 2, 9], [2, 1, 9], [4, 0, 9]]).num_scored == 2  # seeds of sums 3, 3, 4
+    excluded = GreenLists(KGWKey(0.25, 2.0, "simple_1", 300, excluded_ids=(0,)))
+    assert pooled_score(excluded, [[0, 5, 6, 0]]).num_scored == 1  # (0, 5): no list; (6, 0): excluded target
+
+
 def test_calibrated_test_against_human_texts():
     rng = np.random.default_rng(0)
     null = [audit.calibrated(list(rng.normal(size=30)), list(rng.normal(size=30)))["p_value"] for _ in range(300)]
