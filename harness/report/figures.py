@@ -28,7 +28,11 @@ def _pyplot():
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "font.size": 9, "svg.hashsalt": "harness"})
+    # text.parse_math off: labels, settings and titles come from a store, which may be someone else's, and a "$...$"
+    # in one would be parsed as mathtext (an unknown "\\foo" in it stops the figure, and so the tables and the report).
+    # The figures' own text has no "$" and no axis is logarithmic (whose tick labels are mathtext), so nothing is lost.
+    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "font.size": 9, "svg.hashsalt": "harness",
+                         "text.parse_math": False})  # fmt: skip
     return plt
 
 
