@@ -1,7 +1,8 @@
 """A store received from someone else is read, never trusted: folder names, labels, settings and texts that hold
 markup, script, URL schemes or TeX specials reach the report escaped for where they land (text, attribute, link),
-and the figures as plain text (never parsed as mathtext); ``harness report`` succeeds on such a store. Where Debian's
-chromium is installed, the hostile report is opened headless and no injected handler runs."""
+the LaTeX tables escaped for LaTeX, and the figures as plain text (never parsed as mathtext); ``harness tables`` and
+``harness report`` succeed on such a store. Where Debian's chromium is installed, the hostile report is opened
+headless and no injected handler runs."""
 
 from __future__ import annotations
 
@@ -105,6 +106,18 @@ def test_a_hostile_store_makes_a_report_with_no_markup_of_its_own(hostile, cli, 
             targets.add(urllib.parse.unquote(attrs["href"][1:]))
     assert targets <= ids  # every link still finds its run
     assert targets == {f"run-{run.name}" for run in hostile.runs()}  # every run's AUC is a link to it
+
+
+def test_a_hostile_store_makes_tables_and_figures(hostile, cli, tmp_path):
+    out = cli("tables", "--results", str(hostile.root), "--out", str(tmp_path / "tables"))
+    assert out.returncode == 0, out.stderr
+    written = [p for p in (tmp_path / "tables").rglob("*") if p.is_file()]
+    assert {p.suffix for p in written} >= {".csv", ".tex", ".png", ".pdf"}
+    assert all((tmp_path / "tables") in p.parents for p in written)
+    tex = "\n".join(p.read_text() for p in written if p.suffix == ".tex")
+    assert r"\$\textbackslash{}foo\$ \{\_\} \% \& \# \textasciicircum{} \textasciitilde{}" in tex
+    assert r"$\foo$" not in tex and "{_}" not in tex
+    assert "javascript:document.title='pwned'" in tex  # (no special of LaTeX's in it: as it is)
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
