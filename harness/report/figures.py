@@ -18,6 +18,7 @@ from harness.config.plugins import Sweep
 from harness.report import collect
 from harness.report.collect import main_runs, method_rank, natural_key, param, setups, unaltered
 from harness.report.tables import watermark_config
+from harness.store import files
 from harness.store.files import plain_name
 from harness.store.stages import Store
 
@@ -37,12 +38,18 @@ def _pyplot():
 
 
 def _save(fig, folder: Path, name: str) -> list[Path]:
-    paths = [folder / f"{name}.png", folder / f"{name}.pdf"]
-    fig.savefig(paths[0], metadata={"Software": None})
-    fig.savefig(paths[1], metadata={"CreationDate": None, "Producer": None, "Creator": None})
+    """``fig`` as ``<name>.png`` and ``<name>.pdf`` in ``folder``, each replaced whole (``files.replacing``: a full
+    disk or a kill never leaves a cut figure), with no time stamp or version in them; the figure is closed after."""
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    paths = [folder / f"{name}.png", folder / f"{name}.pdf"]
+    try:
+        with files.replacing(paths[0]) as fh:
+            fig.savefig(fh, format="png", metadata={"Software": None})
+        with files.replacing(paths[1]) as fh:
+            fig.savefig(fh, format="pdf", metadata={"CreationDate": None, "Producer": None, "Creator": None})
+    finally:
+        plt.close(fig)
     return paths
 
 

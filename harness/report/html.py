@@ -23,6 +23,7 @@ import pandas as pd
 
 from harness.report.collect import MISSING, category_rank, main_runs, method_rank, natural_key, setups
 from harness.report.latex import colour
+from harness.store import files
 from harness.store.stages import Store
 
 COLOURS = {"green": "#b9e3b2", "yellow": "#fbefa8", "red": "#f2b8b5"}  # the paper's rule: >= 0.8, < 0.7, between
@@ -184,5 +185,5 @@ def write_report(store: Store, out: Path) -> Path:
         from harness.config.errors import HarnessError
 
         raise HarnessError(f"no finished runs in '{store.root}' that could be read")
-    out.write_text(page(df, store, collect_attribution(store)), encoding="utf-8")
+    files.write_atomic(out, page(df, store, collect_attribution(store)))  # whole or not at all: never a cut page
     return out
