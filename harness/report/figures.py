@@ -18,6 +18,7 @@ from harness.config.plugins import Sweep
 from harness.report import collect
 from harness.report.collect import main_runs, method_rank, natural_key, param, setups, unaltered
 from harness.report.tables import watermark_config
+from harness.store import files
 from harness.store.files import plain_name
 from harness.store.stages import Store
 
@@ -28,17 +29,27 @@ def _pyplot():
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "font.size": 9, "svg.hashsalt": "harness"})
+    # text.parse_math off: labels, settings and titles come from a store, which may be someone else's, and a "$...$"
+    # in one would be parsed as mathtext (an unknown "\\foo" in it stops the figure, and so the tables and the report).
+    # The figures' own text has no "$" and no axis is logarithmic (whose tick labels are mathtext), so nothing is lost.
+    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 150, "font.size": 9, "svg.hashsalt": "harness",
+                         "text.parse_math": False})  # fmt: skip
     return plt
 
 
 def _save(fig, folder: Path, name: str) -> list[Path]:
-    paths = [folder / f"{name}.png", folder / f"{name}.pdf"]
-    fig.savefig(paths[0], metadata={"Software": None})
-    fig.savefig(paths[1], metadata={"CreationDate": None, "Producer": None, "Creator": None})
+    """``fig`` as ``<name>.png`` and ``<name>.pdf`` in ``folder``, each replaced whole (``files.replacing``: a full
+    disk or a kill never leaves a cut figure), with no time stamp or version in them; the figure is closed after."""
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    paths = [folder / f"{name}.png", folder / f"{name}.pdf"]
+    try:
+        with files.replacing(paths[0]) as fh:
+            fig.savefig(fh, format="png", metadata={"Software": None})
+        with files.replacing(paths[1]) as fh:
+            fig.savefig(fh, format="pdf", metadata={"CreationDate": None, "Producer": None, "Creator": None})
+    finally:
+        plt.close(fig)
     return paths
 
 

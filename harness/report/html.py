@@ -5,6 +5,10 @@ main configuration under every attack (the paper's colour rule), every other con
 curves, AUC against each attack's strength, TPR by text length, ...) embedded as PNG data, tokens to detect, the
 attribution matrix, and every run's spec, versions and timings one click away. A cell with no stored run says so. No
 script, stylesheet or font is fetched: the page needs no network.
+
+A store may come from someone else, so every string read from it (run folder names, labels, settings, specs) is
+escaped for where it lands: ``esc`` for text and attribute values, ``href`` for links. The page has no script of its
+own, and every link is to a place in the page (``#...``), so no scheme (``javascript:``) can be put in one.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import base64
 import html
 import json
+import urllib.parse
 from pathlib import Path
 
 import pandas as pd
 
 from harness.report.collect import MISSING, category_rank, main_runs, method_rank, natural_key, setups
 from harness.report.latex import colour
+from harness.store import files
 from harness.store.stages import Store
 
 COLOURS = {"green": "#b9e3b2", "yellow": "#fbefa8", "red": "#f2b8b5"}  # the paper's rule: >= 0.8, < 0.7, between
@@ -41,7 +47,14 @@ def plural(count: int, noun: str) -> str:
 
 
 def esc(value) -> str:
-    return html.escape(str(value))
+    """``value`` as HTML text or a quoted attribute's value: ``&``, ``<``, ``>``, ``"`` and ``'`` escaped."""
+    return html.escape(str(value), quote=True)
+
+
+def href(anchor: str) -> str:
+    """An ``href`` attribute's value linking to the element whose ``id`` is ``esc(anchor)``: a fragment, percent-encoded
+    (a browser decodes it to find the id), so it never starts a scheme and holds no quote; plain names are unchanged."""
+    return esc("#" + urllib.parse.quote(anchor, safe=""))
 
 
 RUN_ORDER = ["method", "method_config", "category", "attack", "attack_config"]  # the order runs are listed in
@@ -71,8 +84,8 @@ def heatmap(part: pd.DataFrame) -> str:
                 continue
             auc, tpr, run = hit["AUC"].mean(), hit["TPR@1%"].mean(), hit["run"].iloc[0]
             seeds = f" (mean of {len(hit)} seeds)" if len(hit) > 1 else ""
-            style = f' style="background:{COLOURS[colour(auc)]}"'
-            cells.append(f'<td class="cell"{style} title="run {run}{seeds}"><a href="#run-{run}">{auc:.3f}</a></td>'
+            style, title = f' style="background:{COLOURS[colour(auc)]}"', esc(f"run {run}{seeds}")
+            cells.append(f'<td class="cell"{style} title="{title}"><a href="{href("run-" + run)}">{auc:.3f}</a></td>'
                          f"<td>{tpr:.3f}</td>")  # fmt: skip
         label = attack_label(attack, config)
         out.append(f'<tr><td class="row">{esc(category)}</td><td class="row">{esc(label)}</td>{"".join(cells)}</tr>')
@@ -92,7 +105,7 @@ def other_configurations(part: pd.DataFrame) -> str:
            "<th>TPR@1%</th></tr>"]  # fmt: skip
     for _, r in others.sort_values(RUN_ORDER).iterrows():
         attack = attack_label(r["attack"], r["attack_config"])
-        link = f'<a href="#run-{esc(r["run"])}">{r["AUC"]:.3f}</a>'
+        link = f'<a href="{href("run-" + r["run"])}">{r["AUC"]:.3f}</a>'
         out.append(f"<tr><td>{esc(r['method'])}</td><td>{esc(r['method_config'])}</td><td>{esc(attack)}</td>"
                    f"<td>{link}</td><td>{r['TPR@1%']:.3f}</td></tr>")  # fmt: skip
     out.append("</table>")
@@ -102,7 +115,7 @@ def other_configurations(part: pd.DataFrame) -> str:
 def frame(table: pd.DataFrame) -> str:
     if table.empty:
         return "<p>none stored</p>"
-    return table.to_html(float_format=lambda v: f"{v:.3f}", na_rep=MISSING, border=0)
+    return table.to_html(float_format=lambda v: f"{v:.3f}", na_rep=MISSING, border=0, escape=True)
 
 
 def figures(part: pd.DataFrame, store: Store) -> str:
@@ -172,5 +185,5 @@ def write_report(store: Store, out: Path) -> Path:
         from harness.config.errors import HarnessError
 
         raise HarnessError(f"no finished runs in '{store.root}' that could be read")
-    out.write_text(page(df, store, collect_attribution(store)), encoding="utf-8")
+    files.write_atomic(out, page(df, store, collect_attribution(store)))  # whole or not at all: never a cut page
     return out

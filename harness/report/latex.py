@@ -16,8 +16,19 @@ from harness.report.collect import MISSING
 PREAMBLE = r"% needs \usepackage{booktabs} and \usepackage[table]{xcolor}; -- marks a cell with no stored run"
 
 
+# LaTeX's special characters as text, replaced in one pass (so the braces of ``\textbackslash{}`` stay as they are).
+SPECIALS = {
+    "\\": r"\textbackslash{}",
+    "^": r"\textasciicircum{}",
+    "~": r"\textasciitilde{}",
+    **{c: "\\" + c for c in "_%&$#{}"},
+}
+
+
 def esc(text) -> str:
-    return str(text).replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+    """``text`` (a label, setting or caption, possibly read from someone else's store) as LaTeX text: every special
+    character escaped, so that ``$\\foo$`` prints as it is instead of starting math mode or a command."""
+    return "".join(SPECIALS.get(c, c) for c in str(text))
 
 
 def colour(value: float) -> str:

@@ -414,13 +414,14 @@ def forget_stale(out_dir: Path, written: list[Path]) -> list[Path]:
                 if folder == out_dir or any(folder.iterdir()):
                     break
                 folder.rmdir()
-    index.write_text(json.dumps({"files": now}, indent=1) + "\n")
+    files.write_atomic(index, json.dumps({"files": now}, indent=1) + "\n")
     return removed
 
 
 def _csv(table: pd.DataFrame, path: Path) -> None:
-    """CSV with fixed float formatting and missing cells spelled out, so two builds are byte-identical."""
-    table.to_csv(path, float_format="%.6g", na_rep=MISSING, lineterminator="\n")
+    """CSV with fixed float formatting and missing cells spelled out, so two builds are byte-identical; replaced
+    whole (``files.write_atomic``), as every file ``harness tables`` writes."""
+    files.write_atomic(path, table.to_csv(float_format="%.6g", na_rep=MISSING, lineterminator="\n"))
 
 
 def write_tables(
@@ -443,6 +444,6 @@ def write_tables(
         for table_name, (table, tex) in setup_tables(part, ci, mine).items():
             csv, latex = folder / f"{plain_name(table_name)}.csv", folder / f"{plain_name(table_name)}.tex"
             _csv(table, csv)
-            latex.write_text(tex)
+            files.write_atomic(latex, tex)
             written += [csv, latex]
     return written

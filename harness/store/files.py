@@ -1,18 +1,23 @@
 """Files the harness writes and trusts: content hashes (cached, so a 16 GB checkpoint is read once), folders
-published atomically under a lock, and the clean-up of what a killed process left half-written."""
+published atomically under a lock, files replaced whole (``replacing``: tables, figures, the report, the hash index),
+and the clean-up of what a killed process left half-written."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from harness.compute import memory
 from harness.config.errors import HarnessError
@@ -94,12 +99,38 @@ def check_writable(folder: Path, what: str) -> None:
         raise HarnessError(f"{what} '{folder}' is not writable: {err.strerror or err}") from None
 
 
-def write_atomic(file: Path, text: str) -> None:
-    """Replace ``file`` by ``text`` all at once: written under a temporary name beside it, then renamed, so a reader
-    (or a crash) never sees half of it."""
-    tmp = file.with_name(f".{file.name}.partial-{owner_tag()}")
-    tmp.write_text(text)
-    tmp.replace(file)
+@contextmanager
+def replacing(file: Path) -> Iterator[BinaryIO]:
+    """Write ``file`` anew, all at once, through the binary handle this yields. The bytes go to a temporary file
+    beside it (same folder, so the rename is atomic; a name of its own per call, ``.<name>.<random>.partial-<host>-
+    <pid>``, so two writers never share one), which is fsync'd (a full disk fails here, not after) and renamed over
+    ``file`` when the block ends. If the block raises, the temporary file is removed and ``file`` is as it was; a
+    killed process leaves only a temporary file, which the next write of ``file`` removes. A replaced file keeps its
+    permission bits, as one written in place would."""
+    file = Path(file)
+    for leftover in file.parent.glob(f".{glob.escape(file.name)}.*partial-*"):
+        if leftover.is_file() and not _owner_alive(leftover.name):
+            leftover.unlink(missing_ok=True)
+    tmp = file.with_name(f".{file.name}.{secrets.token_hex(4)}.partial-{owner_tag()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # (the umask applies, as to any new file)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            if file.exists():
+                os.fchmod(fh.fileno(), stat.S_IMODE(file.stat().st_mode))
+            os.fsync(fh.fileno())
+        os.replace(tmp, file)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(file: Path, data: str | bytes) -> None:
+    """Replace ``file`` by ``data`` (text is written as UTF-8) all at once (``replacing``), so a reader, a crash or
+    a full disk never leaves half of it."""
+    with replacing(file) as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def write_jsonl(file: Path, rows: list[dict]) -> None:
@@ -267,7 +298,7 @@ def sweep_partials(parent: Path, lock_for) -> int:
 
 def sweep_hash_index_leftovers() -> None:
     """Temporary copies of the hash index written by processes that died mid-write."""
-    leftovers = [*cache_root().glob(".file-hashes.json.partial-*"), *cache_root().glob("file-hashes.json.partial-*")]
+    leftovers = [*cache_root().glob(".file-hashes.json.*partial-*"), *cache_root().glob("file-hashes.json.partial-*")]
     for tmp in leftovers:
         if not _owner_alive(tmp.name):
             tmp.unlink(missing_ok=True)

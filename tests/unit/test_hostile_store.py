@@ -1,0 +1,138 @@
+"""A store received from someone else is read, never trusted: folder names, labels, settings and texts that hold
+markup, script, URL schemes or TeX specials reach the report escaped for where they land (text, attribute, link),
+the LaTeX tables escaped for LaTeX, and the figures as plain text (never parsed as mathtext); ``harness tables`` and
+``harness report`` succeed on such a store. Where Debian's chromium is installed, the hostile report is opened
+headless and no injected handler runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.parse
+from html.parser import HTMLParser
+
+import pytest
+
+from harness.store.stages import Stage, Store
+
+IMG = '"><img src=x onerror=document.title="pwned">'
+SCRIPT = '</script><script>document.title="pwned"</script>'
+JS = "javascript:document.title='pwned'"
+TEX = r"$\foo$ {_} % & # ^ ~"
+# Run folder names cannot hold "/", so the closing tags of SCRIPT go in labels and texts only.
+FOLDERS = [IMG, JS, TEX, "a&b%c_d{e}"]
+
+
+@pytest.fixture
+def hostile(tmp_path, fake_run):
+    """Gu-KGW and PRO, base, unaltered and SLERP rows plus another configuration, and an attribution stage: every
+    run folder renamed and every label, setting and text a hostile string (each stage republished, so it verifies)."""
+    store = Store(tmp_path / "runs")
+    runs = []
+    for method, auc in (("gu-kgw", 0.97), ("pro", 0.9)):
+        runs += [fake_run(store, method, {}, "base", {}, 0.5), fake_run(store, method, {}, "none", {}, auc)]
+        runs.append(fake_run(store, method, {}, "slerp", {"t": 0.5}, auc - 0.25))
+    runs.append(fake_run(store, "gu-kgw", {"delta": 1.0}, "none", {}, 0.83))  # not main: the other configurations
+    labels = {"gu-kgw": f"KGW{IMG}", "pro": f"PRO{SCRIPT}"}
+    settings = None
+    for k, path in enumerate(runs):
+        spec = json.loads((path / "spec.json").read_text())
+        config = spec["config"]
+        config["method"]["label"] = labels[config["method"]["name"]]
+        config["method"]["config_label"] += f" {TEX} {SCRIPT}"
+        config["preset"]["base_model"] = f"builtin:{IMG}{TEX}"
+        if config["attack"].get("name") == "slerp":
+            config["attack"]["label"] = JS
+            config["attack"]["config_label"] = f"t=0.5 {TEX}"
+            config["attack"]["category"] = f"Merging {SCRIPT} {TEX}"
+        spec["preset"] = f"tiny{IMG}"
+        settings = config["preset"]
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["host"] = f"{SCRIPT}{IMG}"
+        Stage("run", {}, path.name, path, store.root).update(
+            {"spec.json": json.dumps(spec, indent=2), "manifest.json": json.dumps(manifest)}
+        )
+        if k < len(FOLDERS):
+            path.rename(path.with_name(FOLDERS[k]))
+    who = {"detector": {"method": labels["pro"], "config": TEX}, "source": {"label": JS + SCRIPT}}
+    attribution = {"stage": "attribution", "preset": f"tiny{IMG}", "preset_settings": settings, "labels": who}
+
+    def build(out):
+        (out / "metrics.json").write_text(json.dumps({"auc": 0.9, "tpr@0.01": 0.5}))
+        return {}
+
+    store.stage("attribution", attribution).build(build)
+    return store
+
+
+class Tags(HTMLParser):
+    """Every start tag of a page with its attributes, as a browser's tokenizer sees them."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "thead", "tbody", "tr",
+             "th", "td", "a", "span", "figure", "img", "figcaption", "details", "summary", "pre"}  # fmt: skip
+
+
+def test_a_hostile_store_makes_a_report_with_no_markup_of_its_own(hostile, cli, tmp_path):
+    report = tmp_path / "report.html"
+    out = cli("report", "--results", str(hostile.root), "--out", str(report))
+    assert out.returncode == 0, out.stderr
+    page = report.read_text()
+    # The hostile strings reached the page (escaped), so what follows tests something.
+    assert "&lt;img src=x onerror=" in page and "&lt;/script&gt;&lt;script&gt;" in page
+    assert "javascript:" in page and r"$\foo$" in page and "<img src=x" not in page
+    assert "<script" not in page.lower()  # the page has no script of its own either
+    parser = Tags()
+    parser.feed(page)
+    assert {t for t, _ in parser.tags} <= PAGE_TAGS, {t for t, _ in parser.tags} - PAGE_TAGS
+    ids = {a["id"] for _, a in parser.tags if "id" in a}
+    targets = set()
+    for tag, attrs in parser.tags:
+        assert not [name for name in attrs if name.startswith("on")], (tag, attrs)
+        assert set(attrs) <= {"class", "colspan", "style", "title", "href", "id", "alt", "src", "lang", "charset",
+                              "border"}, (tag, attrs)  # fmt: skip
+        if tag == "img":
+            assert attrs["src"].startswith("data:image/png;base64,"), attrs["src"][:80]
+        if "href" in attrs:
+            assert attrs["href"].startswith("#"), attrs["href"]  # a link within the page: no scheme at all
+            targets.add(urllib.parse.unquote(attrs["href"][1:]))
+    assert targets <= ids  # every link still finds its run
+    assert targets == {f"run-{run.name}" for run in hostile.runs()}  # every run's AUC is a link to it
+
+
+def test_a_hostile_store_makes_tables_and_figures(hostile, cli, tmp_path):
+    out = cli("tables", "--results", str(hostile.root), "--out", str(tmp_path / "tables"))
+    assert out.returncode == 0, out.stderr
+    written = [p for p in (tmp_path / "tables").rglob("*") if p.is_file()]
+    assert {p.suffix for p in written} >= {".csv", ".tex", ".png", ".pdf"}
+    assert all((tmp_path / "tables") in p.parents for p in written)
+    tex = "\n".join(p.read_text() for p in written if p.suffix == ".tex")
+    assert r"\$\textbackslash{}foo\$ \{\_\} \% \& \# \textasciicircum{} \textasciitilde{}" in tex
+    assert r"$\foo$" not in tex and "{_}" not in tex
+    assert "javascript:document.title='pwned'" in tex  # (no special of LaTeX's in it: as it is)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (Debian: apt-get install chromium)")
+def test_no_injected_handler_runs_in_headless_chromium(hostile, cli, tmp_path):
+    report = tmp_path / "report.html"
+    assert cli("report", "--results", str(hostile.root), "--out", str(report)).returncode == 0
+    run = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND",
+         "--virtual-time-budget=5000", "--dump-dom", report.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "<title>harness report</title>" in run.stdout  # an injected handler would have set it to "pwned"
+    assert "pwned</title>" not in run.stdout
