@@ -38,6 +38,8 @@ def cmd_list() -> None:
 def format_cells(cells) -> str:
     import pandas as pd
 
+    from harness.report.metrics import RETOKENIZED
+
     rows = [
         {
             "model": c.row,
@@ -45,13 +47,20 @@ def format_cells(cells) -> str:
             "AUC 95% CI": "[{:.3f}, {:.3f}]".format(*c.metrics["auc_ci95"]),
             "TPR@1%": f"{c.metrics['tpr@0.01']:.3f}",
             "TPR@5%": f"{c.metrics['tpr@0.05']:.3f}",
-            "median PPL": f"{c.metrics['median_ppl']:.2f}",
+            "median PPL": f"{c.metrics['median_ppl']:.2f}" + ("*" if c.metrics.get("ppl_on") == RETOKENIZED else ""),
             "texts": f"{c.metrics['n_pos']}+{c.metrics['n_neg']}",
             "run": c.run.key + (" (reused)" if c.reused else ""),
         }
         for c in cells
     ]
-    return pd.DataFrame(rows).to_string(index=False)
+    table = pd.DataFrame(rows).to_string(index=False)
+    footings = {c.metrics.get("ppl_on") for c in cells}
+    if RETOKENIZED in footings and len(footings) > 1:
+        table += (
+            "\n* perplexity of the decoded text tokenized again (a text attack's rewrite), the others of the ids the "
+            "model sampled: the two differ even for the same text, so compare PPL only among rows of one kind"
+        )
+    return table
 
 
 def cmd_run(args) -> None:

@@ -155,14 +155,45 @@ def _new_tokens(folder: Path) -> int | None:
     return preset.get("eval", {}).get("new_tokens")
 
 
+SAMPLED_IDS, RETOKENIZED = "sampled ids", "re-tokenized text"
+
+
+def ppl_footing(oracle_shares_tokenizer: bool, rewritten: bool) -> str:
+    """What a row's perplexity is measured on: the ids the model sampled where the oracle shares the base tokenizer
+    and the texts are the model's own; the decoded text tokenized again where a text attack rewrote it or the
+    oracle's tokenizer is another. The two differ even for the same text (a sampled sequence is often not the
+    tokenizer's own split of its text): compare PPL only between rows measured on the same footing."""
+    return SAMPLED_IDS if oracle_shares_tokenizer and not rewritten else RETOKENIZED
+
+
+def _stored_footing(folder: Path, rewritten: bool) -> str:
+    """A stored run's ``ppl_footing``: from its manifest, or for runs scored before it was recorded, by whether its
+    oracle is its base model (both are named in its spec)."""
+    import json
+
+    try:
+        recorded = json.loads((folder / "manifest.json").read_text()).get("report", {}).get("ppl_on")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded:
+        return recorded
+    try:
+        spec = json.loads((folder / "spec.json").read_text())
+        shares = spec["oracle"]["ref"] == spec["config"]["preset"]["base_model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        shares = False
+    return ppl_footing(shares, rewritten)
+
+
 def median(values: list[float]) -> float:
     return float(np.median(np.asarray(values, float)))
 
 
-def run_metrics(folder: Path, new_tokens: int | None = None) -> dict:
+def run_metrics(folder: Path, new_tokens: int | None = None, ppl_on: str | None = None) -> dict:
     """A run's metrics from what it stores: its per-text scores (``scores.jsonl``: label 1 = generated, with the
     oracle's perplexity; 0 = human) and, for text attacks, how much each text was rewritten (``generations.jsonl``).
-    ``new_tokens``: the evaluation's completion length (default: read from the stored spec)."""
+    ``new_tokens``: the evaluation's completion length (default: read from the stored spec); ``ppl_on``: what the
+    perplexity was measured on (``ppl_footing``; default: as the stored run records it)."""
     scores = read_jsonl(folder / "scores.jsonl")
     pos = [s for s in scores if s["label"] == 1]
     neg = [s for s in scores if s["label"] == 0]
@@ -174,9 +205,10 @@ def run_metrics(folder: Path, new_tokens: int | None = None) -> dict:
         [s["p_value"] for s in neg] if has_p else None,
     )
     result.update(length_metrics(pos, neg, full=new_tokens or _new_tokens(folder)) or {})
+    gens = read_jsonl(folder / "generations.jsonl")
     if all("ppl" in s for s in pos):  # attribution scores carry none
         result["median_ppl"] = median([s["ppl"] for s in pos])
-    gens = read_jsonl(folder / "generations.jsonl")
+        result["ppl_on"] = ppl_on or _stored_footing(folder, bool(gens) and "original_completion" in gens[0])
     if gens and "unigram_overlap" in gens[0]:  # a text attack: how much it rewrote, and how much meaning it kept
         from harness.report import textsim
 

@@ -373,8 +373,9 @@ def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None
         "tokens_to_detect",
         tokens_to_detect(part),
         simple_tex,
-        f"Tokens to detect: the median completion tokens before a text is flagged at 1% FPR, the share flagged by its "
-        f"end, and TPR at 1% FPR by text length ({about}).",
+        f"Tokens to detect (MarkMyWords' size): the median length from which a text flagged at 1% FPR on its whole "
+        f"text stays flagged, the share flagged on the whole text, TPR at 1% FPR by text length, and the share of "
+        f"the unwatermarked base's texts flagged on the whole text ({about}).",
         ["Method", "Config", "Category", "Attack", "Setting"],
     )
     if attributions is not None and len(attributions):

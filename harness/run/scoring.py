@@ -93,15 +93,22 @@ def run_spec(
 
 
 def publish_scores(
-    out: Path, generations: Path, gens: list[dict], pos: list[dict], neg: list[dict], new_tokens: int | None = None
+    out: Path,
+    generations: Path,
+    gens: list[dict],
+    pos: list[dict],
+    neg: list[dict],
+    new_tokens: int | None = None,
+    ppl_on: str | None = None,
 ) -> None:
     """Write a scoring stage's per-text scores (label 1: generated, 0: human), link its generations (the file
-    ``generations``) and write the metrics computed from them (``new_tokens``: the evaluation's completion length)."""
+    ``generations``) and write the metrics computed from them (``new_tokens``: the evaluation's completion length;
+    ``ppl_on``: what the perplexity was measured on)."""
     scores = [{"i": g["i"], "label": 1, **s} for g, s in zip(gens, pos, strict=True)]
     scores += [{"i": g["i"], "label": 0, **s} for g, s in zip(gens, neg, strict=True)]
     files.write_jsonl(out / "scores.jsonl", scores)
     files.link(generations, out / "generations.jsonl")
-    (out / "metrics.json").write_text(json.dumps(metrics.run_metrics(out, new_tokens), indent=2))
+    (out / "metrics.json").write_text(json.dumps(metrics.run_metrics(out, new_tokens, ppl_on), indent=2))
 
 
 def rescore(run: Stage) -> bool:

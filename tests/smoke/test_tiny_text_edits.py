@@ -41,10 +41,12 @@ def test_edited_rows_lie_between_base_and_unaltered(tiny_store, harness, cli, ru
             rows.append("Synonyms p=0.3")
     found = {row: m for row, (_, m) in runs_by_row(root).items()}
     base, unaltered = found["Unwatermarked base"], found["Unaltered"]
+    assert base["ppl_on"] == unaltered["ppl_on"] == "sampled ids"  # the tiny LM is its own oracle
     for row in rows:
         m = found[row]
         assert base["auc"] - 0.05 < m["auc"] <= unaltered["auc_ci95"][1] + 1e-9, (row, m["auc"])
         assert 0 < m["paraphrase"]["mean_unigram_overlap"] <= 1, (row, m["paraphrase"])
+        assert m["ppl_on"] == "re-tokenized text", (row, m.get("ppl_on"))  # what its PPL measures, stated
         if row != "Lowercase":  # each edit stores the rate it applied, near its p (tokens, words or letters)
             p = float(row.rsplit("p=", 1)[1])
             assert abs(m["paraphrase"]["applied_rate"] - p) < 0.05 + p / 4, (row, m["paraphrase"])

@@ -172,3 +172,19 @@ def test_tokens_to_detect_is_the_length_from_which_a_text_stays_flagged():
     ]
     m = metrics.length_metrics(pos, neg, fpr=0.5)
     assert m["tokens_to_detect@0.5"] == 3.0 and m["detected_by_end@0.5"] == 1.0  # median of 1, 4, 3
+
+
+def test_each_rows_perplexity_says_what_it_measures(tmp_path):
+    """Sampled ids where the oracle shares the base tokenizer and the texts are the model's own; re-tokenized text
+    after a text attack or with another oracle. A run stored before this was recorded is read from its spec."""
+    assert metrics.ppl_footing(True, False) == metrics.SAMPLED_IDS
+    assert metrics.ppl_footing(True, True) == metrics.ppl_footing(False, False) == metrics.RETOKENIZED
+    import json
+
+    for oracle, footing in (("builtin:tiny-lm", metrics.SAMPLED_IDS), ("other/oracle", metrics.RETOKENIZED)):
+        spec = {"oracle": {"ref": oracle}, "config": {"preset": {"base_model": "builtin:tiny-lm"}}}
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        assert metrics._stored_footing(tmp_path, rewritten=False) == footing
+        assert metrics._stored_footing(tmp_path, rewritten=True) == metrics.RETOKENIZED
+    (tmp_path / "manifest.json").write_text(json.dumps({"report": {"ppl_on": "recorded"}}))
+    assert metrics._stored_footing(tmp_path, rewritten=False) == "recorded"
