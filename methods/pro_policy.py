@@ -162,12 +162,22 @@ def detection_scores(
 
 
 def fpl_gradients(
-    model, sim_loss_fn: Callable, anti_loss_fn: Callable, alpha: float, beta: float, backward=None, diagnose=False
+    model,
+    sim_loss_fn: Callable,
+    anti_loss_fn: Callable,
+    alpha: float,
+    beta: float,
+    backward=None,
+    diagnose=False,
+    probe_loss_fn: Callable | None = None,
 ):
     """FPL's first-order student gradient (eq. booster, second-order term dropped as in first-order MAML/SAM):
     leaves ``grad L_sim(theta) + beta * (g - grad L_anti(theta - alpha * g / ||g||))`` in ``.grad`` (added to any
     gradient already there), with ``g = grad L_anti(theta)`` and ``||g||`` its global norm over all trainable
     parameters. Three forward/backward passes: L_sim, L_anti, and L_anti at the perturbed weights (the probe).
+    With ``probe_loss_fn`` (the "resist" reading: L_sim at other weights) the probe is that loss instead, and the
+    gradient ``grad L_sim(theta) + beta * grad L_sim(theta - alpha * g / ||g||)``: the watermark's loss where one
+    normalised fine-tuning step on anti-watermarked text would take the weights, with the same three passes.
 
     ``sim_loss_fn(model)`` / ``anti_loss_fn(model)`` return scalar losses; the L_sim forward may have run already
     (a closure returning that loss), as its backward runs first, before any parameter is touched. Every gradient
@@ -207,11 +217,12 @@ def fpl_gradients(
         saved = [p.detach().clone() for p in params]
         for p, gi in zip(params, g, strict=True):
             p.sub_(gi.to(p.dtype), alpha=scale)
-        for acc, gi in zip(total, g, strict=True):
-            acc.add_(gi, alpha=beta)
+        if probe_loss_fn is None:
+            for acc, gi in zip(total, g, strict=True):
+                acc.add_(gi, alpha=beta)
     del g
     try:
-        probe = anti_loss_fn(model)
+        probe = (probe_loss_fn or anti_loss_fn)(model)
         backward(probe)
         g_probe = take()
     finally:
@@ -220,7 +231,10 @@ def fpl_gradients(
                 p.copy_(s)
     with torch.no_grad():
         for acc, gp in zip(total, g_probe, strict=True):
-            acc.sub_(gp, alpha=beta)
+            if probe_loss_fn is None:
+                acc.sub_(gp, alpha=beta)
+            else:
+                acc.add_(gp, alpha=beta)
     out = {"sim": sim.item(), "anti": anti.item(), "probe": probe.item(), "g_norm": g_norm.item()}
     if diagnose:
         with torch.no_grad():

@@ -7,7 +7,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
 from harness.config.errors import HarnessError
 
@@ -17,6 +17,18 @@ class Params(BaseModel):
     infinite learning rate or strength would train every weight into NaN and store that as a result)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # Settings added after results were stored with this plugin: ``model_dump`` leaves each out while it holds its
+    # default, so that every stored stage keeps its hash and record, and a run that sets one is a new configuration.
+    added_later: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_later_defaults(self, handler):
+        data = handler(self)
+        fields = type(self).model_fields
+        for name in self.added_later:
+            if name in data and data[name] == fields[name].default:
+                del data[name]
+        return data
 
 
 class Plugin:

@@ -114,6 +114,51 @@ def test_fpl_gradient_matches_a_reference():
     assert out["probe"] < out["anti"]  # the probe step descends L_anti
 
 
+def test_fpl_resist_reading_is_l_sim_at_the_simulated_forgotten_weights():
+    """The second reading: grad L_sim(theta) + beta * grad L_sim(theta - alpha g/|g|), g = grad L_anti, by hand."""
+    sim, anti = _losses()
+    alpha, beta = 0.3, 2.0
+    ref_model = _two_layer()
+    params = list(ref_model.parameters())
+    g_sim = torch.autograd.grad(sim(ref_model), params)
+    g = torch.autograd.grad(anti(ref_model), params)
+    norm = torch.sqrt(sum((x**2).sum() for x in g))
+    shifted = copy.deepcopy(ref_model)
+    with torch.no_grad():
+        for p, gi in zip(shifted.parameters(), g, strict=True):
+            p -= alpha * gi / norm
+    g_sim_probe = torch.autograd.grad(sim(shifted), list(shifted.parameters()))
+    expected = [a + beta * c for a, c in zip(g_sim, g_sim_probe, strict=True)]
+
+    model = _two_layer()
+    before = [p.detach().clone() for p in model.parameters()]
+    out = fpl_gradients(model, sim, anti, alpha, beta, probe_loss_fn=sim)
+    for p, e in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, e, rtol=1e-10, atol=1e-12)
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), b)
+    assert out["probe"] == pytest.approx(float(sim(shifted)))
+    # Not the literal reading's gradient.
+    literal = _two_layer()
+    fpl_gradients(literal, sim, anti, alpha, beta)
+    assert not all(
+        torch.allclose(a.grad, b.grad) for a, b in zip(literal.parameters(), model.parameters(), strict=True)
+    )
+
+
+def test_settings_added_later_keep_every_stored_hash():
+    """PRO's fpl_reading and score are left out of the settings' record at their defaults (so every stored stage keeps
+    its hash); set, they name a new configuration; the score never changes the trained student."""
+    from methods.pro import PRO, PROParams
+
+    assert "fpl_reading" not in PROParams().model_dump() and "score" not in PROParams().model_dump()
+    assert PROParams(fpl_reading="resist").model_dump()["fpl_reading"] == "resist"
+    assert PRO(PROParams(score="centred")).train_params() == PRO(PROParams()).train_params()
+    assert PRO(PROParams(fpl_reading="resist")).train_params() != PRO(PROParams()).train_params()
+    assert PRO(PROParams(fpl=False, fpl_reading="resist")).train_params() == PRO(PROParams(fpl=False)).train_params()
+    assert "FPL resist" in PRO(PROParams(fpl_reading="resist")).config_label()
+
+
 def test_fpl_gradient_adds_to_a_gradient_already_there():
     sim, anti = _losses()
     clean, accumulated = _two_layer(), _two_layer()
