@@ -79,6 +79,7 @@ class DetectContext:
     prompt_tokens: int
     new_tokens: int
     device: str
+    base_model: str | None = None  # the unwatermarked base (a folder), for detectors that compare with it
 
 
 class Detector(ABC):
@@ -119,6 +120,11 @@ class WatermarkMethod(Plugin, ABC):
     # tab:ft_steps compares the featured method with the best other one at every fine-tuning step.
     featured: ClassVar[bool] = False
     ablations: ClassVar[tuple[Ablation, ...]] = ()  # tables of its configurations that differ in one setting alone
+    # Whether its detector's ``pool`` is a test with a null distribution of its own (KGW, KTH); False: ``harness
+    # detect`` calibrates the scores against the unwatermarked base model's own continuations instead.
+    detector_has_null: ClassVar[bool] = False
+    # Settings ``harness detect`` scores with, where the command line does not set them (PRO: its centred score).
+    audit_settings: ClassVar[dict] = {}
 
     @abstractmethod
     def train(self, ctx: TrainContext, out: Path) -> dict:

@@ -80,6 +80,7 @@ class GuKGW(WatermarkMethod):
     tradeoff_settings = ("k", "delta")
     version = "1"
     Params = GuKGWParams
+    detector_has_null = True  # its pooled test is exact under the scheme's own null
 
     def key(self, tokenizer, drop_special: bool):
         """The KGW key for this tokenizer (``KGWKey``); special ids removed from green lists if ``drop_special``."""

@@ -90,6 +90,7 @@ class GuKTH(WatermarkMethod):
     tradeoff_settings = ("s",)
     version = "1"
     Params = GuKTHParams
+    detector_has_null = True  # its pooled test is exact under the scheme's own null
 
     def config_label(self) -> str:
         return f"s={self.params.s}"

@@ -88,18 +88,26 @@ class PROParams(Params):
 
 
 class PRODetector(Detector):
-    def __init__(self, policy, embedder, tokenizer, n: int):
+    def __init__(self, policy, embedder, tokenizer, n: int, base=None):
         self.policy, self.embedder, self.tokenizer, self.n = policy, embedder, tokenizer, n
+        self.base = base  # the unwatermarked base model: the centred score (None: the paper's)
 
     def score(self, sequences: list[list[int]]) -> list[dict]:
         from harness.compute.progress import Progress
-        from methods.pro_policy import detection_scores
+        from methods.pro_policy import centred_detection_scores, detection_scores
+
+        def batch(seqs: list[list[int]], bar) -> list[dict]:
+            if self.base is None:
+                return detection_scores(self.policy, self.embedder, self.tokenizer, seqs, self.n, progress=bar)
+            return centred_detection_scores(
+                self.policy, self.embedder, self.tokenizer, self.base, seqs, self.n, progress=bar
+            )
 
         with Progress(len(sequences), "PRO detect", unit="text") as bar:
             return score_long_enough(
                 sequences,
                 self.n + 1,
-                lambda seqs: detection_scores(self.policy, self.embedder, self.tokenizer, seqs, self.n, progress=bar),
+                lambda seqs: batch(seqs, bar),
                 {"score": 0.0, "prefix_scores": []},  # M's logits lie in [-1, 1] around 0: no position, no evidence
             )
 
@@ -130,6 +138,7 @@ class PRO(WatermarkMethod):
     )
     version = "2"  # 2: the anti-watermarked pool is drawn per text (the same with several processes)
     Params = PROParams
+    audit_settings = {"score": "centred"}  # centred on the base: its own text scores zero however predictable
 
     def model_refs(self) -> dict[str, str]:
         return {"embedding_model": self.params.embedding_model}
@@ -241,7 +250,14 @@ class PRO(WatermarkMethod):
         policy = policy.to(device).eval().requires_grad_(False)
         if tokenizer is None:
             tokenizer = load_tokenizer(str(key_dir / "model"))
-        return PRODetector(policy, embedder, tokenizer, key["n"])
+        base = None
+        if self.params.score == "centred":
+            if ctx is None or ctx.base_model is None:
+                raise HarnessError("PRO's centred score needs the unwatermarked base model, and none was given")
+            from harness.assets.models import load_causal_lm
+
+            base = load_causal_lm(ctx.base_model, device)
+        return PRODetector(policy, embedder, tokenizer, key["n"], base)
 
 
 class PROStep:

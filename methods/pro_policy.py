@@ -161,6 +161,50 @@ def detection_scores(
     return results
 
 
+def centred_detection_scores(
+    policy, embedder: Embedder, tokenizer, base, sequences: list[list[int]], n: int, progress=None, chunk: int = 8
+):
+    """As ``detection_scores``, each position's M value less its expectation under the base model's next-token
+    distribution: ``c_i = M_i[x_i] - sum_y p_base(y | x_<i) M_i[y]``, with ``M_i = M(E(x[i-n:i]))``, and the text's
+    score the mean of ``c_i`` (and its running mean). Where the base wrote the text from the same context,
+    ``E[c_i | x_<i] = 0``: the base model's own text scores zero on average however predictable it is, where the
+    paper's score rewards predictability itself. The base reads the text alone (its BOS first where it has one; a
+    detector is given no prompt), so on generated completions the centring is exact only up to what the prompt told
+    the base."""
+    import torch
+
+    for idx, seq in enumerate(sequences):
+        if len(seq) <= n:
+            raise ValueError(f"PRO detection: sequence {idx} has {len(seq)} tokens; scoring needs more than n={n}")
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    device = next(base.parameters()).device
+    results = []
+    was_training = policy.training
+    policy.eval()
+    with torch.no_grad():
+        for start in range(0, len(sequences), chunk):
+            part = [list(seq) for seq in sequences[start : start + chunk]]
+            ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
+            rows = policy(embedder.embed_ngrams(ngrams, tokenizer))  # (positions, V): M_i for every scored position
+            expected = []
+            for ids in part:  # the base's next-token distribution at the positions that predict x_n .. x_end
+                logits = base(input_ids=torch.tensor([bos + ids], device=device)).logits[0].float()
+                probs = torch.softmax(logits[len(bos) + n - 1 : len(bos) + len(ids) - 1], -1)
+                expected.append(probs)
+            probs = torch.cat(expected).to(rows.device)
+            width = min(probs.shape[1], rows.shape[1])  # (a model's logits may be padded past the vocabulary)
+            targets = torch.tensor([t for ids in part for t in ids[n:]], device=rows.device)
+            got = rows.gather(1, targets[:, None])[:, 0] - (probs[:, :width] * rows[:, :width]).sum(-1)
+            for ids, c in zip(part, got.split([len(ids) - n for ids in part]), strict=True):
+                running = torch.cumsum(c.double(), 0) / torch.arange(1, len(c) + 1, device=c.device)
+                prefix = [0.0] * n + [round(v, 4) for v in running.tolist()]
+                results.append({"score": float(c.double().mean()), "scored": len(ids) - n, "prefix_scores": prefix})
+            if progress is not None:
+                progress.update(len(part))
+    policy.train(was_training)
+    return results
+
+
 def fpl_gradients(
     model,
     sim_loss_fn: Callable,

@@ -348,6 +348,7 @@ def _audit(args) -> tuple[dict, list[dict]]:
                 f"it with 'harness run --preset {setup.name} --method {args.method} ...', or name a stored one by --key"
             )
         trained = audit.train_stage(store, str(trained.path))
+    method = audit.audit_method(method, set(parse_assignments(args.method_arg or [], "method setting")))
     preset = audit.setup_of(trained, chosen)
     resolved = audit.check_causal_lm(args.model) if texts is None else None  # before the base model loads or builds
     if args.num_texts is not None:
@@ -396,7 +397,8 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
         table.to_string(index=False) + more,
         "",
         f"{d['texts']} texts, {d['tokens']} tokens tested; {d['test']}; statistic {d['statistic']:.3f}",
-        f"human texts' median score: {d['human_median_score']:.3f} ({d['human_texts']} texts)",
+        f"human texts' median score: {d['human_median_score']:.3f} ({d['human_texts']} texts)"
+        + (f"; the base model's: {d['reference_median_score']:.3f}" if "reference_median_score" in d else ""),
         f"decision: {verdict} (this test flags an unwatermarked source with probability at most {d['alpha']:g})",
     ])  # fmt: skip
 

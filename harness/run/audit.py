@@ -7,10 +7,12 @@ then tested together for one decision about their source:
 
 - where the scheme has a null distribution of its own, its pooled test (``Detector.pool``: KGW's green count over the
   distinct (green list, token) pairs of all texts, Fisher's combination of KTH's per-text p-values);
-- otherwise (PRO) the texts' scores are calibrated against the scores of as many human continuations of the same
-  evaluation data, by a one-sided Mann-Whitney U test (the texts score higher than human text). That null is "the
-  source writes like the human texts under this detector"; the base row of ``harness run`` shows how far an
-  unwatermarked model is from it for a given key.
+- otherwise (PRO) the texts' scores are calibrated against the scores of the unwatermarked base model's own
+  continuations of the same evaluation prompts (the ``generate`` stage ``harness run`` makes for its base row), by a
+  one-sided Mann-Whitney U test: the null is "the source writes like the unwatermarked base under this detector",
+  which an unwatermarked model meets and human text need not (PRO's paper score rewards predictable text: the
+  SmolLM2 base's most predictable texts reach AUC 0.59 against human text). A method may score differently for an
+  audit (``WatermarkMethod.audit_settings``: PRO's centred score). Human texts' scores are shown beside it.
 
 The scores are a ``detect`` stage of the store, so the same audit is computed once.
 """
@@ -32,7 +34,9 @@ from harness.store.stages import Stage, Store
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 # Bump when the decision drawn from the scores changes (the pooled tests): a detect stage's result is keyed by it.
-DECISION_VERSION = "2"  # 2: KGW counts distinct (green list, token) pairs (1: distinct (k+1)-grams)
+# 2: KGW counts distinct (green list, token) pairs (1: distinct (k+1)-grams); a scheme with no null of its own is
+# calibrated on the base model's continuations (1: on human texts)
+DECISION_VERSION = "2"
 
 
 # --- the key ----------------------------------------------------------------------------------------------------
@@ -141,24 +145,36 @@ def check_model(resolved: str, ref: str, key_tokenizer) -> str:
     return resolved
 
 
+def audit_method(method, given: set[str] = frozenset()):
+    """``method`` with the settings its class scores audits with (``audit_settings``), but those given on the
+    command line (``given``); the trained student is the same (a setting that changed it would be no audit setting)."""
+    from harness.config.registry import methods
+
+    changes = {k: v for k, v in type(method).audit_settings.items() if k not in given}
+    if not changes:
+        return method
+    return methods.build(method.name, {**method.params.model_dump(), **changes})
+
+
 # --- the decision -------------------------------------------------------------------------------------------------
-def calibrated(scores: list[float], human: list[float]) -> dict:
-    """One-sided Mann-Whitney U test that ``scores`` lie above the ``human`` texts' scores (PRO and any scheme with no
-    null distribution of its own)."""
+def calibrated(scores: list[float], reference: list[float], what: str = "human texts") -> dict:
+    """One-sided Mann-Whitney U test that ``scores`` lie above the ``reference`` texts' scores (``what``: whose they
+    are), for a scheme with no null distribution of its own: exact under the null that the texts and the reference
+    texts come from one source."""
     from scipy.stats import mannwhitneyu
 
-    result = mannwhitneyu(scores, human, alternative="greater")
+    result = mannwhitneyu(scores, reference, alternative="greater")
     return {
         "p_value": float(result.pvalue),
-        "statistic": float(result.statistic / (len(scores) * len(human))),  # U / (n m): the AUC against human texts
-        "test": f"one-sided Mann-Whitney U of the texts' scores against {len(human)} human texts' scores "
+        "statistic": float(result.statistic / (len(scores) * len(reference))),  # U / (n m): the AUC against them
+        "test": f"one-sided Mann-Whitney U of the texts' scores against those of {len(reference)} {what} "
         "(statistic: the AUC against them)",
     }
 
 
-def empirical_p(score: float, human: list[float]) -> float:
-    """A text's p-value against the human texts' scores: (1 + #{human >= score}) / (N + 1)."""
-    return (1 + sum(h >= score for h in human)) / (len(human) + 1)
+def empirical_p(score: float, reference: list[float]) -> float:
+    """A text's p-value against the reference texts' scores: (1 + #{reference >= score}) / (N + 1)."""
+    return (1 + sum(h >= score for h in reference)) / (len(reference) + 1)
 
 
 @dataclass(frozen=True)
@@ -187,11 +203,15 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         "stage": "detect",
         "scoring_version": scoring.SCORING_VERSION,
         "decision_version": DECISION_VERSION,
-        "detector": {"method": method.name, "key_from": trained.key, "reads": e.score_on},
+        "detector": {"method": method.name, "key_from": trained.key, "reads": e.score_on,
+                     "settings": method.params.model_dump()},
         "source": source,
         "human": {"eval_data": source_spec(pipe.preset.eval_data), "prompts": e.num_prompts,
                   "prompt_tokens": e.prompt_tokens, "new_tokens": e.new_tokens},
     }  # fmt: skip
+    if method.detector_has_null is False:  # calibrated on the base model's own continuations (a generate stage)
+        base_gen = pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base model")
+        spec["reference"] = {"generate": base_gen.key}
     stage = pipe.store.stage("detect", spec)
 
     def build(out: Path) -> dict:
@@ -210,9 +230,18 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         human = [s["score"] for s in detector.score(human_seqs)]
         pooled = detector.pool(sequences, scores)
         if pooled is None:
-            pooled = {**calibrated([s["score"] for s in scores], human), "tokens": sum(map(len, sequences))}
+            if "reference" not in spec:
+                raise RuntimeError(f"{method.name} says its detector has a null of its own (detector_has_null), "
+                                   "but its pool returned none")  # fmt: skip
+            gen_file = pipe.store.root / "stages" / "generate" / spec["reference"]["generate"] / "generations.jsonl"
+            reference = [
+                s["score"] for s in detector.score(pipe.detector_input(files.read_jsonl(gen_file), "completion"))
+            ]
+            what = "the unwatermarked base model's continuations of the same prompts"
+            pooled = {**calibrated([s["score"] for s in scores], reference, what), "tokens": sum(map(len, sequences))}
+            pooled["reference_median_score"] = _median(reference)
             for s in scores:
-                s["p_value"] = empirical_p(s["score"], human)
+                s["p_value"] = empirical_p(s["score"], reference)
         rows = [{"i": i, "tokens": len(seq), **s, "text": t}
                 for i, (seq, s, t) in enumerate(zip(sequences, scores, texts, strict=True))]  # fmt: skip
         files.write_jsonl(out / "scores.jsonl", rows)

@@ -432,6 +432,7 @@ class Pipeline:
             prompt_tokens=self.preset.eval.prompt_tokens,
             new_tokens=self.preset.eval.new_tokens,
             device=self.device,
+            base_model=self.base["path"],
         )
 
     def detector_input(self, gens: list[dict], field: str) -> list[list[int]]:

@@ -41,3 +41,19 @@ def test_one_methods_key_does_not_fire_on_the_other_methods_model(pro_store, tin
         assert out.returncode == 0, out.stderr[-3000:]
         decision = json.loads(out.stdout)["decision"]
         assert decision["p_value"] > 0.01 and not decision["watermarked"], (key_of, model_of, decision)
+
+
+def test_the_pro_key_finds_its_student_and_leaves_the_base_unflagged(pro_store, cli, runs_by_row):
+    """``harness detect`` with a PRO key scores with the centred score and calibrates on the base model's own
+    continuations: the student is found, the unwatermarked base is not."""
+    key = runs_by_row(pro_store, method="pro")["Unaltered"][0]["detector"]["key_from"]
+    args = ("detect", "--results", str(pro_store), "--num-texts", "64", "--json", "--key", key)
+    found = {}
+    for name, model in (("student", pro_store / "stages" / "train" / key / "model"), ("base", "builtin:tiny-lm")):
+        out = cli(*args, "--model", str(model))
+        assert out.returncode == 0, out.stderr[-3000:]
+        found[name] = json.loads(out.stdout)
+    assert found["student"]["decision"]["watermarked"] and found["student"]["decision"]["p_value"] < 1e-3, found
+    assert not found["base"]["decision"]["watermarked"] and found["base"]["decision"]["p_value"] > 0.05, found
+    assert "base model's continuations" in found["base"]["decision"]["test"]
+    assert found["base"]["key"]["config"].endswith("centred score, no FPL")

@@ -421,3 +421,38 @@ def test_simultaneous_update_and_paper_sum_reduction_train(random_llamas, tmp_pa
         hook.remove()
     assert set(reductions) == {"sum"} and len(policy_calls) == SETTINGS.steps
     assert report["policy_update"] == "simultaneous" and report["steps"] == SETTINGS.steps
+
+
+def test_centred_score_is_zero_on_average_on_the_base_models_own_text(random_llamas, embedder):
+    """PRO's centred score (the harness's own): M's value at each token less its expectation under the base model.
+    On texts the base sampled from the context the detector gives it (BOS, then the text), the mean over 80 texts lies
+    within 3 standard errors of 0; one position checked by hand."""
+    from harness.assets.models import load_causal_lm, load_tokenizer
+    from methods.pro_policy import centred_detection_scores
+
+    tokenizer = load_tokenizer(str(random_llamas[1]))
+    base = load_causal_lm(str(random_llamas[1]), "cpu")
+    torch.manual_seed(0)
+    policy = PolicyMLP(384, base.config.vocab_size, hidden=32)
+    gen = torch.Generator().manual_seed(1)
+    texts = []
+    with torch.no_grad():
+        for _ in range(80):
+            ids = [tokenizer.bos_token_id]
+            for _ in range(20):
+                probs = torch.softmax(base(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+                ids.append(int(torch.multinomial(probs, 1, generator=gen)))
+            texts.append(ids[1:])
+    scores = [s["score"] for s in centred_detection_scores(policy, embedder, tokenizer, base, texts, 1)]
+    mean, se = float(torch.tensor(scores).mean()), float(torch.tensor(scores).std()) / len(scores) ** 0.5
+    assert abs(mean) < 3 * se, (mean, se)
+    paper = [s["score"] for s in detection_scores(policy, embedder, tokenizer, texts, 1)]
+    assert paper != scores
+    # By hand: the text's first scored position (i = n = 1).
+    seq = texts[0]
+    with torch.no_grad():
+        row = policy(embedder.embed_ngrams([tuple(seq[:1])], tokenizer))[0]
+        probs = torch.softmax(base(input_ids=torch.tensor([[tokenizer.bos_token_id, *seq]])).logits[0, 1].float(), -1)
+    by_hand = float(row[seq[1]] - (probs * row).sum())
+    first = centred_detection_scores(policy, embedder, tokenizer, base, [seq], 1)[0]["prefix_scores"][1]
+    assert first == pytest.approx(by_hand, abs=1e-4)
