@@ -95,6 +95,19 @@ def heatmap(part: pd.DataFrame) -> str:
     return "\n".join(out) + f'<p class="legend">{legend}</p>'
 
 
+def pro_scores(part: pd.DataFrame) -> str:
+    """Which score PRO's rows use: the paper's (the mean of M's values at the text's tokens, the tables' default) or
+    the harness's centred one (less M's expectation under the base model), as their settings say."""
+    pro = part[part["method_name"] == "pro"]
+    if pro.empty:
+        return ""
+    scores = pro["params"].map(lambda p: json.loads(p).get("score", "paper")).value_counts()
+    said = {"paper": "the paper's score (mean of M at the text's tokens)",
+            "centred": "the harness's centred score (less M's expectation under the base model)"}  # fmt: skip
+    parts = [f"{plural(int(n), 'run')} with {esc(said.get(k, k))}" for k, n in scores.items()]
+    return f"<p>PRO's rows: {'; '.join(parts)}. A row with the centred score says so in its configuration.</p>"
+
+
 def other_configurations(part: pd.DataFrame) -> str:
     """Every run of a configuration that is not its method's main one (other settings, ablations), a row each with
     its AUC linked to its run: the heatmap shows main configurations only, and every stored cell belongs on the page."""
@@ -158,6 +171,7 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
             f"{esc(part['preset'].iloc[0])}</h2>",
             "<h3>AUC and TPR at 1% FPR of each method's main configuration</h3>",
             heatmap(part),
+            pro_scores(part),
             "<h3>Other configurations (settings, ablations)</h3>",
             other_configurations(part),
             "<h3>Figures</h3>",
