@@ -189,12 +189,22 @@ def ablation(df: pd.DataFrame, method: str, spec: Ablation) -> pd.DataFrame:
     if part.empty:
         return pd.DataFrame()
     attack, under = spec.under or (None, {})
+    cls = plugin_class("method", part["method_name"].iloc[0])
+    fields = cls.Params.model_fields if cls is not None else {}
+
+    def value_of(params: str, setting: str):  # a setting added later is stored only where it is not its default
+        found = param(params, setting)
+        return fields[setting].default if found is None and setting in fields else found
+
+    later = cls.Params.added_later if cls is not None else ()
     rows = []
     for setting in spec.settings:
         chosen = part[only_mask(part, (setting,))]
-        values = sorted({param(p, setting) for p in chosen["params"]})
+        values = sorted({value_of(p, setting) for p in chosen["params"]}, key=lambda v: (isinstance(v, str), v))
+        if setting in later and values == [fields[setting].default]:
+            continue  # a setting added later that no stored run varies: no block (stores made before it read as before)
         for value in values:
-            runs = chosen[chosen["params"].map(lambda p, s=setting, v=value: param(p, s) == v)]
+            runs = chosen[chosen["params"].map(lambda p, s=setting, v=value: value_of(p, s) == v)]
             plain = runs[unaltered(runs)]
             settings_match = runs["attack_params"].map(lambda p: all(param(p, k) == v for k, v in under.items()))
             attacked = runs[(runs["attack_name"] == attack) & settings_match]
@@ -216,7 +226,8 @@ def ablation_tex(table: pd.DataFrame, caption: str, spec: Ablation) -> str:
     for setting in dict.fromkeys(table.index.get_level_values(0)):
         part = table.loc[setting]
         head = [spec.settings_tex.get(setting, esc(setting))]
-        head += [f"\\textbf{{{v:g}}}" if row["main"] else f"{v:g}" for v, row in part.iterrows()]
+        shown = [f"{v:g}" if isinstance(v, int | float) else esc(str(v)) for v in part.index]
+        head += [f"\\textbf{{{v}}}" if row["main"] else v for v, (_, row) in zip(shown, part.iterrows(), strict=True)]
         blocks.append(" & ".join(head) + r" \\")
         blocks.append(r"\midrule")
         for metric in metrics:
