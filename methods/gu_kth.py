@@ -68,18 +68,20 @@ class KTHDetector(Detector):
         return score_long_enough(sequences, 1, batch, {"score": 0.0, "statistic": 0.0, "p_value": 1.0})
 
     def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict:
-        """Fisher's combination of the per-text p-values. Each is Gu et al.'s empirical p-value against the same
-        reference statistics: never below 1 / (N + 1), and slightly dependent through that shared reference (stated
-        in the test's description)."""
-        from scipy.stats import combine_pvalues
+        """One-sided Mann-Whitney U test that the texts' statistics lie below the key's reference statistics of human
+        texts (lower = watermarked): exact under the null that the texts and the reference texts come from one source
+        (asymptotic normal with tie correction where they are many). Fisher's combination of the per-text p-values,
+        used before, treats them as independent, but each is a rank against the same reference: with 1,000 texts
+        against 1,000 references it flagged 4.2% of unwatermarked draws at a stated 1%."""
+        from scipy.stats import mannwhitneyu
 
-        pvals = [s["p_value"] for s in scores]
-        statistic, p_value = combine_pvalues(pvals, method="fisher")
+        stats = [s["statistic"] for s in scores]
+        result = mannwhitneyu(stats, self.reference, alternative="less")
         return {
-            "p_value": float(p_value),
-            "statistic": float(statistic),
-            "test": f"Fisher's combination of {len(pvals)} per-text p-values (each against {len(self.reference)} "
-            "reference statistics of human texts, so none is below 1/(N+1))",
+            "p_value": float(result.pvalue),
+            "statistic": 1.0 - float(result.statistic) / (len(stats) * len(self.reference)),  # the AUC against them
+            "test": f"one-sided Mann-Whitney U of the texts' KTH statistics against {len(self.reference)} reference "
+            "statistics of human texts (statistic: the AUC against them)",
             "tokens": sum(len(s) for s in sequences),
         }
 

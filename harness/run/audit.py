@@ -6,7 +6,7 @@ in ``harness run``); texts are read from a file. Each text is scored by the meth
 then tested together for one decision about their source:
 
 - where the scheme has a null distribution of its own, its pooled test (``Detector.pool``: KGW's green count over the
-  distinct (green list, token) pairs of all texts, Fisher's combination of KTH's per-text p-values);
+  distinct (green list, token) pairs of all texts, a rank test of KTH's statistics against its reference);
 - otherwise (PRO) the texts' scores are calibrated against the scores of the unwatermarked base model's own
   continuations of the same evaluation prompts (the ``generate`` stage ``harness run`` makes for its base row), by a
   one-sided Mann-Whitney U test: the null is "the source writes like the unwatermarked base under this detector",
@@ -36,7 +36,7 @@ TEXT_SUFFIXES = (".txt", ".jsonl")
 # Bump when the decision drawn from the scores changes (the pooled tests): a detect stage's result is keyed by it.
 # 2: KGW counts distinct (green list, token) pairs (1: distinct (k+1)-grams); a scheme with no null of its own is
 # calibrated on the base model's continuations (1: on human texts)
-DECISION_VERSION = "2"
+DECISION_VERSION = "2"  # (2 also: KTH by a rank test against its reference, not Fisher)
 
 
 # --- the key ----------------------------------------------------------------------------------------------------
