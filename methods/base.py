@@ -125,6 +125,9 @@ class WatermarkMethod(Plugin, ABC):
     detector_has_null: ClassVar[bool] = False
     # Settings ``harness detect`` scores with, where the command line does not set them (PRO: its centred score).
     audit_settings: ClassVar[dict] = {}
+    # A setting that chooses between detection scores, and what each value reads (the report says which rows use
+    # which): None where the method has one score.
+    score_setting: ClassVar[tuple[str, dict[str, str]] | None] = None
 
     @abstractmethod
     def train(self, ctx: TrainContext, out: Path) -> dict:

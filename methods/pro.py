@@ -139,6 +139,13 @@ class PRO(WatermarkMethod):
     version = "2"  # 2: the anti-watermarked pool is drawn per text (the same with several processes)
     Params = PROParams
     audit_settings = {"score": "centred"}  # centred on the base: its own text scores zero however predictable
+    score_setting = (
+        "score",
+        {
+            "paper": "the paper's score (the mean of M at the text's tokens)",
+            "centred": "the harness's centred score (less M's expectation under the base model)",
+        },
+    )
 
     def model_refs(self) -> dict[str, str]:
         return {"embedding_model": self.params.embedding_model}

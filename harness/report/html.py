@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report.collect import MISSING, category_rank, main_runs, method_rank, natural_key, setups
+from harness.report.collect import MISSING, category_rank, main_runs, method_rank, natural_key, plugin_class, setups
 from harness.report.latex import colour
 from harness.store import files
 from harness.store.stages import Store
@@ -95,17 +95,21 @@ def heatmap(part: pd.DataFrame) -> str:
     return "\n".join(out) + f'<p class="legend">{legend}</p>'
 
 
-def pro_scores(part: pd.DataFrame) -> str:
-    """Which score PRO's rows use: the paper's (the mean of M's values at the text's tokens, the tables' default) or
-    the harness's centred one (less M's expectation under the base model), as their settings say."""
-    pro = part[part["method_name"] == "pro"]
-    if pro.empty:
-        return ""
-    scores = pro["params"].map(lambda p: json.loads(p).get("score", "paper")).value_counts()
-    said = {"paper": "the paper's score (mean of M at the text's tokens)",
-            "centred": "the harness's centred score (less M's expectation under the base model)"}  # fmt: skip
-    parts = [f"{plural(int(n), 'run')} with {esc(said.get(k, k))}" for k, n in scores.items()]
-    return f"<p>PRO's rows: {'; '.join(parts)}. A row with the centred score says so in its configuration.</p>"
+def detection_scores(part: pd.DataFrame) -> str:
+    """Which score each method that offers several (``WatermarkMethod.score_setting``: PRO's paper and centred scores)
+    reads in this setup's rows, as their settings say."""
+    out = []
+    for name, runs in part.groupby("method_name", sort=True):
+        cls = plugin_class("method", name)
+        if cls is None or cls.score_setting is None:
+            continue
+        setting, readings = cls.score_setting
+        default = cls.Params.model_fields[setting].default
+        counts = runs["params"].map(lambda p, s=setting, d=default: json.loads(p).get(s, d)).value_counts()
+        said = "; ".join(f"{plural(int(n), 'run')} with {esc(readings.get(k, k))}" for k, n in counts.items())
+        out.append(f"<p>{esc(runs['method'].iloc[0])}'s rows: {said}. A row with another score than "
+                   f"{esc(readings.get(default, default))} says so in its configuration.</p>")  # fmt: skip
+    return "\n".join(out)
 
 
 def other_configurations(part: pd.DataFrame) -> str:
@@ -171,7 +175,7 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
             f"{esc(part['preset'].iloc[0])}</h2>",
             "<h3>AUC and TPR at 1% FPR of each method's main configuration</h3>",
             heatmap(part),
-            pro_scores(part),
+            detection_scores(part),
             "<h3>Other configurations (settings, ablations)</h3>",
             other_configurations(part),
             "<h3>Figures</h3>",
