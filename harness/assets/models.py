@@ -99,25 +99,34 @@ def hub_unreachable() -> str | None:
 
 
 def built(ref: str) -> bool:
-    """Whether ``ref`` loads without building anything first: False only for a built-in model that this machine has
-    not built yet (a GGUF file not yet converted counts as built: converting it takes seconds)."""
+    """Whether ``ref`` loads without building anything first: False for a built-in model that this machine has not
+    built yet, and for a GGUF file not converted yet (a dry run converts none: it reads the header alone)."""
+    if gguf.is_gguf(ref):
+        return gguf.is_converted(ref)
     entry = BUILT_CHECKS.get(ref)
     return entry is None or bool(load_target(entry[0])())
 
 
 def build_cost(ref: str) -> str:
-    """What building the built-in ``ref`` takes, for messages."""
+    """What building the built-in ``ref`` (converting the GGUF file ``ref``) takes, for messages."""
+    if gguf.is_gguf(ref):
+        return gguf.conversion_cost(ref)
     return BUILT_CHECKS[ref][1] if ref in BUILT_CHECKS else "a moment"
 
 
 def planned(ref: str) -> bool:
-    """Whether ``ref`` is a built-in not built on this machine whose config its recipe gives (``planned_config``)."""
+    """Whether ``ref`` is a built-in not built on this machine whose config its recipe gives, or a GGUF file not
+    converted yet, whose config its header gives (``planned_config``)."""
+    if gguf.is_gguf(ref):
+        return not gguf.is_converted(ref)
     return ref in PLANNED_CONFIGS and not built(ref)
 
 
 def planned_config(ref: str):
-    """The config of ``ref`` if it is ``planned`` (a transformers config, nothing built), else None."""
-    return load_target(PLANNED_CONFIGS[ref])() if planned(ref) else None
+    """The config of ``ref`` if it is ``planned`` (a transformers config, nothing built or converted), else None."""
+    if not planned(ref):
+        return None
+    return gguf.planned_config(ref) if gguf.is_gguf(ref) else load_target(PLANNED_CONFIGS[ref])()
 
 
 def config(ref: str):
