@@ -58,6 +58,7 @@ def check(ref: str) -> None:
     folder = Path(resolve(ref))
     if folder.exists():
         check_weights(folder, ref)
+        check_files(folder)
         return
     hub_config(ref)
 
@@ -224,6 +225,30 @@ def check_weights(folder: Path, ref: str) -> None:
         )
 
 
+def check_files(folder: Path) -> None:
+    """One line for a model file that does not read in its format, before any work: a safetensors file cut short or
+    whose header claims more bytes than it holds, a config or tokenizer JSON file that is not JSON (transformers and
+    safetensors fail on them with a traceback, at load). Once per version of the folder's files."""
+    listing = tuple(
+        (f.name, f.stat().st_size, f.stat().st_mtime_ns)
+        for f in sorted(folder.iterdir())
+        if f.is_file() and f.suffix in (".json", ".safetensors") and any(fnmatch(f.name, p) for p in MODEL_FILES)
+    )
+    _check_files(str(folder), listing)
+
+
+@functools.lru_cache(maxsize=64)
+def _check_files(folder: str, listing: tuple) -> None:
+    from harness.store.files import FORMATS
+
+    for name, _, _ in listing:
+        file = Path(folder) / name
+        try:
+            FORMATS[file.suffix](file)
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+            raise HarnessError(f"model file '{file}' does not read as {file.suffix[1:]}: {first_line(err)}") from None
+
+
 def resolve(ref: str) -> str:
     """Return a local folder or a hub id for ``ref``, building the tiny model if needed."""
     if ref.startswith("builtin:"):
@@ -298,6 +323,7 @@ def load_tokenizer(path_or_id: str):
 
 def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "auto"):
     """Load a causal LM for inference (eval mode) on ``device`` (default: CUDA if available, else CPU)."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     device = device or default_device()
@@ -313,7 +339,7 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
             use_safetensors=None if pickle_allowed() else True,
             **({"device_map": device} if quantized else {}),
         )
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, SafetensorError) as err:
         raise _load_error(path_or_id, err) from None
     return (model if quantized else model.to(device)).eval().requires_grad_(False)
 

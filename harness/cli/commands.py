@@ -159,6 +159,7 @@ def _device_env(args) -> None:
 def cmd_grid(args) -> int:
     from harness.assets import models
     from harness.run import executors, grid, jobs
+    from harness.store import files
 
     if distributed.world_size() > 1:
         raise HarnessError(
@@ -167,6 +168,7 @@ def cmd_grid(args) -> int:
         )
 
     spec = grid.load(args.spec)
+    files.check_cache()  # (before the cells' checks, which would name a cell for it)
     if not args.verbose:
         _quiet_transformers()
     shard = grid.parse_shard(args.shard) if args.shard is not None else None
@@ -317,6 +319,7 @@ def _audit(args) -> tuple[dict, list[dict]]:
     store = Store(args.results)
     if not (store.root / "stages").is_dir():
         raise HarnessError(f"no run store at '{store.root}': train a watermark with 'harness run' first")
+    files.check_cache()
     chosen = None  # the setup given on the command line (else the key's: audit.setup_of)
     if args.preset or args.overrides:
         overrides = parse_assignments(args.overrides, "setting")

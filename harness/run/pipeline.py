@@ -57,6 +57,7 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     sequence fits the base model (these two read the base model's config: a built-in one this machine lacks is judged
     by its recipe's where it has one, else built first, hence last). ``build=False`` (a dry run) builds no built-in
     model: the checks that would need one built are left to the run."""
+    files.check_cache()  # (where built models and file hashes are kept: a file there fails every build, late)
     training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
