@@ -141,7 +141,19 @@ BAD_INPUTS = {
         ["run", "--method", "gu-kgw", "--attack", "finetune", "--attack-arg", "seq_len=2048"],
         "finetune seq_len (2048 tokens)",
     ),
+    # Counts past what the code takes: islice's limit (a traceback once the prompts were read), torch's 64-bit seeds.
+    "huge prompt count": (
+        ["run", "--method", "gu-kgw", "--set", "eval.num_prompts=99999999999999999999"],
+        "eval.num_prompts: Input should be less than or equal to 1000000",
+    ),
+    "huge seed": (["run", "--method", "gu-kgw", "--set", f"train.seed={2**64}"], "train.seed: Input should be less"),
+    "huge eval seed": (["run", "--method", "gu-kgw", "--set", f"eval.seed={-(2**63) - 1}"], "eval.seed: Input"),
     "unknown command": (["fly"], "invalid choice"),
+    "escape in a name": (
+        ["run", "--method", "gu\x1b]0;owned\x07\nkgw"],
+        "unknown method 'gu\\x1b]0;owned\\x07\\x0akgw'",
+    ),
+    "escape in a command": (["fly\x1b[2J"], "invalid choice: 'fly\\x1b[2J'"),
     "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
 }
 
