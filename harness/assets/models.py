@@ -156,14 +156,36 @@ def context_length(ref: str) -> int | None:
         return found.max_position_embeddings
     folder = Path(resolve(ref))
     if (folder / "config.json").is_file():
-        config = json_.loads((folder / "config.json").read_text())
+        try:
+            config = json_.loads((folder / "config.json").read_text())
+        except (OSError, ValueError) as err:
+            raise HarnessError(
+                f"model file '{folder / 'config.json'}' does not read as JSON: {first_line(err)}"
+            ) from None
     else:
         try:
             config = hub_config(ref).to_dict()
         except HarnessError:
             return None  # (check() says what is wrong with it)
-    value = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
-    return int(value) if value else None
+    text = config.get("text_config") if isinstance(config, dict) else None
+    value = (config.get("max_position_embeddings") if isinstance(config, dict) else None) or (
+        text.get("max_position_embeddings") if isinstance(text, dict) else None
+    )
+    try:
+        return int(value) if value else None
+    except (TypeError, ValueError):  # (not a number: transformers refuses the config, check() says so)
+        return None
+
+
+def check_lengths(ref: str, lengths: dict[str, int], what: str = "the base model") -> None:
+    """Every sequence of ``lengths`` (``{what it is: tokens}``) fits the model ``ref`` (``context_length``): one line
+    naming the first that does not, before it reaches the model (which fails only then, after training)."""
+    context = context_length(ref)
+    for name, length in lengths.items():
+        if context is not None and length > context:
+            raise HarnessError(
+                f"{name} ({length} tokens) is longer than {what} takes ({context}: its max_position_embeddings)"
+            )
 
 
 def check_causal_lm(resolved: str, ref: str) -> None:
