@@ -17,7 +17,7 @@ import os
 from fnmatch import fnmatch
 from pathlib import Path
 
-from harness.assets import gguf
+from harness.assets import gguf, weights
 from harness.compute import distributed
 from harness.config.errors import HarnessError, first_line
 from harness.config.refs import (
@@ -250,7 +250,8 @@ def check_weights(folder: Path, ref: str) -> None:
 def check_files(folder: Path) -> None:
     """One line for a model file that does not read in its format, before any work: a safetensors file cut short or
     whose header claims more bytes than it holds, a config or tokenizer JSON file that is not JSON (transformers and
-    safetensors fail on them with a traceback, at load). Once per version of the folder's files."""
+    safetensors fail on them with a traceback, at load), a config describing far more than its weights hold
+    (``weights.check_described``). Once per version of the folder's files."""
     listing = tuple(
         (f.name, f.stat().st_size, f.stat().st_mtime_ns)
         for f in sorted(folder.iterdir())
@@ -269,6 +270,7 @@ def _check_files(folder: str, listing: tuple) -> None:
             FORMATS[file.suffix](file)
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
             raise HarnessError(f"model file '{file}' does not read as {file.suffix[1:]}: {first_line(err)}") from None
+    weights.check_described(Path(folder))
 
 
 def resolve(ref: str) -> str:

@@ -207,6 +207,13 @@ def test_a_cache_that_is_a_file_is_one_line(cli, tmp_path, monkeypatch, below):
     assert blocker.read_text() == ""
 
 
+def _edit_config(folder, **changes) -> None:
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
 DAMAGED_MODEL_FILES = {
     "safetensors cut short": (
         lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
@@ -218,6 +225,15 @@ DAMAGED_MODEL_FILES = {
         ),
         "model.safetensors' does not read as safetensors: header length past the end of the file",
     ),
+    # A config describing far more than the weights hold: transformers builds it, then initializes what is missing.
+    "config claiming 4,096 layers": (
+        lambda d: _edit_config(d, num_hidden_layers=4096),
+        "config.json describes: 4,096 layers (num_hidden_layers), and its weights are numbered up to 1",
+    ),
+    "config claiming a 2**24 feed-forward": (
+        lambda d: _edit_config(d, intermediate_size=2**24),
+        "does not hold the model its config.json describes: a causal LM of",
+    ),
     "config not JSON": (lambda d: (d / "config.json").write_text('{"model_type": "lla'), "config.json' does not read"),
     "tokenizer not JSON": (lambda d: (d / "tokenizer.json").write_text('{"version": '), "tokenizer.json' does not"),
 }
@@ -226,8 +242,9 @@ DAMAGED_MODEL_FILES = {
 @pytest.mark.parametrize("case", sorted(DAMAGED_MODEL_FILES))
 def test_a_model_file_that_does_not_read_is_one_line_before_any_work(cli, tmp_path, random_llamas, monkeypatch, case):
     """A model folder whose weights are cut short (or whose safetensors header claims more bytes than the file holds),
-    or whose config or tokenizer is not JSON: transformers and safetensors fail on them at load, with a traceback (a
-    dry run: at the context check); each is one line naming the file, before anything is built."""
+    or whose config or tokenizer is not JSON, or whose config describes far more than its weights hold: transformers
+    and safetensors fail on them at load, with a traceback (a dry run: at the context check), or build the model the
+    config describes; each is one line naming the file, before anything is built."""
     import shutil
 
     damage, words = DAMAGED_MODEL_FILES[case]
@@ -238,7 +255,7 @@ def test_a_model_file_that_does_not_read_is_one_line_before_any_work(cli, tmp_pa
     for dry in ([], ["--dry-run"]):
         out = cli("run", "--method", "gu-kgw", "--base-model", str(folder), "--results", str(tmp_path / "r"), *dry)
         one_line_error(out, words)
-        assert f"model file '{folder}" in out.stderr
+        assert f"'{folder}" in out.stderr
     assert not (tmp_path / "r" / "stages").exists() and not (tmp_path / "cache").exists()
 
 
