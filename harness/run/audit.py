@@ -101,12 +101,14 @@ def setup_of(stage: Stage, preset: Preset | None) -> Preset:
 
 # --- what is audited ----------------------------------------------------------------------------------------------
 MAX_TEXTS_BYTES = 16 * 2**20  # a texts file is read whole: 16 MiB, some 4 million tokens, is far more than a test needs
+MAX_TEXTS = 100_000  # each text costs its own rows: 100,000 short ones take about 35 s and 1 GB (8 million did not end)
 
 
 def read_texts(path: Path) -> list[tuple[int, str]]:
     """``(line number, text)`` of each text in ``path``: ``.txt`` one per non-empty line, ``.jsonl`` one object with a
     ``text`` field per line. Lines end at '\\n' alone (and a '\\r' before it): U+2028, U+0085, form feeds and the
-    other breaks str.splitlines() also splits at are characters of a text, and of JSON. At most ``MAX_TEXTS_BYTES``."""
+    other breaks str.splitlines() also splits at are characters of a text, and of JSON. At most ``MAX_TEXTS_BYTES``
+    and ``MAX_TEXTS`` texts."""
     if path.suffix not in TEXT_SUFFIXES:
         raise HarnessError(f"texts file '{path}' must be .txt (one text per line) or .jsonl (a 'text' field per line)")
     if not path.exists():
@@ -126,6 +128,8 @@ def read_texts(path: Path) -> list[tuple[int, str]]:
         raise HarnessError(f"{path}, line {line}: a NUL byte, which no text holds (not a text file)")
     lines = [(n, line.removesuffix("\r")) for n, line in enumerate(raw.split("\n"), 1)]
     lines = [(n, line) for n, line in lines if line.strip()]
+    if len(lines) > MAX_TEXTS:
+        raise HarnessError(f"texts file '{path}' holds {len(lines):,} texts, more than {MAX_TEXTS:,}; split it")
     if path.suffix == ".txt":
         texts = lines
     else:

@@ -179,6 +179,7 @@ BAD_TEXTS = {
     "long.jsonl": (b'{"text": "fine"}\n' + json.dumps({"text": "fox " * 300}).encode(), "line 2: a text of 302 tokens"),
     "wide.txt": (b"fine\n" + b"word " * 400_000, "line 2: a text of 2,000,000 characters, more than the 128 tokens"),
     "huge.txt": (b"fine text\n" * (1 << 21), "holds more than 16 MiB of text"),
+    "many.txt": (b"a\n" * 100_001, "holds 100,001 texts, more than 100,000"),
 }
 
 
