@@ -25,7 +25,8 @@ SMALL_FILE = 1 << 20  # files below this are hashed directly; larger ones go thr
 
 def cache_root() -> Path:
     """Where built models and file hashes are kept between runs: ``$HARNESS_CACHE``, default ``~/.cache/harness``."""
-    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")).expanduser()
+    # (set but empty is unset: an empty path is the working directory, which would fill with the cache's folders)
+    return Path(os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "harness").expanduser()
 
 
 def check_cache() -> None:

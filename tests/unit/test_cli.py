@@ -207,6 +207,16 @@ def test_a_cache_that_is_a_file_is_one_line(cli, tmp_path, monkeypatch, below):
     assert blocker.read_text() == ""
 
 
+def test_an_empty_cache_variable_is_the_default_cache(monkeypatch):
+    """HARNESS_CACHE= (set, empty) was the working directory: the cache's folders and hash index were written there."""
+    from pathlib import Path
+
+    from harness.store import files
+
+    monkeypatch.setenv("HARNESS_CACHE", "")
+    assert files.cache_root() == Path.home() / ".cache" / "harness"
+
+
 def _edit_config(folder, **changes) -> None:
     import json
 
