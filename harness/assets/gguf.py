@@ -121,7 +121,7 @@ def is_converted(ref: str | Path) -> bool:
 def conversion_cost(ref: str) -> str:
     """What converting the GGUF file ``ref`` takes, for messages."""
     path = Path(ref).expanduser()
-    size = f"{path.stat().st_size / 2**20:,.0f} MB" if path.is_file() else "file"
+    size = f"{path.stat().st_size / 2**20:,.1f} MB" if path.is_file() else "file"
     return f"converting its {size} into a float32 transformers folder"
 
 
