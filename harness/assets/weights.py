@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,6 +20,54 @@ def non_finite_weight(folder: Path | str) -> str | None:
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return name
     return None
+
+
+def tensor_shapes(folder: Path) -> dict[str, list[int]]:
+    """``{name: shape}`` of the tensors in the safetensors files of ``folder``, from their headers alone."""
+    shapes = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with file.open("rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        shapes |= {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+    return shapes
+
+
+def check_described(folder: Path) -> None:
+    """One line where the config of the model folder ``folder`` describes a causal LM of far more parameters than its
+    safetensors files hold (4,096 layers in a config beside the weights of two): transformers builds the model its
+    config describes, then initializes what the weights lack (or fails on a shape that differs, with a traceback).
+    Its layer count is read against the layer numbers in the weights' names first; the rest is built on the meta
+    device (shapes only). A quantized model's packed weights hold fewer numbers than it has parameters, and a folder
+    that is not a causal LM is judged elsewhere: both are left alone."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shapes = tensor_shapes(folder)
+    held = sum(math.prod(shape) for shape in shapes.values())
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # (the loader says what, in one line)
+        return
+    if not held or getattr(config, "quantization_config", None):
+        return
+    layers = getattr(config, "num_hidden_layers", None)
+    numbers = {int(part) for name in shapes for part in name.split(".") if part.isdigit()}
+    if isinstance(layers, int) and numbers and layers > max(numbers) + 1:
+        raise HarnessError(
+            f"model folder '{folder}' does not hold the model its config.json describes: {layers:,} layers "
+            f"(num_hidden_layers), and its weights are numbered up to {max(numbers)}"
+        )
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not a causal LM: check_causal_lm says so
+        return
+    described = sum(p.numel() for p in skeleton.parameters())
+    if described > 2 * held + 2**20:  # (a tied output projection, a rotary table: far less than this)
+        raise HarnessError(
+            f"model folder '{folder}' does not hold the model its config.json describes: a causal LM of "
+            f"{described:,} parameters, and its weights hold {held:,} numbers"
+        )
 
 
 class weight_reader(Mapping):  # noqa: N801 (reads as a function)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from harness.compute import distributed
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, printable
 
 
 def cmd_list() -> None:
@@ -168,6 +168,7 @@ def _device_env(args) -> None:
 def cmd_grid(args) -> int:
     from harness.assets import models
     from harness.run import executors, grid, jobs
+    from harness.store import files
 
     if distributed.world_size() > 1:
         raise HarnessError(
@@ -176,6 +177,7 @@ def cmd_grid(args) -> int:
         )
 
     spec = grid.load(args.spec)
+    files.check_cache()  # (before the cells' checks, which would name a cell for it)
     if not args.verbose:
         _quiet_transformers()
     shard = grid.parse_shard(args.shard) if args.shard is not None else None
@@ -306,12 +308,12 @@ def cmd_detect(args) -> int:
 
 def _audit(args) -> tuple[dict, list[dict]]:
     """``harness detect``'s work: its report and the per-text rows."""
-    from harness.assets import data
+    from harness.assets import data, models
     from harness.config import presets
     from harness.config.plugins import parse_assignments
     from harness.config.registry import methods
     from harness.run import audit
-    from harness.run.pipeline import Pipeline
+    from harness.run.pipeline import Pipeline, eval_lengths
     from harness.store import files
     from harness.store.stages import Store
 
@@ -319,6 +321,8 @@ def _audit(args) -> tuple[dict, list[dict]]:
         raise HarnessError(f"--alpha must lie between 0 and 1, not {args.alpha:g}")
     if args.num_texts is not None and args.num_texts < 2:
         raise HarnessError(f"--num-texts must be at least 2, not {args.num_texts}")
+    if args.num_texts is not None and args.num_texts > presets.MAX_PROMPTS:  # (eval.num_prompts' bound)
+        raise HarnessError(f"--num-texts must be at most {presets.MAX_PROMPTS:,}, not {args.num_texts}")
     if (args.key is None) == (args.method is None):
         raise HarnessError("name the trained watermark by --key (its train stage) or by --method (and its settings)")
     if args.key is not None and args.method_arg:
@@ -326,6 +330,7 @@ def _audit(args) -> tuple[dict, list[dict]]:
     store = Store(args.results)
     if not (store.root / "stages").is_dir():
         raise HarnessError(f"no run store at '{store.root}': train a watermark with 'harness run' first")
+    files.check_cache()
     chosen = None  # the setup given on the command line (else the key's: audit.setup_of)
     if args.preset or args.overrides:
         overrides = parse_assignments(args.overrides, "setting")
@@ -350,9 +355,21 @@ def _audit(args) -> tuple[dict, list[dict]]:
         trained = audit.train_stage(store, str(trained.path))
     method = audit.audit_method(method, set(parse_assignments(args.method_arg or [], "method setting")))
     preset = audit.setup_of(trained, chosen)
-    resolved = audit.check_causal_lm(args.model) if texts is None else None  # before the base model loads or builds
     if args.num_texts is not None:
         preset = preset.model_copy(update={"eval": preset.eval.model_copy(update={"num_prompts": args.num_texts})})
+    # What 'harness run' checks of the evaluation (the key's base model reads the human texts) and, for a model, of
+    # the suspect that continues the prompts; a file's texts fit the base model too. All before the base model loads
+    # or builds: the key's own folder holds its tokenizer.
+    models.check_lengths(preset.base_model, eval_lengths(preset))
+    context, tokenizer = models.context_length(preset.base_model), None
+    if texts is not None:
+        tokenizer = audit.key_tokenizer(trained)
+        if tokenizer is not None:
+            audit.check_text_lengths(args.texts, texts, tokenizer, context)
+        resolved = None
+    else:
+        resolved = audit.check_causal_lm(args.model)
+        models.check_lengths(resolved, eval_lengths(preset), f"the suspect model '{args.model}'")
     pipe = Pipeline(preset, store, args.device)
     if pipe.base["fingerprint"] != trained.spec["base_model"]["fingerprint"]:
         raise HarnessError(
@@ -364,7 +381,9 @@ def _audit(args) -> tuple[dict, list[dict]]:
     if texts is None:
         suspect = audit.Suspect("model", args.model, audit.check_model(resolved, args.model, pipe.tokenizer))
     else:
-        suspect = audit.Suspect("texts", str(args.texts), texts=tuple(texts))
+        if tokenizer is None:
+            audit.check_text_lengths(args.texts, texts, pipe.tokenizer, context)
+        suspect = audit.Suspect("texts", str(args.texts), texts=tuple(t for _, t in texts))
     stage, result = audit.audit(pipe, method, trained, suspect)
     flagged = result["p_value"] < args.alpha
     report = {
@@ -383,7 +402,7 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
     d, key = report["decision"], report["key"]
     table = pd.DataFrame(
         [{"text": r["i"], "tokens": r["tokens"], "score": f"{r['score']:.3f}", "p-value": f"{r['p_value']:.2g}",
-          "begins": r["text"][:50].replace("\n", " ")} for r in rows[:show]]
+          "begins": printable(r["text"][:50].replace("\n", " "))} for r in rows[:show]]
     )  # fmt: skip
     more = f"\n... {len(rows) - show} more texts in {report['scores']}" if len(rows) > show else ""
     verdict = (
@@ -391,7 +410,7 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
         if d["watermarked"]
         else f"not shown to be watermarked: p = {d['p_value']:.3g} >= alpha = {d['alpha']:g}"
     )
-    return "\n".join([
+    lines = [
         f"key: {key['method']} ({key['config']}), train stage {key['train_stage']}, base model {key['base_model']}",
         f"{report['source']['kind']}: {report['source']['ref']}",
         table.to_string(index=False) + more,
@@ -400,7 +419,8 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
         f"human texts' median score: {d['human_median_score']:.3f} ({d['human_texts']} texts)"
         + (f"; the base model's: {d['reference_median_score']:.3f}" if "reference_median_score" in d else ""),
         f"decision: {verdict} (this test flags an unwatermarked source with probability at most {d['alpha']:g})",
-    ])  # fmt: skip
+    ]  # fmt: skip
+    return printable("\n".join(lines), keep="\n\t")  # texts (and names from a store) are shown, never obeyed
 
 
 def _quiet_transformers() -> None:

@@ -9,9 +9,14 @@ import sys
 from harness.cli import commands
 from harness.cli.parser import build_parser
 from harness.compute import distributed, imports, memory
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, printable
 
 log = logging.getLogger("harness")
+
+
+class Printable(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:  # noqa: D102
+        return printable(super().format(record), keep="\n\t")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.verbose else logging.INFO
     if not distributed.is_main():  # another process of a launch: it only says what goes wrong
         level = logging.WARNING
-    logging.basicConfig(level=level, format="harness: %(message)s")
+    handler = logging.StreamHandler()  # (paths and names in messages are shown, never obeyed: harness.config.errors)
+    handler.setFormatter(Printable("harness: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Libraries' own chatter (torchao, which transformers imports with every model once the quantization extras are
     # installed, warns about CUDA kernels it cannot load on a CPU); -v shows it.
@@ -63,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             from harness.cli.doctor import report
 
             print(report())
-    except HarnessError as err:
-        print(f"harness: error: {err}", file=sys.stderr)
+    except HarnessError as err:  # one line: a path or a text quoted in it cannot break it, or act on the terminal
+        print(f"harness: error: {printable(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("harness: interrupted; finished stages are kept and will be reused", file=sys.stderr)

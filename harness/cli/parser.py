@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.config.errors import printable
+
 DOC = "The ``harness`` command: list plugins, run a method x attack cell, rebuild tables from stored runs."
 
 
@@ -12,7 +14,14 @@ class Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line (and exit code 2) like every other user error."""
 
     def error(self, message: str):  # noqa: D102
-        self.exit(2, f"harness: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"harness: error: {printable(message)} (see '{self.prog} --help')\n")
+
+
+def count(text: str) -> int:
+    """A whole number >= 0 (argparse's ``type``: its error is one line naming the option)."""
+    if not (text.strip().isascii() and text.strip().isdigit() and len(text.strip()) <= 18):
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 10**18, not {text[:40]!r}")
+    return int(text)
 
 
 def build_parser() -> Parser:
@@ -87,7 +96,7 @@ def build_parser() -> Parser:
     grid.add_argument("spec", type=Path, help="grid spec, e.g. grids/tiny.yaml")
     grid.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
     grid.add_argument("--dry-run", action="store_true", help="list the cells and which are stored; run nothing")
-    grid.add_argument("--shard", metavar="I/N", help="run shard I of N (1 <= I <= N): whole trainings per shard")
+    grid.add_argument("--shard", metavar="I/N", help="run shard I of N (1 <= I <= N <= 10,000): whole trainings each")
     grid.add_argument(
         "--executor",
         default="inline",
@@ -136,7 +145,7 @@ def build_parser() -> Parser:
     detect.add_argument("--num-texts", type=int, help="texts to generate (and human texts to calibrate against)")
     detect.add_argument("--alpha", type=float, default=0.01, help="the false-positive rate of the decision (0.01)")
     detect.add_argument("--json", action="store_true", help="print the result and every text's score as JSON")
-    detect.add_argument("--show", type=int, default=20, help="texts shown in the table (default 20)")
+    detect.add_argument("--show", type=count, default=20, help="texts shown in the table (default 20)")
     detect.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
     detect.add_argument("--device", help="torch device (default as for 'harness run')")
     detect.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")

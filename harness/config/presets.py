@@ -40,7 +40,7 @@ class TrainSettings(Params):
     # Recompute activations in the backward pass (less memory, ~1/3 more compute); the same numbers, so it stays out
     # of every hash.
     gradient_checkpointing: bool = False
-    seed: int = 0
+    seed: int = Field(0, ge=-(2**63), le=2**63 - 1)  # (torch takes a 64-bit seed; a larger one failed at training)
 
     def unhashed(self) -> set[str]:
         """Fields that stay out of hashes and stored configs: gradient checkpointing (the same numbers), and the
@@ -61,14 +61,17 @@ class TrainSettings(Params):
 _POSITIVE_INT = TypeAdapter(PositiveInt)
 
 
+MAX_PROMPTS = 1_000_000  # evaluation prompts (the paper's grid: 5,000); past islice's limit, a count was a traceback
+
+
 class EvalSettings(Params):
     """Generation and detection protocol (paper Section 4.1; Gu et al.: top_p 1, top_k 0, exactly N new tokens)."""
 
-    num_prompts: int = Field(gt=1)
+    num_prompts: int = Field(gt=1, le=MAX_PROMPTS)
     prompt_tokens: int = Field(gt=0)
     new_tokens: int = Field(gt=2)
     temperature: float = Field(1.0, gt=0)
-    seed: int = 42
+    seed: int = Field(42, ge=-(2**63), le=2**63 - 1)  # (the sampler hashes it as a 64-bit integer)
     # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 256 on a
     # CPU), recorded in the generation's manifest. Draws are per prompt, so the batch does not choose the texts; it
     # stays part of the hash as kernels may compute the last bits of logits differently at another batch size.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.assets import models
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, first_line
 from harness.config.presets import DataSource, Preset, get_preset
 from harness.run import scoring
 from harness.run.pipeline import source_spec
@@ -70,12 +70,20 @@ def _stage_at(path: Path, ref: str) -> Stage:
         raise HarnessError(f"--key '{ref}' is not a trained watermark: {what}")
     if not (path / "DONE").is_file():
         raise HarnessError(f"--key '{ref}': the training in {path} did not finish")
-    spec = json.loads((path / "spec.json").read_text())
-    stage = Stage("train", spec, path.name, path, path.parent.parent.parent)
-    problem = stage.problem()
+    problem = Stage("train", {}, path.name, path, path.parent.parent.parent).problem()  # spec.json is verified too
     if problem is not None:
         raise HarnessError(f"trained watermark {path} is damaged ({problem})")
-    return stage
+    try:
+        spec = json.loads((path / "spec.json").read_text())
+    except (OSError, ValueError) as err:
+        raise HarnessError(f"trained watermark {path} is damaged (spec.json: {first_line(err)})") from None
+    shapes = {"method": str, "params": dict, "base_model": dict, "train_data": dict}
+    wrong = [k for k, kind in shapes.items() if not isinstance(spec, dict) or not isinstance(spec.get(k), kind)]
+    if wrong or not {"ref", "fingerprint"} <= set(spec["base_model"]):
+        raise HarnessError(
+            f"trained watermark {path} has a spec.json that is not a train stage's ({(wrong or ['base_model'])[0]})"
+        )
+    return Stage("train", spec, path.name, path, path.parent.parent.parent)
 
 
 def setup_of(stage: Stage, preset: Preset | None) -> Preset:
@@ -84,10 +92,13 @@ def setup_of(stage: Stage, preset: Preset | None) -> Preset:
     tokenizer, and the human texts that calibrate a reference distribution)."""
     if preset is None:
         for run in Store(stage.root).runs():
-            spec = json.loads((run / "spec.json").read_text())
-            if spec.get("detector", {}).get("key_from") == stage.key:
-                preset = Preset.model_validate(spec["config"]["preset"])
-                break
+            try:  # (a run damaged or edited since is not a setup to judge by: the next one is)
+                spec = json.loads((run / "spec.json").read_text())
+                if spec["detector"]["key_from"] == stage.key:
+                    preset = Preset.model_validate(spec["config"]["preset"])
+                    break
+            except (OSError, ValueError, KeyError, TypeError):  # (pydantic's ValidationError is a ValueError)
+                continue
         else:
             preset = get_preset("tiny")
     data = {k: v for k, v in stage.spec["train_data"].items() if k != "fingerprint"}
@@ -95,19 +106,38 @@ def setup_of(stage: Stage, preset: Preset | None) -> Preset:
 
 
 # --- what is audited ----------------------------------------------------------------------------------------------
-def read_texts(path: Path) -> list[str]:
-    """Texts from ``path``: ``.txt`` one per non-empty line, ``.jsonl`` one object with a ``text`` field per line."""
+MAX_TEXTS_BYTES = 16 * 2**20  # a texts file is read whole: 16 MiB, some 4 million tokens, is far more than a test needs
+MAX_TEXTS = 100_000  # each text costs its own rows: 100,000 short ones take about 35 s and 1 GB (8 million did not end)
+
+
+def read_texts(path: Path) -> list[tuple[int, str]]:
+    """``(line number, text)`` of each text in ``path``: ``.txt`` one per non-empty line, ``.jsonl`` one object with a
+    ``text`` field per line. Lines end at '\\n' alone (and a '\\r' before it): U+2028, U+0085, form feeds and the
+    other breaks str.splitlines() also splits at are characters of a text, and of JSON. At most ``MAX_TEXTS_BYTES``
+    and ``MAX_TEXTS`` texts."""
     if path.suffix not in TEXT_SUFFIXES:
         raise HarnessError(f"texts file '{path}' must be .txt (one text per line) or .jsonl (a 'text' field per line)")
+    if not path.exists():
+        raise HarnessError(f"texts file '{path}' does not exist")
+    if not path.is_file():  # a folder; a FIFO or a device would block, or never end
+        raise HarnessError(f"texts file '{path}' is not a regular file")
     try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HarnessError(f"texts file '{path}' does not exist") from None
+        with path.open("rb") as fh:
+            data = fh.read(MAX_TEXTS_BYTES + 1)
+        if len(data) > MAX_TEXTS_BYTES:
+            raise HarnessError(f"texts file '{path}' holds more than {MAX_TEXTS_BYTES // 2**20} MiB of text; split it")
+        raw = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise HarnessError(f"cannot read texts file '{path}': {getattr(err, 'strerror', None) or err}") from None
-    lines = [(n, line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
+    if "\0" in raw:
+        line = raw.count("\n", 0, raw.index("\0")) + 1
+        raise HarnessError(f"{path}, line {line}: a NUL byte, which no text holds (not a text file)")
+    lines = [(n, line.removesuffix("\r")) for n, line in enumerate(raw.split("\n"), 1)]
+    lines = [(n, line) for n, line in lines if line.strip()]
+    if len(lines) > MAX_TEXTS:
+        raise HarnessError(f"texts file '{path}' holds {len(lines):,} texts, more than {MAX_TEXTS:,}; split it")
     if path.suffix == ".txt":
-        texts = [line for _, line in lines]
+        texts = lines
     else:
         texts = []
         for n, line in lines:
@@ -117,10 +147,43 @@ def read_texts(path: Path) -> list[str]:
                 raise HarnessError(f"{path}, line {n}: not JSON") from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise HarnessError(f"{path}, line {n}: no 'text' field holding a string")
-            texts.append(record["text"])
-    if not any(t.strip() for t in texts):
+            texts.append((n, record["text"]))
+    if not any(t.strip() for _, t in texts):
         raise HarnessError(f"texts file '{path}' holds no text")
     return texts
+
+
+def check_text_lengths(path: Path, texts: list[tuple[int, str]], tokenizer, context: int | None) -> None:
+    """Each text holds at most ``context`` tokens of the key's tokenizer (the longest sequence the key's base model
+    takes): a longer one is refused, naming its line. A text with more characters than ``context`` of the tokenizer's
+    longest tokens hold is refused before tokenizing (a 47 MB line took a minute and 6.7 GB to score)."""
+    if context is None:
+        return
+    longest = max(map(len, tokenizer.get_vocab()), default=1)
+    for n, text in texts:
+        if len(text) > context * longest:
+            raise HarnessError(
+                f"{path}, line {n}: a text of {len(text):,} characters, more than the {context:,} tokens the key's "
+                "base model takes (its max_position_embeddings) can hold; split it"
+            )
+    for start in range(0, len(texts), 256):
+        part = texts[start : start + 256]
+        for (n, _), ids in zip(
+            part, tokenizer([t for _, t in part], add_special_tokens=False)["input_ids"], strict=True
+        ):
+            if len(ids) > context:
+                raise HarnessError(
+                    f"{path}, line {n}: a text of {len(ids):,} tokens, longer than the key's base model takes "
+                    f"({context:,}: its max_position_embeddings); split it"
+                )
+
+
+def key_tokenizer(trained: Stage):
+    """The tokenizer the key was trained with, from its student's folder (the base model's is the same, checked once
+    the base loads): what texts are checked by before the base model loads or builds. None for a method that keeps
+    no student folder (its texts are checked by the base model's tokenizer)."""
+    folder = trained.path / "model"
+    return models.load_tokenizer(str(folder)) if (folder / "config.json").is_file() else None
 
 
 def check_causal_lm(ref: str) -> str:

@@ -37,6 +37,7 @@ class Resources:
 EXECUTORS = ("inline", "local", "slurm")
 SLURM_ONLY = ("partition", "account", "max_parallel")
 JOB_OPTIONS = ("gpus", "cpus", "mem_gb", "time_min")  # what a submitted job asks for: local and Slurm jobs
+MAX_RESOURCE = 2**31 - 1  # the largest count a job option takes (Slurm keeps them as 32-bit numbers)
 
 
 def check_options(kind: str, res: Resources) -> None:
@@ -48,6 +49,8 @@ def check_options(kind: str, res: Resources) -> None:
         value = getattr(res, name)
         if value is not None and value < (0 if name == "gpus" else 1):
             raise HarnessError(f"--{name.replace('_', '-')} {value}: must be at least {0 if name == 'gpus' else 1}")
+        if value is not None and value > MAX_RESOURCE:
+            raise HarnessError(f"--{name.replace('_', '-')} {value}: must be at most {MAX_RESOURCE}")
     if kind != "slurm" and res.given(SLURM_ONLY):
         raise HarnessError(f"{', '.join(res.given(SLURM_ONLY))}: only for --executor slurm")
     if kind == "inline" and res.given(JOB_OPTIONS):

@@ -23,6 +23,7 @@ recomputes only what was not finished.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -339,14 +340,15 @@ def _training_order(cells: list[Cell]):
     return lambda c: (first[c.training], cells.index(c))
 
 
+MAX_SHARDS = 10_000  # more shares than any grid has trainings (paper.yaml: under 200); the split is O(trainings x n)
+
+
 def parse_shard(text: str) -> tuple[int, int]:
-    """``i/n`` (1 <= i <= n) -> (i, n)."""
-    i, sep, n = text.partition("/")
-    if not sep or not i.strip().isdigit() or not n.strip().isdigit():
-        raise HarnessError(f"bad shard '{text}': expected i/n with 1 <= i <= n, e.g. 1/4")
-    i_, n_ = int(i), int(n)
-    if n_ < 1 or not 1 <= i_ <= n_:
-        raise HarnessError(f"bad shard '{text}': expected i/n with 1 <= i <= n, e.g. 1/4")
+    """``i/n`` (1 <= i <= n <= ``MAX_SHARDS``, ASCII digits) -> (i, n)."""
+    found = re.fullmatch(r"\s*([0-9]{1,6})\s*/\s*([0-9]{1,6})\s*", text)
+    i_, n_ = (int(found[1]), int(found[2])) if found else (0, 0)
+    if not 1 <= i_ <= n_ <= MAX_SHARDS:
+        raise HarnessError(f"bad shard '{text[:40]}': expected i/n with 1 <= i <= n <= {MAX_SHARDS:,}, e.g. 1/4")
     return i_, n_
 
 

@@ -57,6 +57,7 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     sequence fits the base model (these two read the base model's config: a built-in one this machine lacks is judged
     by its recipe's where it has one, else built first, hence last). ``build=False`` (a dry run) builds no built-in
     model: the checks that would need one built are left to the run."""
+    files.check_cache()  # (where built models and file hashes are kept: a file there fails every build, late)
     training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
@@ -68,20 +69,15 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     base_ready = build or models.built(preset.base_model) or models.planned(preset.base_model)
     for plugin in plugins:
         plugin.validate(preset.base_model if base_ready else None)
-    context = models.context_length(preset.base_model) if base_ready else None
-    if context is not None:
-        e = preset.eval
-        lengths = {
-            "train.seq_len": preset.train.seq_len,
-            "eval.prompt_tokens + eval.new_tokens": e.prompt_tokens + e.new_tokens + 1,
-        }  # fmt: skip  (+1: a BOS token)
+    if base_ready:
+        lengths = {"train.seq_len": preset.train.seq_len, **eval_lengths(preset)}
         lengths |= {f"{p.name} {k}": v for p in plugins for k, v in p.token_lengths().items()}
-        for what, length in lengths.items():
-            if length > context:
-                raise HarnessError(
-                    f"{what} ({length} tokens) is longer than the base model takes ({context}: its "
-                    "max_position_embeddings)"
-                )
+        models.check_lengths(preset.base_model, lengths)
+
+
+def eval_lengths(preset: Preset) -> dict[str, int]:
+    """The sequences evaluation feeds a model: a prompt and its continuation (+1: a BOS token)."""
+    return {"eval.prompt_tokens + eval.new_tokens": preset.eval.prompt_tokens + preset.eval.new_tokens + 1}
 
 
 class Pipeline:

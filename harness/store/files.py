@@ -30,7 +30,23 @@ SMALL_FILE = 1 << 20  # files below this are hashed directly; larger ones go thr
 
 def cache_root() -> Path:
     """Where built models and file hashes are kept between runs: ``$HARNESS_CACHE``, default ``~/.cache/harness``."""
-    return Path(os.environ.get("HARNESS_CACHE", Path.home() / ".cache" / "harness")).expanduser()
+    # (set but empty is unset: an empty path is the working directory, which would fill with the cache's folders)
+    return Path(os.environ.get("HARNESS_CACHE") or Path.home() / ".cache" / "harness").expanduser()
+
+
+def check_cache() -> None:
+    """One line, before any work, when the cache cannot be used: ``$HARNESS_CACHE`` (or a folder above it) is a file,
+    or the folder that would hold it cannot be written. Creates nothing (a dry run writes nothing into the cache)."""
+    root = cache_root()
+    for path in (root, *root.parents):
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            where = "it is a file, not a folder" if path == root else f"'{path}' is a file"
+            raise HarnessError(f"the cache '{root}' ($HARNESS_CACHE) is not usable: {where}")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise HarnessError(f"the cache '{root}' ($HARNESS_CACHE) is not usable: '{path}' is not writable")
+        return
 
 
 def _sha256(file: Path) -> str:

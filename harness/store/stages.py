@@ -100,6 +100,10 @@ class Stage:
         if outside:  # (a store from elsewhere is read, never trusted)
             return f"{CONTENTS} names a file outside its stage ({outside[0]})"
         for rel, want in published.items():
+            if not (
+                isinstance(want, dict) and isinstance(want.get("size"), int) and isinstance(want.get("sha256"), str)
+            ):
+                return f"{CONTENTS} is damaged (its entry for {rel} is {json.dumps(want)[:60]})"
             file = self.path / rel
             if not file.is_file():
                 return f"{rel} is missing"
@@ -163,6 +167,17 @@ def set_aside(root: Path, folder: Path) -> Path:
     went; a folder that cannot be moved (a read-only store) is one line saying what to do."""
     rel = folder.relative_to(root).as_posix().replace("/", "-")
     dest = root / "damaged" / f"{rel}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    inside = os.path.join(os.path.realpath(root), "damaged")
+    if (
+        dest.parent.is_symlink()
+        or os.path.realpath(dest.parent) != inside
+        or dest.parent.exists() != dest.parent.is_dir()
+    ):
+        raise HarnessError(
+            f"'{folder}' must be set aside (it is damaged or unfinished) but {dest.parent} is "
+            f"{'a symbolic link' if dest.parent.is_symlink() else 'not a folder of the store'}: a stage is moved only "
+            "into the store's own damaged/ folder; remove or rename it"
+        )
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         folder.rename(dest)

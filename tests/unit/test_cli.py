@@ -141,7 +141,19 @@ BAD_INPUTS = {
         ["run", "--method", "gu-kgw", "--attack", "finetune", "--attack-arg", "seq_len=2048"],
         "finetune seq_len (2048 tokens)",
     ),
+    # Counts past what the code takes: islice's limit (a traceback once the prompts were read), torch's 64-bit seeds.
+    "huge prompt count": (
+        ["run", "--method", "gu-kgw", "--set", "eval.num_prompts=99999999999999999999"],
+        "eval.num_prompts: Input should be less than or equal to 1000000",
+    ),
+    "huge seed": (["run", "--method", "gu-kgw", "--set", f"train.seed={2**64}"], "train.seed: Input should be less"),
+    "huge eval seed": (["run", "--method", "gu-kgw", "--set", f"eval.seed={-(2**63) - 1}"], "eval.seed: Input"),
     "unknown command": (["fly"], "invalid choice"),
+    "escape in a name": (
+        ["run", "--method", "gu\x1b]0;owned\x07\nkgw"],
+        "unknown method 'gu\\x1b]0;owned\\x07\\x0akgw'",
+    ),
+    "escape in a command": (["fly\x1b[2J"], "invalid choice: 'fly\\x1b[2J'"),
     "no store": (["tables", "--results", "/nonexistent/runs"], "no run store"),
 }
 
@@ -171,6 +183,90 @@ def one_line_error(out, expected: str) -> None:
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
     assert expected in out.stderr, out.stderr
+    assert not any(c in out.stderr for c in "\x1b\r\x07\x85\u2028\u202e"), out.stderr  # shown, never obeyed
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_cache_that_is_a_file_is_one_line(cli, tmp_path, monkeypatch, below):
+    """$HARNESS_CACHE a file (or a folder under a file): every build and file hash would fail in it, late and with a
+    traceback, and a dry run said the tiny LM "will build"; each command that uses the cache says so first."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("HARNESS_CACHE", str(blocker / "cache" if below else blocker))
+    words = "($HARNESS_CACHE) is not usable: " + (f"'{blocker}' is a file" if below else "it is a file, not a folder")
+    runs = str(tmp_path / "runs")
+    for args in (["run", "--method", "gu-kgw"], ["run", "--method", "gu-kgw", "--dry-run"]):
+        one_line_error(cli(*args, "--results", runs), words)
+    spec = tmp_path / "grid.yaml"
+    spec.write_text("preset: tiny\ngroups:\n  g:\n    methods: {gu-kgw: [{}]}\n    attacks: {none: [{}]}\n")
+    out = cli("grid", str(spec), "--results", runs, "--dry-run")
+    one_line_error(out, words)
+    assert out.stderr.startswith("harness: error: the cache")  # not blamed on a cell of the spec
+    (tmp_path / "runs" / "stages").mkdir(parents=True)
+    one_line_error(cli("detect", "--results", runs, "--key", "ab", "--texts", str(spec.with_suffix(".txt"))), words)
+    assert blocker.read_text() == ""
+
+
+def test_an_empty_cache_variable_is_the_default_cache(monkeypatch):
+    """HARNESS_CACHE= (set, empty) was the working directory: the cache's folders and hash index were written there."""
+    from pathlib import Path
+
+    from harness.store import files
+
+    monkeypatch.setenv("HARNESS_CACHE", "")
+    assert files.cache_root() == Path.home() / ".cache" / "harness"
+
+
+def _edit_config(folder, **changes) -> None:
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+DAMAGED_MODEL_FILES = {
+    "safetensors cut short": (
+        lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
+        "model.safetensors' does not read as safetensors: tensor data does not fill the file",
+    ),
+    "safetensors header past the end": (
+        lambda d: (d / "model.safetensors").write_bytes(
+            (10**12).to_bytes(8, "little") + (d / "model.safetensors").read_bytes()[8:]
+        ),
+        "model.safetensors' does not read as safetensors: header length past the end of the file",
+    ),
+    # A config describing far more than the weights hold: transformers builds it, then initializes what is missing.
+    "config claiming 4,096 layers": (
+        lambda d: _edit_config(d, num_hidden_layers=4096),
+        "config.json describes: 4,096 layers (num_hidden_layers), and its weights are numbered up to 1",
+    ),
+    "config claiming a 2**24 feed-forward": (
+        lambda d: _edit_config(d, intermediate_size=2**24),
+        "does not hold the model its config.json describes: a causal LM of",
+    ),
+    "config not JSON": (lambda d: (d / "config.json").write_text('{"model_type": "lla'), "config.json' does not read"),
+    "tokenizer not JSON": (lambda d: (d / "tokenizer.json").write_text('{"version": '), "tokenizer.json' does not"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_MODEL_FILES))
+def test_a_model_file_that_does_not_read_is_one_line_before_any_work(cli, tmp_path, random_llamas, monkeypatch, case):
+    """A model folder whose weights are cut short (or whose safetensors header claims more bytes than the file holds),
+    or whose config or tokenizer is not JSON, or whose config describes far more than its weights hold: transformers
+    and safetensors fail on them at load, with a traceback (a dry run: at the context check), or build the model the
+    config describes; each is one line naming the file, before anything is built."""
+    import shutil
+
+    damage, words = DAMAGED_MODEL_FILES[case]
+    folder = tmp_path / "model"
+    shutil.copytree(random_llamas[0], folder)
+    damage(folder)
+    monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
+    for dry in ([], ["--dry-run"]):
+        out = cli("run", "--method", "gu-kgw", "--base-model", str(folder), "--results", str(tmp_path / "r"), *dry)
+        one_line_error(out, words)
+        assert f"'{folder}" in out.stderr
+    assert not (tmp_path / "r" / "stages").exists() and not (tmp_path / "cache").exists()
 
 
 def test_bad_harness_device_variable(cli, monkeypatch):

@@ -219,18 +219,59 @@ BAD_TEXTS = {
     "field.jsonl": (b'{"body": "no text field"}\n', "line 1: no 'text' field"),
     "number.jsonl": (b'{"text": 3}\n', "no 'text' field holding a string"),
     "table.csv": (b"text\nhello\n", "must be .txt"),
+    "nul.txt": (b"fine text\nbad \x00 text\n", "line 2: a NUL byte"),
+    "empty.jsonl": (b"", "holds no text"),
+    "array.jsonl": (b'{"text": "fine"}\n["a", "list"]\n', "line 2: no 'text' field"),
+    "null.jsonl": (b"null\n", "line 1: no 'text' field"),
+    # The key's base model takes 128 tokens: a longer text is refused, naming its line; one too long to fit in any
+    # tokenization is refused before tokenizing (a 47 MB line took 58 s and 6.7 GB to score).
+    "long.jsonl": (b'{"text": "fine"}\n' + json.dumps({"text": "fox " * 300}).encode(), "line 2: a text of 302 tokens"),
+    "wide.txt": (b"fine\n" + b"word " * 400_000, "line 2: a text of 2,000,000 characters, more than the 128 tokens"),
+    "huge.txt": (b"fine text\n" * (1 << 21), "holds more than 16 MiB of text"),
+    "many.txt": (b"a\n" * 100_001, "holds 100,001 texts, more than 100,000"),
 }
 
 
-@pytest.mark.parametrize("name", sorted(BAD_TEXTS))
+@pytest.mark.parametrize("name", sorted(BAD_TEXTS) + ["folder.txt", "fifo.txt"])
 def test_bad_texts_file_is_one_line(name, keyed, cli, tmp_path):
+    import os
+
     store, stage = keyed
-    content, message = BAD_TEXTS[name]
-    (tmp_path / name).write_bytes(content)
+    if name == "folder.txt":
+        (tmp_path / name).mkdir()
+        content, message = b"", "is not a regular file"
+    elif name == "fifo.txt":  # (reading it would wait for a writer for ever)
+        os.mkfifo(tmp_path / name)
+        content, message = b"", "is not a regular file"
+    else:
+        content, message = BAD_TEXTS[name]
+        (tmp_path / name).write_bytes(content)
     before = _stages(store)
     out = cli("detect", "--results", str(store.root), "--key", stage.key, "--texts", str(tmp_path / name))
     assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out
     assert _stages(store) == before
+
+
+def test_texts_are_split_at_newlines_alone_and_shown_escaped(keyed, cli, tmp_path):
+    """JSON Lines are split at '\\n' (str.splitlines() also splits at U+2028, U+0085, form feeds...: a valid record
+    holding one was "not JSON"), a .txt's CRLF ends a line; a text's ESC, CR and other controls are shown escaped,
+    never sent raw to the terminal."""
+    store, stage = keyed
+    texts = ["one \u2028 record \x85 \x0c still one", "red \x1b[31m text \r over \u202e written \x07"]
+    file = tmp_path / "texts.jsonl"
+    file.write_text("".join(json.dumps(t and {"text": t}, ensure_ascii=False) + "\n" for t in texts))
+    out = cli("detect", "--results", str(store.root), "--key", stage.key, "--texts", str(file), *SETUP)
+    assert out.returncode == 0, out.stderr
+    assert "2 texts" in out.stdout and "\\x1b[31m text \\x0d over \\u202e written \\x07" in out.stdout
+    assert not any(c in out.stdout + out.stderr for c in "\x1b\r\x07\x85\u2028\u202e"), out.stdout
+    report = json.loads(cli("detect", "--results", str(store.root), "--key", stage.key, "--texts", str(file), "--json",
+                            *SETUP).stdout)  # fmt: skip
+    assert [t["text"] for t in report["texts"]] == texts  # the texts themselves are kept as they are
+    crlf = tmp_path / "texts.txt"
+    crlf.write_bytes(b"one text\r\ntwo text\r\n")
+    report = json.loads(cli("detect", "--results", str(store.root), "--key", stage.key, "--texts", str(crlf), "--json",
+                            *SETUP).stdout)  # fmt: skip
+    assert [t["text"] for t in report["texts"]] == ["one text", "two text"]
 
 
 def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder, other_tokenizer_llama, random_llamas):
@@ -238,6 +279,15 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
     root, key, model = str(store.root), stage.key, str(random_llamas[0])
     table = next((store.root / "stages" / "kgw-green-table").iterdir())
     (tmp_path / "not-a-model").mkdir()
+    texts, gguf = tmp_path / "texts.txt", tmp_path / "suspect.gguf"
+    texts.write_text("A watermark is a hidden signal.\n")
+    gguf.write_bytes(b"not a GGUF")
+    short, cut = tmp_path / "short", tmp_path / "cut"
+    shutil.copytree(random_llamas[0], short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    shutil.copytree(random_llamas[0], cut)
+    (cut / "model.safetensors").write_bytes((cut / "model.safetensors").read_bytes()[:-64])
     cases = {
         ("--key", "0123abcd", "--model", model): "no stage '0123abcd'",
         ("--key", "zz!", "--model", model): "neither a folder nor a stage hash",
@@ -255,6 +305,14 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
         ("--key", key, "--method-arg", "k=2", "--model", model): "--method-arg goes with --method",
         ("--method", "gu-kgw", "--set", f"base_model={random_llamas[1]}", "--model", model): "no trained gu-kgw",
         ("--key", key, "--model", model, "--preset", "nope"): "unknown preset 'nope'",
+        # What 'harness run' refuses, detect refuses too (the key's base model takes 128 tokens).
+        ("--key", key, "--model", model, "--set", "eval.new_tokens=1000"): "(1033 tokens) is longer than the base",
+        ("--key", key, "--texts", str(texts), "--set", "eval.new_tokens=1000"): "is longer than the base model takes",
+        ("--key", key, "--model", str(short)): f"is longer than the suspect model '{short}' takes (64",
+        ("--key", key, "--model", model, "--show", "-100000"): "argument --show: expected a whole number",
+        ("--key", key, "--model", model, "--num-texts", "99999999999999999999"): "--num-texts must be at most 1,0",
+        ("--key", key, "--model", str(gguf)): "is not a readable GGUF file (GGUF magic invalid)",
+        ("--key", key, "--model", str(cut)): "model.safetensors' does not read as safetensors",
     }
     before = _stages(store)
     for args, message in cases.items():
@@ -265,6 +323,48 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
     assert out.returncode == 2 and "no run store" in out.stderr
     out = cli("detect", "--results", root, "--key", key)  # argparse: --model or --texts is required
     assert out.returncode == 2 and "one of the arguments --model --texts is required" in out.stderr
+
+
+def _republish(stage_path, edit) -> None:
+    """``edit(stage_path)``, then contents.json written anew as a store from elsewhere may hold it (not signed)."""
+    from harness.store.stages import CONTENTS, contents
+
+    edit(stage_path)
+    (stage_path / CONTENTS).write_text(json.dumps(contents(stage_path)))
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda p: (p / "contents.json").write_text(json.dumps({"key.json": None})), "its entry for key.json is null"),
+        (lambda p: (p / "contents.json").write_text('{"key.json": {"size": "1"}}'), "contents.json is damaged"),
+        (lambda p: _republish(p, lambda q: (q / "spec.json").write_text("[]")), "not a train stage's (method)"),
+        (lambda p: _republish(p, lambda q: (q / "spec.json").write_text('{"method": "gu-kgw"}')), "(params)"),
+    ],
+)
+def test_a_key_whose_record_is_malformed_is_one_line(keyed, cli, tmp_path, random_llamas, edit, words):
+    """A contents.json entry that is null (or not a size and a hash), a spec.json that is not a train stage's: each a
+    traceback once (TypeError, KeyError), one line now."""
+    store, stage = keyed
+    copy = tmp_path / "stages" / "train" / stage.key
+    shutil.copytree(stage.path, copy)
+    edit(copy)
+    out = cli("detect", "--results", str(tmp_path), "--key", str(copy), "--model", str(random_llamas[0]))
+    assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, out
+
+
+def test_the_setup_of_a_key_skips_a_run_whose_spec_does_not_read(keyed, tmp_path):
+    store, stage = keyed
+    shutil.copytree(store.root, tmp_path / "runs")
+    bad = {"a": "{", "b": json.dumps({"detector": {"key_from": stage.key}, "config": 3})}  # cut short; no preset
+    for name, spec in bad.items():
+        (tmp_path / "runs" / name).mkdir()
+        (tmp_path / "runs" / name / "spec.json").write_text(spec)
+        (tmp_path / "runs" / name / "DONE").write_text("")
+    from harness.store.stages import Store
+
+    copied = audit.train_stage(Store(tmp_path / "runs"), stage.key)
+    assert audit.setup_of(copied, None).eval.num_prompts == TINY.eval.num_prompts  # (no run of its own: the tiny setup)
 
 
 def test_a_damaged_key_is_refused(keyed, cli, tmp_path, random_llamas):

@@ -124,10 +124,18 @@ def test_a_bad_spec_is_refused_whole_naming_the_line(tmp_path, capsys, text, lin
     assert len(out.err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("text", ["3/2", "0/0", "0/2", "1/0", "a/b", "1", "1/2/3", "-1/2"])
+@pytest.mark.parametrize(
+    "text",
+    ["3/2", "0/0", "0/2", "1/0", "a/b", "1", "1/2/3", "-1/2", "5/3", "1/10001", "1/99999999999999999999999",
+     "1/" + "9" * 5000, "\u00b2/3", "1/\u0663", "+1/2", "1.0/2"],
+)  # fmt: skip
 def test_bad_shards_are_one_line_errors(tmp_path, capsys, text):
+    """Huge counts (an OverflowError, or Python's 4,300-digit limit on int()) and digits that are not ASCII (int()
+    refuses superscripts that str.isdigit() accepts) are one line too, naming the bound."""
     assert main(["grid", str(write(tmp_path, GOOD)), f"--shard={text}", "--dry-run"]) == 2
-    assert "bad shard" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bad shard" in err and "<= 10,000" in err and err.count("\n") == 1, err
+    assert grid.parse_shard(" 2/10000 ") == (2, 10_000)
 
 
 def test_unknown_or_missing_executors_are_one_line_errors(tmp_path, capsys, monkeypatch):
@@ -194,6 +202,8 @@ def test_a_spec_path_that_is_no_file_is_one_line(tmp_path):
         (["--executor", "cloud"], "unknown executor 'cloud'"),
         (["--executor", "local", "--time-min", "0"], "--time-min 0: must be at least 1"),
         (["--executor", "local", "--gpus", "-1"], "--gpus -1: must be at least 0"),
+        (["--executor", "local", "--cpus", "9" * 30], f"--cpus {'9' * 30}: must be at most 2147483647"),
+        (["--executor", "local", "--mem-gb", str(2**31)], "--mem-gb 2147483648: must be at most 2147483647"),
     ],
 )
 def test_grid_options_of_another_executor_are_refused_not_ignored(tmp_path, cli, args, words):

@@ -225,11 +225,35 @@ def test_a_damaged_stage_that_cannot_be_moved_is_one_line(tmp_path, monkeypatch)
         reuse(store, stage, [])
 
 
+@pytest.mark.parametrize("kind", ["symlink", "file", "symlink inside"])
+def test_a_damaged_folder_that_is_not_the_stores_own_is_refused(tmp_path, kind):
+    """damaged/ as a symbolic link (even to a folder of the store) or a file: a damaged stage is never moved through it
+    (a link to elsewhere moved runs out of the store), it stays where it is, and the one line says what to do."""
+    from harness.config.errors import HarnessError
+
+    root, outside = tmp_path / "runs", tmp_path / "outside"
+    outside.mkdir()
+    store = Store(root)
+    stage = store.stage("train", {"x": 5})
+    reuse(store, stage, [])
+    (stage.path / "key.json").unlink()  # damaged
+    if kind == "file":
+        (root / "damaged").write_text("")
+    else:
+        target = outside if kind == "symlink" else root / "stages"
+        (root / "damaged").symlink_to(target, target_is_directory=True)
+    with pytest.raises(HarnessError, match=r"must be set aside .* is (a symbolic link|not a folder of the store)"):
+        reuse(store, stage, [])
+    assert not any(outside.iterdir()) and stage.path.is_dir() and len(list((root / "stages" / "train").iterdir())) == 1
+
+
 @pytest.mark.parametrize(
     "listing, problem",
     [
         ({"../../outside.txt": {"size": 1, "sha256": "0"}}, "contents.json names a file outside its stage (../../"),
         (["key.json"], "contents.json is damaged"),
+        ({"key.json": None}, "contents.json is damaged (its entry for key.json is null)"),  # (a TypeError before)
+        ({"key.json": {"size": 2}}, "contents.json is damaged (its entry for key.json is"),
     ],
 )
 def test_a_contents_file_naming_files_outside_its_stage_is_damage(tmp_path, listing, problem):
