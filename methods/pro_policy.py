@@ -135,30 +135,13 @@ def detection_scores(
     sequence of n tokens or fewer has nothing to score: ValueError."""
     import torch
 
-    for idx, seq in enumerate(sequences):
-        if len(seq) <= n:
-            raise ValueError(
-                f"PRO detection: sequence {idx} has {len(seq)} tokens; scoring needs more than n={n} "
-                "(an n-gram prefix and at least one token after it)"
-            )
-    results = []
-    was_training = policy.training
-    policy.eval()
-    with torch.no_grad():
-        for start in range(0, len(sequences), chunk):
-            part = [list(seq) for seq in sequences[start : start + chunk]]
-            ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
-            embedded = embedder.embed_ngrams(ngrams, tokenizer)
-            targets = torch.tensor([t for ids in part for t in ids[n:]], device=embedded.device)
-            picked = policy.at(embedded, targets)  # M(E(prefix))[x_i] for every scored position
-            for ids, got in zip(part, picked.split([len(ids) - n for ids in part]), strict=True):
-                running = torch.cumsum(got.double(), 0) / torch.arange(1, len(got) + 1, device=got.device)
-                prefix = [0.0] * n + [round(v, 4) for v in running.tolist()]  # the score of the first 1..len tokens
-                results.append({"score": float(got.mean()), "scored": len(ids) - n, "prefix_scores": prefix})
-            if progress is not None:
-                progress.update(len(part))
-    policy.train(was_training)
-    return results
+    def values(part: list[list[int]]):
+        ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
+        embedded = embedder.embed_ngrams(ngrams, tokenizer)
+        targets = torch.tensor([t for ids in part for t in ids[n:]], device=embedded.device)
+        return policy.at(embedded, targets)  # M(E(prefix))[x_i] for every scored position
+
+    return _running_means(policy, sequences, n, values, progress, chunk)
 
 
 def centred_detection_scores(
@@ -173,32 +156,46 @@ def centred_detection_scores(
     the base."""
     import torch
 
-    for idx, seq in enumerate(sequences):
-        if len(seq) <= n:
-            raise ValueError(f"PRO detection: sequence {idx} has {len(seq)} tokens; scoring needs more than n={n}")
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     device = next(base.parameters()).device
+
+    def values(part: list[list[int]]):
+        ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
+        rows = policy(embedder.embed_ngrams(ngrams, tokenizer))  # (positions, V): M_i for every scored position
+        expected = []
+        for ids in part:  # the base's next-token distribution at the positions that predict x_n .. x_end
+            logits = base(input_ids=torch.tensor([bos + ids], device=device)).logits[0].float()
+            expected.append(torch.softmax(logits[len(bos) + n - 1 : len(bos) + len(ids) - 1], -1))
+        probs = torch.cat(expected).to(rows.device)
+        width = min(probs.shape[1], rows.shape[1])  # (a model's logits may be padded past the vocabulary)
+        targets = torch.tensor([t for ids in part for t in ids[n:]], device=rows.device)
+        return rows.gather(1, targets[:, None])[:, 0] - (probs[:, :width] * rows[:, :width]).sum(-1)
+
+    return _running_means(policy, sequences, n, values, progress, chunk)
+
+
+def _running_means(policy, sequences: list[list[int]], n: int, values: Callable, progress, chunk: int) -> list[dict]:
+    """Each text's mean of ``values(texts)`` (one value per scored position i >= n of each text, flat) and its running
+    mean over the first 1, 2, ..., len tokens (0 before the first scored one), ``chunk`` texts at a time, with M in
+    eval mode and no gradient."""
+    import torch
+
+    for idx, seq in enumerate(sequences):
+        if len(seq) <= n:
+            raise ValueError(
+                f"PRO detection: sequence {idx} has {len(seq)} tokens; scoring needs more than n={n} "
+                "(an n-gram prefix and at least one token after it)"
+            )
     results = []
     was_training = policy.training
     policy.eval()
     with torch.no_grad():
         for start in range(0, len(sequences), chunk):
             part = [list(seq) for seq in sequences[start : start + chunk]]
-            ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
-            rows = policy(embedder.embed_ngrams(ngrams, tokenizer))  # (positions, V): M_i for every scored position
-            expected = []
-            for ids in part:  # the base's next-token distribution at the positions that predict x_n .. x_end
-                logits = base(input_ids=torch.tensor([bos + ids], device=device)).logits[0].float()
-                probs = torch.softmax(logits[len(bos) + n - 1 : len(bos) + len(ids) - 1], -1)
-                expected.append(probs)
-            probs = torch.cat(expected).to(rows.device)
-            width = min(probs.shape[1], rows.shape[1])  # (a model's logits may be padded past the vocabulary)
-            targets = torch.tensor([t for ids in part for t in ids[n:]], device=rows.device)
-            got = rows.gather(1, targets[:, None])[:, 0] - (probs[:, :width] * rows[:, :width]).sum(-1)
-            for ids, c in zip(part, got.split([len(ids) - n for ids in part]), strict=True):
-                running = torch.cumsum(c.double(), 0) / torch.arange(1, len(c) + 1, device=c.device)
-                prefix = [0.0] * n + [round(v, 4) for v in running.tolist()]
-                results.append({"score": float(c.double().mean()), "scored": len(ids) - n, "prefix_scores": prefix})
+            for ids, got in zip(part, values(part).split([len(ids) - n for ids in part]), strict=True):
+                running = torch.cumsum(got.double(), 0) / torch.arange(1, len(got) + 1, device=got.device)
+                prefix = [0.0] * n + [round(v, 4) for v in running.tolist()]  # the score of the first 1..len tokens
+                results.append({"score": float(got.mean()), "scored": len(ids) - n, "prefix_scores": prefix})
             if progress is not None:
                 progress.update(len(part))
     policy.train(was_training)

@@ -83,7 +83,7 @@ def _losses():
 
 def _reference_terms(sim, anti, alpha: float):
     """FPL's three gradients by hand (autograd on copies): grad L_sim, g = grad L_anti, grad L_anti at the probe
-    ``theta - alpha g/|g|``, and ``|g|``."""
+    ``theta - alpha g/|g|``, ``|g|`` and the probe's weights (a copy of the model)."""
     ref_model = _two_layer()
     params = list(ref_model.parameters())
     g_sim = torch.autograd.grad(sim(ref_model), params)
@@ -94,13 +94,13 @@ def _reference_terms(sim, anti, alpha: float):
         for p, gi in zip(shifted.parameters(), g, strict=True):
             p -= alpha * gi / norm
     g_probe = torch.autograd.grad(anti(shifted), list(shifted.parameters()))
-    return g_sim, g, g_probe, norm
+    return g_sim, g, g_probe, norm, shifted
 
 
 def test_fpl_gradient_matches_a_reference():
     sim, anti = _losses()
     alpha, beta = 0.3, 2.0
-    g_sim, g, g_probe, norm = _reference_terms(sim, anti, alpha)
+    g_sim, g, g_probe, norm, _ = _reference_terms(sim, anti, alpha)
     expected = [a + beta * (b - c) for a, b, c in zip(g_sim, g, g_probe, strict=True)]
 
     model = _two_layer()
@@ -118,15 +118,7 @@ def test_fpl_resist_reading_is_l_sim_at_the_simulated_forgotten_weights():
     """The second reading: grad L_sim(theta) + beta * grad L_sim(theta - alpha g/|g|), g = grad L_anti, by hand."""
     sim, anti = _losses()
     alpha, beta = 0.3, 2.0
-    ref_model = _two_layer()
-    params = list(ref_model.parameters())
-    g_sim = torch.autograd.grad(sim(ref_model), params)
-    g = torch.autograd.grad(anti(ref_model), params)
-    norm = torch.sqrt(sum((x**2).sum() for x in g))
-    shifted = copy.deepcopy(ref_model)
-    with torch.no_grad():
-        for p, gi in zip(shifted.parameters(), g, strict=True):
-            p -= alpha * gi / norm
+    g_sim, _, _, _, shifted = _reference_terms(sim, anti, alpha)
     g_sim_probe = torch.autograd.grad(sim(shifted), list(shifted.parameters()))
     expected = [a + beta * c for a, c in zip(g_sim, g_sim_probe, strict=True)]
 
@@ -173,7 +165,7 @@ def test_fpl_gradient_adds_to_a_gradient_already_there():
 def test_fpl_diagnostics_measure_the_terms_and_change_no_gradient():
     sim, anti = _losses()
     alpha, beta = 0.3, 2.0
-    g_sim, g, g_probe, _ = _reference_terms(sim, anti, alpha)
+    g_sim, g, g_probe, _, _ = _reference_terms(sim, anti, alpha)
     term = [beta * (b - c) for b, c in zip(g, g_probe, strict=True)]
     sim_norm = float(torch.sqrt(sum((x**2).sum() for x in g_sim)))
     term_norm = float(torch.sqrt(sum((x**2).sum() for x in term)))
