@@ -300,7 +300,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
             reference = [
                 s["score"] for s in detector.score(pipe.detector_input(files.read_jsonl(gen_file), "completion"))
             ]
-            what = "the unwatermarked base model's continuations of the same prompts"
+            what = "continuations of the same prompts by the unwatermarked base model"
             pooled = {**calibrated([s["score"] for s in scores], reference, what), "tokens": sum(map(len, sequences))}
             pooled["reference_median_score"] = _median(reference)
             for s in scores:

@@ -55,5 +55,5 @@ def test_the_pro_key_finds_its_student_and_leaves_the_base_unflagged(pro_store, 
         found[name] = json.loads(out.stdout)
     assert found["student"]["decision"]["watermarked"] and found["student"]["decision"]["p_value"] < 1e-3, found
     assert not found["base"]["decision"]["watermarked"] and found["base"]["decision"]["p_value"] > 0.05, found
-    assert "base model's continuations" in found["base"]["decision"]["test"]
+    assert "by the unwatermarked base model" in found["base"]["decision"]["test"]
     assert found["base"]["key"]["config"].endswith("centred score, no FPL")
