@@ -66,9 +66,10 @@ def test_key_vocabulary_must_match_the_model(random_llamas):
         methods.build("gu-kth", {"vocab_size": str(size + 1)}).validate(str(base))
 
 
-def test_detect_pools_kth_p_values_by_fisher(random_llamas, tmp_path, small_preset, cli):
-    """``harness detect`` with a Gu-KTH key: per-text p-values against the key's reference statistics, combined by
-    Fisher's method; the setup (prompts, lengths, reference data) is that of the key's stored runs."""
+def test_detect_pools_kth_statistics_by_a_rank_test(random_llamas, tmp_path, small_preset, cli):
+    """``harness detect`` with a Gu-KTH key: per-text p-values against the key's reference statistics, and one
+    decision by a Mann-Whitney U test of the texts' statistics against them; the setup (prompts, lengths, reference
+    data) is that of the key's stored runs."""
     base, _ = random_llamas
     store = Store(tmp_path / "runs")
     Pipeline(small_preset(tmp_path, base, **PRESET), store, "cpu").run(
@@ -81,6 +82,6 @@ def test_detect_pools_kth_p_values_by_fisher(random_llamas, tmp_path, small_pres
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     d = report["decision"]
-    assert "Fisher's combination of 2 per-text p-values" in d["test"] and 0 < d["p_value"] <= 1
+    assert "Mann-Whitney U of the texts' KTH statistics against 20 reference" in d["test"] and 0 < d["p_value"] <= 1
     assert d["human_texts"] == 4 and all(1 / 21 <= t["p_value"] <= 1 for t in report["texts"])
     assert len(list((store.root / "stages" / "kth-reference").iterdir())) == 1  # the run's reference, reused
