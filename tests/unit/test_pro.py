@@ -427,14 +427,12 @@ def test_centred_score_is_zero_on_average_on_the_base_models_own_text(random_lla
     torch.manual_seed(0)
     policy = PolicyMLP(384, base.config.vocab_size, hidden=32)
     gen = torch.Generator().manual_seed(1)
-    texts = []
-    with torch.no_grad():
-        for _ in range(80):
-            ids = [tokenizer.bos_token_id]
-            for _ in range(20):
-                probs = torch.softmax(base(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
-                ids.append(int(torch.multinomial(probs, 1, generator=gen)))
-            texts.append(ids[1:])
+    ids = torch.full((80, 1), tokenizer.bos_token_id)
+    with torch.no_grad():  # 80 texts of 20 tokens sampled from the base itself, all at once
+        for _ in range(20):
+            probs = torch.softmax(base(input_ids=ids).logits[:, -1].float(), -1)
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen)], 1)
+    texts = ids[:, 1:].tolist()
     scores = [s["score"] for s in centred_detection_scores(policy, embedder, tokenizer, base, texts, 1)]
     mean, se = float(torch.tensor(scores).mean()), float(torch.tensor(scores).std()) / len(scores) ** 0.5
     assert abs(mean) < 3 * se, (mean, se)
