@@ -158,6 +158,11 @@ def _new_tokens(folder: Path) -> int | None:
 SAMPLED_IDS, RETOKENIZED = "sampled ids", "re-tokenized text"
 
 
+def rewritten(gens: list[dict]) -> bool:
+    """Whether generations are a text attack's rewrites (each records how much it rewrote)."""
+    return bool(gens) and "unigram_overlap" in gens[0]
+
+
 def ppl_footing(oracle_shares_tokenizer: bool, rewritten: bool) -> str:
     """What a row's perplexity is measured on: the ids the model sampled where the oracle shares the base tokenizer
     and the texts are the model's own; the decoded text tokenized again where a text attack rewrote it or the
@@ -208,8 +213,8 @@ def run_metrics(folder: Path, new_tokens: int | None = None, ppl_on: str | None 
     gens = read_jsonl(folder / "generations.jsonl")
     if all("ppl" in s for s in pos):  # attribution scores carry none
         result["median_ppl"] = median([s["ppl"] for s in pos])
-        result["ppl_on"] = ppl_on or _stored_footing(folder, bool(gens) and "original_completion" in gens[0])
-    if gens and "unigram_overlap" in gens[0]:  # a text attack: how much it rewrote, and how much meaning it kept
+        result["ppl_on"] = ppl_on or _stored_footing(folder, rewritten(gens))
+    if rewritten(gens):  # a text attack: how much it rewrote, and how much meaning it kept
         from harness.report import textsim
 
         applied = [g["edit"] for g in gens] if all("edit" in g for g in gens) else None

@@ -255,6 +255,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
     ``detect`` stage of ``pipe``'s store; return the stage and its result (``result.json``)."""
     e = pipe.preset.eval
     source: dict
+    generated = reference = None  # generate stages: the suspect model's, and the base model's to calibrate against
     if suspect.kind == "model":
         model_id = f"model:{models.fingerprint(suspect.resolved)}"
         generated = pipe.generate(suspect.resolved, model_id, f"suspect {suspect.ref}")
@@ -272,17 +273,17 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         "human": {"eval_data": source_spec(pipe.preset.eval_data), "prompts": e.num_prompts,
                   "prompt_tokens": e.prompt_tokens, "new_tokens": e.new_tokens},
     }  # fmt: skip
-    if method.detector_has_null is False:  # calibrated on the base model's own continuations (a generate stage)
-        base_gen = pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base model")
-        spec["reference"] = {"generate": base_gen.key}
+    if not method.detector_has_null:  # calibrated on the base model's own continuations (a generate stage)
+        reference = pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base model")
+        spec["reference"] = {"generate": reference.key}
     stage = pipe.store.stage("detect", spec)
 
     def build(out: Path) -> dict:
         detector = method.detector(trained.path, pipe.tokenizer, pipe.detect_context())
         prompts = pipe.prompts
         human_texts = [pipe.tokenizer.decode(p["human_ids"], skip_special_tokens=True) for p in prompts]
-        if suspect.kind == "model":
-            gens = files.read_jsonl(pipe.store.root / "stages" / "generate" / source["generate"] / "generations.jsonl")
+        if generated is not None:
+            gens = files.read_jsonl(generated.path / "generations.jsonl")
             sequences = pipe.detector_input(gens, "completion")
             texts = [g["completion"] for g in gens]
         else:
@@ -293,18 +294,16 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         human = [s["score"] for s in detector.score(human_seqs)]
         pooled = detector.pool(sequences, scores)
         if pooled is None:
-            if "reference" not in spec:
+            if reference is None:
                 raise RuntimeError(f"{method.name} says its detector has a null of its own (detector_has_null), "
                                    "but its pool returned none")  # fmt: skip
-            gen_file = pipe.store.root / "stages" / "generate" / spec["reference"]["generate"] / "generations.jsonl"
-            reference = [
-                s["score"] for s in detector.score(pipe.detector_input(files.read_jsonl(gen_file), "completion"))
-            ]
+            base_gens = files.read_jsonl(reference.path / "generations.jsonl")
+            base = [s["score"] for s in detector.score(pipe.detector_input(base_gens, "completion"))]
             what = "continuations of the same prompts by the unwatermarked base model"
-            pooled = {**calibrated([s["score"] for s in scores], reference, what), "tokens": sum(map(len, sequences))}
-            pooled["reference_median_score"] = _median(reference)
+            pooled = {**calibrated([s["score"] for s in scores], base, what), "tokens": sum(map(len, sequences))}
+            pooled["reference_median_score"] = _median(base)
             for s in scores:
-                s["p_value"] = empirical_p(s["score"], reference)
+                s["p_value"] = empirical_p(s["score"], base)
         rows = [{"i": i, "tokens": len(seq), **s, "text": t}
                 for i, (seq, s, t) in enumerate(zip(sequences, scores, texts, strict=True))]  # fmt: skip
         files.write_jsonl(out / "scores.jsonl", rows)

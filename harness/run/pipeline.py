@@ -359,12 +359,11 @@ class Pipeline:
             ppl = self.perplexities(gens, f"perplexity ({row})")
             scored = [{**s, "ppl": q} for s, q in zip(pos, ppl, strict=True)]
             new_tokens = self.preset.eval.new_tokens
-            ppl_on = metrics.ppl_footing(self.oracle_tokenizer["shares"], "original_completion" in gens[0])
+            ppl_on = metrics.ppl_footing(self.oracle_tokenizer["shares"], metrics.rewritten(gens))
             scoring.publish_scores(out, generated.path / "generations.jsonl", gens, scored, neg, new_tokens, ppl_on)
             # Where the model and key are: paths stay out of the hash, so a moved store still matches.
             (out / "artefacts.json").write_text(json.dumps(artefacts, indent=2))
-            report = {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size}
-            report["ppl_on"] = ppl_on
+            report = {"device": self.device, "ppl_batch_size": self.preset.eval.ppl_batch_size, "ppl_on": ppl_on}
             # Texts too short for the detector to score any position (scored neutrally: no evidence).
             report["unscored_texts"] = {"generated": sum(s.get("scored") == 0 for s in pos),
                                         "human": sum(s.get("scored") == 0 for s in neg)}  # fmt: skip
