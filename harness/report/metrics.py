@@ -97,7 +97,7 @@ def stays_detected_from(flagged: np.ndarray) -> np.ndarray:
     where it is not flagged on the whole text. MarkMyWords' "size" (``VerifierOutput.get_size``) is the same event:
     a text counts only if its whole-text test fires, so the share counted is that one test's rate, not the rate of
     the first of many looks; MarkMyWords reports the 0-based index of the last unflagged prefix, which is this
-    length minus 2."""
+    length minus 2 (and 0 for a text flagged at every length, 1 here)."""
     lengths = flagged.shape[1]
     last_miss = lengths - 1 - np.argmax(~flagged[:, ::-1], axis=1)  # 0-based index of the last unflagged length
     first = np.where(flagged.all(axis=1), 1.0, last_miss + 2.0)
