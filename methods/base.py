@@ -87,8 +87,11 @@ class Detector(ABC):
     are the generated ids or the decoded text tokenized again). Higher ``score`` means more likely watermarked."""
 
     @abstractmethod
-    def score(self, sequences: list[list[int]]) -> list[dict]:
-        """One dict per sequence with at least ``score``; ``p_value`` where the scheme has one."""
+    def score(self, sequences: list[list[int]], prompts: list[list[int]] | None = None) -> list[dict]:
+        """One dict per sequence with at least ``score``; ``p_value`` where the scheme has one. ``prompts``: the ids
+        each sequence continues (BOS first where the tokenizer adds one), given only to a detector whose method reads
+        them (``WatermarkMethod.detector_reads_prompt``) and only where they are known (``harness detect --texts``
+        has none: None)."""
 
     def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict | None:
         """One test of all ``sequences`` together (``scores``: theirs from ``score``), for a decision about the source
@@ -98,14 +101,28 @@ class Detector(ABC):
         return None
 
 
-def score_long_enough(sequences: list[list[int]], minimum: int, score: Callable, neutral: dict) -> list[dict]:
-    """``score`` (a batch function) on the sequences of at least ``minimum`` tokens; the shorter ones, which hold no
-    position to score (e.g. a paraphrase that came out nearly empty), get ``neutral``, the result of no evidence for
-    a watermark, with ``scored: 0``, so that one short text never stops a run."""
+def score_texts(method, detector: Detector, sequences: list[list[int]], prompts: list[list[int]] | None) -> list[dict]:
+    """``detector.score`` on ``sequences``, given their ``prompts`` where ``method``'s detector reads them (and they
+    are known); every caller scores through this, so a detector that reads no prompt keeps the one-argument form."""
+    if prompts is not None and method.detector_reads_prompt():
+        return detector.score(sequences, prompts=prompts)
+    return detector.score(sequences)
+
+
+def score_long_enough(
+    sequences: list[list[int]], minimum: int, score: Callable, neutral: dict, prompts: list | None = None
+) -> list[dict]:
+    """``score`` (a batch function) on the sequences of at least ``minimum`` tokens (with ``prompts``: on those
+    sequences and their prompts, ``score(seqs, prompts)``); the shorter ones, which hold no position to score (e.g. a
+    paraphrase that came out nearly empty), get ``neutral``, the result of no evidence for a watermark, with
+    ``scored: 0``, so that one short text never stops a run."""
     keep = [i for i, seq in enumerate(sequences) if len(seq) >= minimum]
     out = [{**neutral, "scored": 0} for _ in sequences]
-    for i, result in zip(keep, score([sequences[i] for i in keep]) if keep else [], strict=True):
-        out[i] = result
+    if keep:
+        seqs = [sequences[i] for i in keep]
+        results = score(seqs) if prompts is None else score(seqs, [prompts[i] for i in keep])
+        for i, result in zip(keep, results, strict=True):
+            out[i] = result
     return out
 
 
@@ -128,6 +145,11 @@ class WatermarkMethod(Plugin, ABC):
     # A setting that chooses between detection scores, and what each value reads (the report says which rows use
     # which): None where the method has one score.
     score_setting: ClassVar[tuple[str, dict[str, str]] | None] = None
+
+    def detector_reads_prompt(self) -> bool:
+        """Whether this configuration's detector reads the prompt each text continues (``Detector.score``'s
+        ``prompts``): its runs then record it (``scoring.detector_spec``), as the same texts score differently."""
+        return False
 
     @abstractmethod
     def train(self, ctx: TrainContext, out: Path) -> dict:

@@ -92,23 +92,26 @@ class PRODetector(Detector):
         self.policy, self.embedder, self.tokenizer, self.n = policy, embedder, tokenizer, n
         self.base = base  # the unwatermarked base model: the centred score (None: the paper's)
 
-    def score(self, sequences: list[list[int]]) -> list[dict]:
+    def score(self, sequences: list[list[int]], prompts: list[list[int]] | None = None) -> list[dict]:
+        """The paper's score reads the text alone; the centred one conditions the base model on each text's prompt
+        where it is given (``prompts``), else on BOS alone."""
         from harness.compute.progress import Progress
         from methods.pro_policy import centred_detection_scores, detection_scores
 
-        def batch(seqs: list[list[int]], bar) -> list[dict]:
+        def batch(seqs: list[list[int]], bar, contexts=None) -> list[dict]:
             if self.base is None:
                 return detection_scores(self.policy, self.embedder, self.tokenizer, seqs, self.n, progress=bar)
             return centred_detection_scores(
-                self.policy, self.embedder, self.tokenizer, self.base, seqs, self.n, progress=bar
+                self.policy, self.embedder, self.tokenizer, self.base, seqs, self.n, progress=bar, prompts=contexts
             )
 
         with Progress(len(sequences), "PRO detect", unit="text") as bar:
             return score_long_enough(
                 sequences,
                 self.n + 1,
-                lambda seqs: batch(seqs, bar),
+                lambda seqs, contexts=None: batch(seqs, bar, contexts),
                 {"score": 0.0, "prefix_scores": []},  # M's logits lie in [-1, 1] around 0: no position, no evidence
+                prompts if self.base is not None else None,
             )
 
 
@@ -149,6 +152,9 @@ class PRO(WatermarkMethod):
 
     def model_refs(self) -> dict[str, str]:
         return {"embedding_model": self.params.embedding_model}
+
+    def detector_reads_prompt(self) -> bool:
+        return self.params.score == "centred"  # the base model's expectation is conditioned on the prompt
 
     def token_lengths(self) -> dict[str, int]:
         return {"anti_len": self.params.anti_len} if self.params.fpl_on and self.params.anti_len else {}

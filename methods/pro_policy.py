@@ -145,27 +145,40 @@ def detection_scores(
 
 
 def centred_detection_scores(
-    policy, embedder: Embedder, tokenizer, base, sequences: list[list[int]], n: int, progress=None, chunk: int = 8
+    policy,
+    embedder: Embedder,
+    tokenizer,
+    base,
+    sequences: list[list[int]],
+    n: int,
+    progress=None,
+    chunk: int = 8,
+    prompts: list[list[int]] | None = None,
 ):
     """As ``detection_scores``, each position's M value less its expectation under the base model's next-token
-    distribution: ``c_i = M_i[x_i] - sum_y p_base(y | x_<i) M_i[y]``, with ``M_i = M(E(x[i-n:i]))``, and the text's
-    score the mean of ``c_i`` (and its running mean). Where the base wrote the text from the same context,
-    ``E[c_i | x_<i] = 0``: the base model's own text scores zero on average however predictable it is, where the
-    paper's score rewards predictability itself. The base reads the text alone (its BOS first where it has one; a
-    detector is given no prompt), so on generated completions the centring is exact only up to what the prompt told
-    the base."""
+    distribution: ``c_i = M_i[x_i] - sum_y p_base(y | context, x_<i) M_i[y]``, with ``M_i = M(E(x[i-n:i]))``, and the
+    text's score the mean of ``c_i`` (and its running mean). Where the base wrote the text from that context,
+    ``E[c_i | context, x_<i] = 0``: the base model's own text scores zero on average however predictable it is, where
+    the paper's score rewards predictability itself. The context is the text's prompt (``prompts``, the ids it
+    continues, BOS included where the tokenizer adds one) where the caller knows it, else BOS alone (its BOS where the
+    tokenizer has one): without the prompt the centring is exact only up to what the prompt told the base (SmolLM2's
+    own generations scored 0.016 [0.003, 0.029] so). M reads the text alone in both, as in the paper's score."""
     import torch
 
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     device = next(base.parameters()).device
+    if prompts is not None and len(prompts) != len(sequences):
+        raise ValueError(f"PRO detection: {len(prompts)} prompts for {len(sequences)} sequences")
+    contexts = iter([list(p) for p in prompts] if prompts is not None else [bos] * len(sequences))
 
     def values(part: list[list[int]]):
         ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
         rows = policy(embedder.embed_ngrams(ngrams, tokenizer))  # (positions, V): M_i for every scored position
         expected = []
         for ids in part:  # the base's next-token distribution at the positions that predict x_n .. x_end
-            logits = base(input_ids=torch.tensor([bos + ids], device=device)).logits[0].float()
-            expected.append(torch.softmax(logits[len(bos) + n - 1 : len(bos) + len(ids) - 1], -1))
+            context = next(contexts)
+            logits = base(input_ids=torch.tensor([context + ids], device=device)).logits[0].float()
+            expected.append(torch.softmax(logits[len(context) + n - 1 : len(context) + len(ids) - 1], -1))
         probs = torch.cat(expected).to(rows.device)
         width = min(probs.shape[1], rows.shape[1])  # (a model's logits may be padded past the vocabulary)
         targets = torch.tensor([t for ids in part for t in ids[n:]], device=rows.device)

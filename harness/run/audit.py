@@ -12,7 +12,8 @@ then tested together for one decision about their source:
   one-sided Mann-Whitney U test: the null is "the source writes like the unwatermarked base under this detector",
   which an unwatermarked model meets and human text need not (PRO's paper score rewards predictable text: the
   SmolLM2 base's most predictable texts reach AUC 0.59 against human text). A method may score differently for an
-  audit (``WatermarkMethod.audit_settings``: PRO's centred score). Human texts' scores are shown beside it.
+  audit (``WatermarkMethod.audit_settings``: PRO's centred score, given the prompts a suspect model continued;
+texts from a file continue no known prompt). Human texts' scores are shown beside it.
 
 The scores are a ``detect`` stage of the store, so the same audit is computed once.
 """
@@ -31,6 +32,7 @@ from harness.run import scoring
 from harness.run.pipeline import source_spec
 from harness.store import files
 from harness.store.stages import Stage, Store
+from methods.base import score_texts
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 # Bump when the decision drawn from the scores changes (the pooled tests): a detect stage's result is keyed by it.
@@ -267,7 +269,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         "stage": "detect",
         "scoring_version": scoring.SCORING_VERSION,
         "decision_version": DECISION_VERSION,
-        "detector": {"method": method.name, "key_from": trained.key, "reads": e.score_on,
+        "detector": {**scoring.detector_spec(method, trained.key, e.score_on, prompted=generated is not None),
                      "settings": method.params.model_dump()},
         "source": source,
         "human": {"eval_data": source_spec(pipe.preset.eval_data), "prompts": e.num_prompts,
@@ -282,7 +284,10 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         detector = method.detector(trained.path, pipe.tokenizer, pipe.detect_context())
         prompts = pipe.prompts
         human_texts = [pipe.tokenizer.decode(p["human_ids"], skip_special_tokens=True) for p in prompts]
-        if generated is not None:
+        # A model continued the evaluation prompts: a detector that reads prompts is given them, for its texts, the
+        # human continuations and the base's (texts from a file continue no known prompt: none for any of them).
+        prompted = generated is not None
+        if prompted:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
             sequences = pipe.detector_input(gens, "completion")
             texts = [g["completion"] for g in gens]
@@ -290,15 +295,19 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
             texts = list(suspect.texts)
             sequences = pipe.tokenizer(texts, add_special_tokens=False)["input_ids"]
         human_seqs = pipe.tokenizer(human_texts, add_special_tokens=False)["input_ids"]
-        scores = detector.score(sequences)
-        human = [s["score"] for s in detector.score(human_seqs)]
+
+        def score(seqs: list[list[int]], rows: list[dict]) -> list[dict]:
+            return score_texts(method, detector, seqs, [r["prompt_ids"] for r in rows] if prompted else None)
+
+        scores = score(sequences, gens if prompted else [])
+        human = [s["score"] for s in score(human_seqs, prompts)]
         pooled = detector.pool(sequences, scores)
         if pooled is None:
             if reference is None:
                 raise RuntimeError(f"{method.name} says its detector has a null of its own (detector_has_null), "
                                    "but its pool returned none")  # fmt: skip
             base_gens = files.read_jsonl(reference.path / "generations.jsonl")
-            base = [s["score"] for s in detector.score(pipe.detector_input(base_gens, "completion"))]
+            base = [s["score"] for s in score(pipe.detector_input(base_gens, "completion"), base_gens)]
             what = "continuations of the same prompts by the unwatermarked base model"
             pooled = {**calibrated([s["score"] for s in scores], base, what), "tokens": sum(map(len, sequences))}
             pooled["reference_median_score"] = _median(base)

@@ -24,7 +24,7 @@ from harness.run import scoring
 from harness.run.scoring import attack_row
 from harness.store import files
 from harness.store.stages import EditedStage, Stage, Store
-from methods.base import DetectContext, TrainContext
+from methods.base import DetectContext, TrainContext, score_texts
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +388,7 @@ class Pipeline:
             "stage": "attribution",
             "preset": self.preset.name,
             "scoring_version": scoring.SCORING_VERSION,
-            "detector": {"method": method.name, "key_from": trained.key, "reads": self.preset.eval.score_on},
+            "detector": scoring.detector_spec(method, trained.key, self.preset.eval.score_on),
             "generate": generated.key,
             # For the table: who detects (method, config) and whose texts (a label and, for a watermarked model, the
             # train stage that made it).
@@ -414,8 +414,10 @@ class Pipeline:
         detector = method.detector(trained.path, self.tokenizer, self.detect_context())
 
         def both(part: list[dict], _first: int) -> list[tuple[dict, dict]]:
-            pos = detector.score(self.detector_input(part, "completion"))
-            return list(zip(pos, detector.score(self.detector_input(part, "human")), strict=True))
+            prompts = [g["prompt_ids"] for g in part]  # what both the generated and the human texts continue
+            pos = score_texts(method, detector, self.detector_input(part, "completion"), prompts)
+            neg = score_texts(method, detector, self.detector_input(part, "human"), prompts)
+            return list(zip(pos, neg, strict=True))
 
         pairs = distributed.map_shards(both, gens)
         return [p for p, _ in pairs], [n for _, n in pairs]

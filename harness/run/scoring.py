@@ -30,6 +30,16 @@ def preset_settings(preset: Preset) -> dict:
     return preset.model_dump(exclude={"eval": {"ppl_batch_size"}, "train": preset.train.unhashed()})
 
 
+def detector_spec(method, trained_key: str, reads: str, prompted: bool = True) -> dict:
+    """Which detector scored a run's (or an audit's) texts: ``method``'s, keyed by the train stage ``trained_key``,
+    reading ``reads`` (``eval.score_on``) and, where its detector reads them and they were given (``prompted``), each
+    text's prompt (recorded only then, so runs of the detectors that read none keep their hashes)."""
+    spec = {"method": method.name, "key_from": trained_key, "reads": reads}
+    if prompted and method.detector_reads_prompt():
+        spec["context"] = "prompt"
+    return spec
+
+
 def method_info(method) -> dict:
     return {
         "name": method.name,
@@ -79,7 +89,7 @@ def run_spec(
         "row": BASE_ROW if attack is None else attack_row(attack, config_label),
         "preset": preset.name,
         "scoring_version": SCORING_VERSION,
-        "detector": {"method": method.name, "key_from": trained_key, "reads": preset.eval.score_on},
+        "detector": detector_spec(method, trained_key, preset.eval.score_on),
         "generate": generate_key,
         "oracle": oracle,
         # The full resolved settings, for readers and for tables.

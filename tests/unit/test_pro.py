@@ -416,9 +416,10 @@ def test_simultaneous_update_and_paper_sum_reduction_train(random_llamas, tmp_pa
 
 
 def test_centred_score_is_zero_on_average_on_the_base_models_own_text(random_llamas, embedder):
-    """PRO's centred score (the harness's own): M's value at each token less its expectation under the base model.
-    On texts the base sampled from the context the detector gives it (BOS, then the text), the mean over 80 texts lies
-    within 3 standard errors of 0; one position checked by hand."""
+    """PRO's centred score (the harness's own): M's value at each token less its expectation under the base model,
+    conditioned on the text's prompt where it is given. On 80 texts the base sampled after 80 different prompts, scored
+    with their prompts, the mean lies within 3 standard errors of 0; one position checked by hand with its prompt, and
+    one without (the base then reads BOS and the text)."""
     from harness.assets.models import load_causal_lm, load_tokenizer
     from methods.pro_policy import centred_detection_scores
 
@@ -427,22 +428,46 @@ def test_centred_score_is_zero_on_average_on_the_base_models_own_text(random_lla
     torch.manual_seed(0)
     policy = PolicyMLP(384, base.config.vocab_size, hidden=32)
     gen = torch.Generator().manual_seed(1)
-    ids = torch.full((80, 1), tokenizer.bos_token_id)
-    with torch.no_grad():  # 80 texts of 20 tokens sampled from the base itself, all at once
+    prompts = torch.randint(5, base.config.vocab_size, (80, 6), generator=gen)
+    prompts[:, 0] = tokenizer.bos_token_id
+    ids = prompts
+    with torch.no_grad():  # 80 texts of 20 tokens sampled from the base itself after their prompts, all at once
         for _ in range(20):
             probs = torch.softmax(base(input_ids=ids).logits[:, -1].float(), -1)
             ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen)], 1)
-    texts = ids[:, 1:].tolist()
-    scores = [s["score"] for s in centred_detection_scores(policy, embedder, tokenizer, base, texts, 1)]
+    texts, contexts = ids[:, 6:].tolist(), prompts.tolist()
+    scored = centred_detection_scores(policy, embedder, tokenizer, base, texts, 1, prompts=contexts)
+    scores = [s["score"] for s in scored]
     mean, se = float(torch.tensor(scores).mean()), float(torch.tensor(scores).std()) / len(scores) ** 0.5
     assert abs(mean) < 3 * se, (mean, se)
     paper = [s["score"] for s in detection_scores(policy, embedder, tokenizer, texts, 1)]
     assert paper != scores
-    # By hand: the text's first scored position (i = n = 1).
-    seq = texts[0]
+    # By hand: the first text's first scored position (i = n = 1), after its prompt and after BOS alone.
+    seq, prompt = texts[0], contexts[0]
     with torch.no_grad():
         row = policy(embedder.embed_ngrams([tuple(seq[:1])], tokenizer))[0]
-        probs = torch.softmax(base(input_ids=torch.tensor([[tokenizer.bos_token_id, *seq]])).logits[0, 1].float(), -1)
-    by_hand = float(row[seq[1]] - (probs * row).sum())
-    first = centred_detection_scores(policy, embedder, tokenizer, base, [seq], 1)[0]["prefix_scores"][1]
-    assert first == pytest.approx(by_hand, abs=1e-4)
+        for context, given in ((prompt, [prompt]), ([tokenizer.bos_token_id], None)):
+            logits = base(input_ids=torch.tensor([[*context, *seq]])).logits[0, len(context)].float()
+            by_hand = float(row[seq[1]] - (torch.softmax(logits, -1) * row).sum())
+            got = centred_detection_scores(policy, embedder, tokenizer, base, [seq], 1, prompts=given)
+            assert got[0]["prefix_scores"][1] == pytest.approx(by_hand, abs=1e-4)
+    # Through the detector: a text too short to score is left out with its prompt, the others keep theirs.
+    from methods.pro import PRODetector
+
+    detector = PRODetector(policy, embedder, tokenizer, 1, base)
+    out = detector.score([seq[:1], seq], prompts=[contexts[1], prompt])
+    assert out[0]["scored"] == 0 and out[1]["score"] == pytest.approx(scores[0], abs=1e-6)
+
+
+def test_only_the_centred_score_reads_prompts_and_its_runs_say_so():
+    """A run's detector spec records the prompt only for a detector that reads it (PRO's centred score), so the runs
+    of every other detector keep their hashes; an audit of texts from a file, which have no prompt, records none."""
+    from harness.config.registry import methods
+    from harness.run.scoring import detector_spec
+
+    centred = PRO(PROParams(score="centred"))
+    want = {"method": "pro", "key_from": "k", "reads": "text", "context": "prompt"}
+    assert detector_spec(centred, "k", "text") == want
+    assert "context" not in detector_spec(centred, "k", "text", prompted=False)
+    for method in (PRO(PROParams()), methods.build("gu-kgw", {}), methods.build("gu-kth", {})):
+        assert detector_spec(method, "k", "ids") == {"method": method.name, "key_from": "k", "reads": "ids"}
