@@ -40,7 +40,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PIPELINE_KINDS = {"train", "attack", "text-attack", "generate", "run", "attribution", "detect"}
+CACHE = "cache"  # the kind this table gives the built-in models built in the cache (not a stage of the store)
 
 
 def _harness() -> list[str]:
@@ -61,10 +61,10 @@ def stages(store: Path) -> list[dict]:
     from harness.store.stages import Store
 
     found = []
-    for folder in [p.parent for p in store.glob("stages/*/*/DONE")] + Store(store).runs():
+    for stage in Store(store).finished():
         try:
-            manifest = json.loads((folder / "manifest.json").read_text())
-            spec = json.loads((folder / "spec.json").read_text())
+            manifest = stage.manifest()
+            spec = json.loads((stage.path / "spec.json").read_text())
         except (OSError, ValueError):
             continue
         kind = manifest["kind"]
@@ -106,20 +106,22 @@ def category(attack: str) -> str:
 
 
 def group(stage: dict) -> str:
+    from harness.store import kinds
+
     kind, spec = stage["kind"], stage["spec"]
-    if kind == "train":
+    if kind == kinds.TRAIN:
         return f"training: {spec.get('method', '?')}"
-    if kind == "attack":
+    if kind == kinds.ATTACK:
         return f"model attack: {category(spec.get('attack', '?'))}"
-    if kind == "text-attack":
+    if kind == kinds.TEXT_ATTACK:
         return f"text attack: {spec.get('attack', '?')}"
-    if kind == "generate":
+    if kind == kinds.GENERATE:
         return "generation"
-    if kind == "run":
+    if kind == kinds.RUN:
         return "scoring (detector and perplexity)"
-    if kind == "cache":
+    if kind == CACHE:
         return f"built-in model: {spec['name']}"
-    if kind in PIPELINE_KINDS:
+    if kind in kinds.RESERVED:
         return kind
     return f"method's own stage: {kind}"
 
@@ -136,7 +138,7 @@ def cache_builds(cache: Path) -> list[dict]:
         seconds = record.get("build_seconds", record.get("seconds"))  # the whole build, not its last stage
         if isinstance(seconds, (int, float)):
             name = built.parent.name.rsplit("-", 1)[0]
-            out.append({"kind": "cache", "spec": {"name": name}, "start": built.stat().st_mtime - seconds,
+            out.append({"kind": CACHE, "spec": {"name": name}, "start": built.stat().st_mtime - seconds,
                         "seconds": float(seconds)})  # fmt: skip
     return out
 

@@ -328,7 +328,7 @@ def _audit(args) -> tuple[dict, list[dict]]:
     if args.key is not None and args.method_arg:
         raise HarnessError("--method-arg goes with --method; with --key the settings are the key's own")
     store = Store(args.results)
-    if not (store.root / "stages").is_dir():
+    if not store.has_stages():
         raise HarnessError(f"no run store at '{store.root}': train a watermark with 'harness run' first")
     files.check_cache()
     chosen = None  # the setup given on the command line (else the key's: audit.setup_of)

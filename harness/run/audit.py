@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.assets import models
@@ -30,8 +30,8 @@ from harness.config.errors import HarnessError, first_line
 from harness.config.presets import DataSource, Preset, get_preset
 from harness.run import scoring
 from harness.run.pipeline import source_spec
-from harness.store import files
-from harness.store.stages import Stage, Store
+from harness.store import files, kinds
+from harness.store.stages import Stage, Store, stage_at
 from methods.base import score_texts
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
@@ -49,30 +49,30 @@ def train_stage(store: Store, ref: str) -> Stage:
         return _stage_at(path.resolve(), ref)
     if not ref or not all(c in "0123456789abcdef" for c in ref):
         raise HarnessError(f"--key '{ref}' is neither a folder nor a stage hash (hexadecimal)")
-    stages = store.root / "stages"
-    found = sorted(p for p in stages.glob(f"*/{ref}*") if p.is_dir() and files.plain_name(p.name) == p.name)
-    found += sorted(p for p in store.root.glob(f"{ref}*") if (p / "DONE").exists())  # runs
+    found = store.matching(ref)
     if not found:
-        raise HarnessError(f"no stage '{ref}' in the store at '{store.root}' (see its stages/train/ folder)")
-    trains = [p for p in found if p.parent.name == "train"]
+        where = store.folder(kinds.TRAIN, "").relative_to(store.root).as_posix()
+        raise HarnessError(f"no stage '{ref}' in the store at '{store.root}' (see its {where}/ folder)")
+    trains = [s for s in found if s.kind == kinds.TRAIN]
     if len(trains) > 1:
         raise HarnessError(f"'{ref}' names {len(trains)} trained watermarks in '{store.root}': give more of the hash")
-    return _stage_at(trains[0] if trains else found[0], ref)
+    return _stage_at((trains or found)[0].path, ref)
 
 
 def _stage_at(path: Path, ref: str) -> Stage:
-    kind = path.parent.name if path.parent.parent.name == "stages" else "run"
-    if kind != "train" or not (path / "key.json").is_file():
+    stage = stage_at(path)
+    kind = stage.kind
+    if kind != kinds.TRAIN or not (path / "key.json").is_file():
         if not (path / "spec.json").is_file():
             what = "not a stage of a store"
-        elif kind == "run":
+        elif kind == kinds.RUN:
             what = "a run (its spec.json names the train stage as detector.key_from)"
         else:
             what = f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} stage"
         raise HarnessError(f"--key '{ref}' is not a trained watermark: {what}")
     if not (path / "DONE").is_file():
         raise HarnessError(f"--key '{ref}': the training in {path} did not finish")
-    problem = Stage("train", {}, path.name, path, path.parent.parent.parent).problem()  # spec.json is verified too
+    problem = stage.problem()  # spec.json is verified too
     if problem is not None:
         raise HarnessError(f"trained watermark {path} is damaged ({problem})")
     try:
@@ -85,7 +85,7 @@ def _stage_at(path: Path, ref: str) -> Stage:
         raise HarnessError(
             f"trained watermark {path} has a spec.json that is not a train stage's ({(wrong or ['base_model'])[0]})"
         )
-    return Stage("train", spec, path.name, path, path.parent.parent.parent)
+    return replace(stage, spec=spec)
 
 
 def setup_of(stage: Stage, preset: Preset | None) -> Preset:
@@ -266,7 +266,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         digest = hashlib.sha256(json.dumps(list(suspect.texts)).encode()).hexdigest()
         source = {"texts": {"name": Path(suspect.ref).name, "count": len(suspect.texts), "sha256": digest}}
     spec = {
-        "stage": "detect",
+        "stage": kinds.DETECT,
         "scoring_version": scoring.SCORING_VERSION,
         "decision_version": DECISION_VERSION,
         "detector": {**scoring.detector_spec(method, trained.key, e.score_on, prompted=generated is not None),
@@ -278,7 +278,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
     if not method.detector_has_null:  # calibrated on the base model's own continuations (a generate stage)
         reference = pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base model")
         spec["reference"] = {"generate": reference.key}
-    stage = pipe.store.stage("detect", spec)
+    stage = pipe.store.stage(kinds.DETECT, spec)
 
     def build(out: Path) -> dict:
         detector = method.detector(trained.path, pipe.tokenizer, pipe.detect_context())

@@ -22,7 +22,7 @@ from harness.config.registry import attacks
 from harness.report import metrics, textsim
 from harness.run import scoring
 from harness.run.scoring import attack_row
-from harness.store import files
+from harness.store import files, kinds
 from harness.store.stages import EditedStage, Stage, Store
 from methods.base import DetectContext, TrainContext, score_texts
 
@@ -130,7 +130,7 @@ class Pipeline:
     # --- stages ---------------------------------------------------------------------------------------------
     def train(self, method) -> Stage:
         spec = {
-            "stage": "train",
+            "stage": kinds.TRAIN,
             "method": method.name,
             "method_version": method.version,
             "params": method.train_params(),
@@ -139,7 +139,7 @@ class Pipeline:
             "train": self.preset.train.model_dump(exclude=self.preset.train.unhashed()),
         }
         extra = self.refs(method, spec)
-        stage = self.store.stage("train", spec)
+        stage = self.store.stage(kinds.TRAIN, spec)
 
         def build(out: Path) -> dict:
             texts = data.iter_texts(self.preset.train_data)
@@ -162,8 +162,7 @@ class Pipeline:
         """A stage a method builds for itself (teacher texts, reference statistics), shared by every run whose
         inputs match: keyed by ``spec`` plus the base model and the training data, which such stages read.
         ``collective``: computed by every process of a launch (harness/compute/distributed.py)."""
-        if kind in ("train", "attack", "generate", "text-attack", "run"):
-            raise ValueError(f"'{kind}' is a pipeline stage, not a method's own")
+        kinds.check_own(kind)
         if files.plain_name(kind) != kind:  # it names a folder of the store
             raise HarnessError(f"a method's stage kind must be a plain name, not '{kind}'")
         full = {
@@ -200,7 +199,7 @@ class Pipeline:
         if attack.identity:
             return [Output(attack_row(attack), attack.config_label(), trained.path / "model", trained.key, None)]
         spec = {
-            "stage": "attack",
+            "stage": kinds.ATTACK,
             "attack": attack.name,
             "attack_version": attack.version,
             "params": attack.params.model_dump(),
@@ -208,7 +207,7 @@ class Pipeline:
             "base_model": self.base["fingerprint"],
         }
         extra = self.refs(attack, spec)
-        stage = self.store.stage("attack", spec)
+        stage = self.store.stage(kinds.ATTACK, spec)
         for _, sub in attack.outputs():  # an output folder inside the stage's, whatever the plugin says
             if not files.stays_inside(sub):
                 raise HarnessError(f"attack {attack.name} names an output folder '{sub}' outside its stage")
@@ -247,7 +246,7 @@ class Pipeline:
         negatives stay as they are. Each row records how much was rewritten (unigram overlap with the original) and
         how much meaning was kept (cosine similarity of sentence embeddings)."""
         spec = {
-            "stage": "text-attack",
+            "stage": kinds.TEXT_ATTACK,
             "attack": attack.name,
             "attack_version": attack.version,
             "params": attack.params.model_dump(),
@@ -258,7 +257,7 @@ class Pipeline:
             },
         }
         extra = self.refs(attack, spec)
-        stage = self.store.stage("text-attack", spec)
+        stage = self.store.stage(kinds.TEXT_ATTACK, spec)
 
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
@@ -308,14 +307,14 @@ class Pipeline:
     def generate(self, model_path: str | Path, model_id: str, name: str) -> Stage:
         e = self.preset.eval
         spec = {
-            "stage": "generate",
+            "stage": kinds.GENERATE,
             "model": model_id,
             "eval_data": source_spec(self.preset.eval_data),
             "eval": e.model_dump(exclude={"ppl_batch_size", "score_on"}),  # neither changes the texts
             "tokenizer": self.base["fingerprint"],
             "sampler": SAMPLER,
         }
-        stage = self.store.stage("generate", spec)
+        stage = self.store.stage(kinds.GENERATE, spec)
 
         def build(out: Path) -> dict:
             prompts = self.prompts
@@ -351,7 +350,7 @@ class Pipeline:
         """The run ``spec`` (``scoring.run_spec``): the method's detector on generated (positives) and human
         (negatives) texts, plus perplexity."""
         row = spec["row"]
-        run = self.store.stage("run", spec)
+        run = self.store.stage(kinds.RUN, spec)
 
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
@@ -368,7 +367,7 @@ class Pipeline:
             report["unscored_texts"] = {"generated": sum(s.get("scored") == 0 for s in pos),
                                         "human": sum(s.get("scored") == 0 for s in neg)}  # fmt: skip
             if attack_spec is not None:  # what the evaluated folder holds (e.g. a dequantized copy), from its stage
-                attack_stage = self.store.stage("attack", attack_spec)
+                attack_stage = self.store.stage(kinds.ATTACK, attack_spec)
                 report["evaluated"] = attack_stage.manifest()["report"].get("evaluated", "the attack's output")
             return report
 
@@ -385,7 +384,7 @@ class Pipeline:
         generations (and the human texts beside them), generating nothing. ``metrics.json``'s ``tpr@f`` is then the
         share of that model's texts flagged at the threshold that gives FPR ``f`` on human texts."""
         spec = {
-            "stage": "attribution",
+            "stage": kinds.ATTRIBUTION,
             "preset": self.preset.name,
             "scoring_version": scoring.SCORING_VERSION,
             "detector": scoring.detector_spec(method, trained.key, self.preset.eval.score_on),
@@ -396,7 +395,7 @@ class Pipeline:
             "preset_settings": scoring.preset_settings(self.preset),
             "base_model": self.base["fingerprint"],
         }
-        stage = self.store.stage("attribution", spec)
+        stage = self.store.stage(kinds.ATTRIBUTION, spec)
 
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
@@ -528,7 +527,7 @@ def fill_prefix_scores(store: Store, device: str | None = None) -> tuple[int, in
 
     filled, lacking, skipped = 0, 0, []
     for path in store.runs():
-        run = Stage("run", {}, path.name, path, store.root)
+        run = store.at(kinds.RUN, path.name)
         try:
             with files.locked(run.lock_file, f"prefix scores of run {run.key}"):
                 scores = files.read_jsonl(path / "scores.jsonl")
@@ -538,7 +537,7 @@ def fill_prefix_scores(store: Store, device: str | None = None) -> tuple[int, in
                 problem = run.problem()
                 spec = json.loads((path / "spec.json").read_text())
                 key = spec["detector"]["key_from"]
-                trained = Stage("train", {}, key, store.root / "stages" / "train" / key, store.root)
+                trained = store.at(kinds.TRAIN, key)
                 if problem is None and not trained.done:
                     problem = f"its train stage {key} is not in this store"
                 if problem is None:

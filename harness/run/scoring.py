@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.report import metrics
-from harness.store import files
+from harness.store import files, kinds
 from harness.store.stages import Stage, Store
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def run_spec(
     base; ``config_label``: which of the attack's outputs), scored with ``oracle``'s perplexity. ``upstream`` is what
     the upstream hashes stand for (models' and data's fingerprints included), so that one file is readable alone."""
     return {
-        "stage": "run",
+        "stage": kinds.RUN,
         "row": BASE_ROW if attack is None else attack_row(attack, config_label),
         "preset": preset.name,
         "scoring_version": SCORING_VERSION,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from harness.compute import distributed
 from harness.config.errors import HarnessError
-from harness.store import files
+from harness.store import files, kinds
 from harness.store.versions import git_sha, machine, versions
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,9 @@ def spec_hash(spec: dict) -> str:
 
 CONTENTS = "contents.json"
 LOCKS = ".locks"
+# The folders of a store's root besides its runs: only this module spells them (and the layout they make).
+STAGES = "stages"  # <root>/stages/<kind>/<hash>/: every stage but the runs
+DAMAGED = "damaged"  # where damaged or unfinished stages are set aside
 
 
 class EditedStage(HarnessError):
@@ -166,8 +169,8 @@ def set_aside(root: Path, folder: Path) -> Path:
     """Move a damaged or unfinished stage folder to ``<root>/damaged/`` (nothing is deleted) and return where it
     went; a folder that cannot be moved (a read-only store) is one line saying what to do."""
     rel = folder.relative_to(root).as_posix().replace("/", "-")
-    dest = root / "damaged" / f"{rel}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    inside = os.path.join(os.path.realpath(root), "damaged")
+    dest = root / DAMAGED / f"{rel}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    inside = os.path.join(os.path.realpath(root), DAMAGED)
     if (
         dest.parent.is_symlink()
         or os.path.realpath(dest.parent) != inside
@@ -197,10 +200,31 @@ class Store:
         """Fail early, in one line, if results cannot be written here."""
         files.check_writable(self.root, "results folder")
 
+    def folder(self, kind: str, key: str) -> Path:
+        """Where stage ``key`` of ``kind`` is (or would be) stored: a run at ``<root>/<key>``, any other stage at
+        ``<root>/stages/<kind>/<key>``."""
+        return self.root / key if kind == kinds.RUN else self.root / STAGES / kind / key
+
     def stage(self, kind: str, spec: dict) -> Stage:
         key = spec_hash(spec)
-        path = self.root / key if kind == "run" else self.root / "stages" / kind / key
-        return Stage(kind, spec, key, path, self.root)
+        return Stage(kind, spec, key, self.folder(kind, key), self.root)
+
+    def at(self, kind: str, key: str) -> Stage:
+        """Stage ``key`` of ``kind`` in this store, its spec not read (e.g. the train stage a run names)."""
+        return Stage(kind, {}, key, self.folder(kind, key), self.root)
+
+    def has_stages(self) -> bool:
+        """Whether a stage other than a run was ever stored here (e.g. a trained watermark)."""
+        return (self.root / STAGES).is_dir()
+
+    def matching(self, prefix: str) -> list[Stage]:
+        """The stages whose hash starts with ``prefix`` (hexadecimal: it is read as a glob pattern), specs not read:
+        the folders of every kind but runs (by kind, then hash), then the finished runs (by hash)."""
+        found = sorted(
+            p for p in (self.root / STAGES).glob(f"*/{prefix}*") if p.is_dir() and files.plain_name(p.name) == p.name
+        )
+        runs = sorted(p for p in self.root.glob(f"{prefix}*") if (p / "DONE").exists())
+        return [stage_at(p) for p in found] + [self.at(kinds.RUN, p.name) for p in runs]
 
     def build_or_reuse(self, stage: Stage, what: str, fn: Callable[[Path], dict], collective: bool = False) -> bool:
         """Build ``stage`` unless a verified copy is stored; return whether it was reused (and say so). A damaged
@@ -244,8 +268,8 @@ class Store:
     def sweep(self) -> int:
         """Remove the temporary folders of processes that died (SIGKILL, power loss); live builds keep theirs."""
         removed = 0
-        for parent in [self.root, *sorted((self.root / "stages").glob("*"))]:
-            kind = "run" if parent == self.root else parent.name
+        for parent in [self.root, *sorted((self.root / STAGES).glob("*"))]:
+            kind = kinds.RUN if parent == self.root else parent.name
             removed += files.sweep_partials(parent, lambda key, k=kind: lock_file(self.root, k, key))
         files.sweep_hash_index_leftovers()
         if removed:
@@ -254,15 +278,31 @@ class Store:
 
     def runs(self) -> list[Path]:
         """Finished run folders, oldest first."""
-        found = [p for p in self.root.glob("*/DONE") if p.parent.name not in ("stages", "damaged")]
+        found = [p for p in self.root.glob("*/DONE") if p.parent.name not in (STAGES, DAMAGED)]
         return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]
 
     def attributions(self) -> list[Path]:
         """Finished attribution stage folders, by hash."""
-        return [p.parent for p in sorted((self.root / "stages" / "attribution").glob("*/DONE"))]
+        return [p.parent for p in sorted((self.root / STAGES / kinds.ATTRIBUTION).glob("*/DONE"))]
 
     def results(self) -> list[Stage]:
         """What tables and reports read: the finished runs (oldest first), then the attribution stages."""
-        return [Stage("run", {}, p.name, p, self.root) for p in self.runs()] + [
-            Stage("attribution", {}, p.name, p, self.root) for p in self.attributions()
+        return [self.at(kinds.RUN, p.name) for p in self.runs()] + [
+            self.at(kinds.ATTRIBUTION, p.name) for p in self.attributions()
         ]
+
+    def finished(self) -> list[Stage]:
+        """Every finished stage, specs not read: those of every kind but runs (by kind, then hash), then the runs
+        (oldest first)."""
+        return [stage_at(p.parent) for p in sorted((self.root / STAGES).glob("*/*/DONE"))] + [
+            self.at(kinds.RUN, p.name) for p in self.runs()
+        ]
+
+
+def stage_at(folder: Path) -> Stage:
+    """The stage stored in ``folder``, its spec not read, told by where the folder lies: a stage of kind ``<kind>``
+    in ``<root>/stages/<kind>/``, else a run of the store that holds it (``folder.parent``)."""
+    folder = Path(folder)
+    if folder.parent.parent.name == STAGES:
+        return Stage(folder.parent.name, {}, folder.name, folder, folder.parent.parent.parent)
+    return Stage(kinds.RUN, {}, folder.name, folder, folder.parent)
