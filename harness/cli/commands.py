@@ -68,7 +68,8 @@ def cmd_run(args) -> None:
     from harness.config import presets
     from harness.config.plugins import parse_assignments
     from harness.config.registry import attacks, methods
-    from harness.run.pipeline import Pipeline, check_inputs
+    from harness.run.checks import check_inputs
+    from harness.run.pipeline import Pipeline
     from harness.store.stages import Store
 
     # Validate everything cheap before any model loads.
@@ -101,7 +102,7 @@ def _dry_run(args, preset, plugins) -> None:
     would make, stored (and verified) or to compute; a built-in model this machine lacks is named with its cost."""
     from harness.assets import models
     from harness.run import jobs
-    from harness.run.pipeline import check_inputs
+    from harness.run.checks import check_inputs
 
     check_inputs(preset, plugins, build=False)
     print(f"{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model}): inputs checked")
@@ -275,7 +276,7 @@ def cmd_rescore(args) -> None:
         raise HarnessError(f"no run store at '{store.root}'")
     skipped = []
     if args.prefix_scores:
-        from harness.run.pipeline import fill_prefix_scores
+        from harness.run.migrate import fill_prefix_scores
 
         if not args.verbose:
             _quiet_transformers()
@@ -313,7 +314,8 @@ def _audit(args) -> tuple[dict, list[dict]]:
     from harness.config.plugins import parse_assignments
     from harness.config.registry import methods
     from harness.run import audit
-    from harness.run.pipeline import Pipeline, eval_lengths
+    from harness.run.checks import eval_lengths
+    from harness.run.pipeline import Pipeline
     from harness.store import files
     from harness.store.stages import Store
 

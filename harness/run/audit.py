@@ -28,7 +28,7 @@ from pathlib import Path
 from harness.assets import models
 from harness.config.errors import HarnessError, first_line
 from harness.config.presets import DataSource, Preset, get_preset
-from harness.run import scoring
+from harness.run import detection, scoring
 from harness.run.pipeline import source_spec
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store, stage_at
@@ -281,7 +281,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
     stage = pipe.store.stage(kinds.DETECT, spec)
 
     def build(out: Path) -> dict:
-        detector = method.detector(trained.path, pipe.tokenizer, pipe.detect_context())
+        detector = method.detector(trained.path, pipe.tokenizer, detection.detect_context(pipe))
         prompts = pipe.prompts
         human_texts = [pipe.tokenizer.decode(p["human_ids"], skip_special_tokens=True) for p in prompts]
         # A model continued the evaluation prompts: a detector that reads prompts is given them, for its texts, the
@@ -289,7 +289,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         prompted = generated is not None
         if prompted:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
-            sequences = pipe.detector_input(gens, "completion")
+            sequences = detection.detector_input(pipe, gens, "completion")
             texts = [g["completion"] for g in gens]
         else:
             texts = list(suspect.texts)
@@ -307,7 +307,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
                 raise RuntimeError(f"{method.name} says its detector has a null of its own (detector_has_null), "
                                    "but its pool returned none")  # fmt: skip
             base_gens = files.read_jsonl(reference.path / "generations.jsonl")
-            base = [s["score"] for s in score(pipe.detector_input(base_gens, "completion"), base_gens)]
+            base = [s["score"] for s in score(detection.detector_input(pipe, base_gens, "completion"), base_gens)]
             what = "continuations of the same prompts by the unwatermarked base model"
             pooled = {**calibrated([s["score"] for s in scores], base, what), "tokens": sum(map(len, sequences))}
             pooled["reference_median_score"] = _median(base)

@@ -12,9 +12,9 @@ from harness.run.grid import Cell
 
 def check_cells(cells: list[Cell], build: bool = True) -> None:
     """The inputs of every cell (models, data, plugins' own checks), once per distinct preset and plugin;
-    ``build=False``: building no built-in model (``pipeline.check_inputs``)."""
+    ``build=False``: building no built-in model (``checks.check_inputs``)."""
     from harness.config.errors import HarnessError
-    from harness.run.pipeline import check_inputs
+    from harness.run.checks import check_inputs
 
     seen: set = set()
     for cell in cells:
@@ -94,9 +94,10 @@ def train_cell(cell: Cell, results: str, device: str | None) -> dict:
 
 
 def attribute(cells: tuple[Cell, ...], results: str, device: str | None) -> dict:
-    """The attribution matrix of ``cells`` (``pipeline.attribute``): every detector on the stored texts of every
+    """The attribution matrix of ``cells`` (``attribution.attribute``): every detector on the stored texts of every
     cell's model and of the base, generating nothing new once the cells have run."""
-    from harness.run.pipeline import Pipeline, attribute
+    from harness.run.attribution import attribute
+    from harness.run.pipeline import Pipeline
     from harness.store.stages import Store
 
     try:

@@ -7,26 +7,23 @@ watermarked model is trained once and reused by every attack, and a repeated com
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from attacks.base import MODEL, AttackContext, TextAttack
 from harness.assets import data, models, weights
-from harness.compute import distributed, imports, memory, training
-from harness.compute.generation import SAMPLER, completion_perplexity, sample
+from harness.compute import distributed, imports, memory
+from harness.compute.generation import SAMPLER, sample
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.config.registry import attacks
 from harness.report import metrics, textsim
-from harness.run import scoring
+from harness.run import detection, rewrites, scoring
 from harness.run.scoring import attack_row
 from harness.store import files, kinds
 from harness.store.stages import EditedStage, Stage, Store
-from methods.base import DetectContext, TrainContext, score_texts
-
-log = logging.getLogger(__name__)
+from methods.base import TrainContext
 
 
 @dataclass
@@ -51,35 +48,6 @@ class Output:
     spec: dict | None
 
 
-def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
-    """Everything cheap, before any model loads: the training batch splits across the processes of a launch, the models
-    (base, oracle, the plugins' own) resolve, every dataset reads, then the plugins' deeper checks pass and every
-    sequence fits the base model (these two read the base model's config: a built-in one this machine lacks is judged
-    by its recipe's where it has one, else built first, hence last). ``build=False`` (a dry run) builds no built-in
-    model: the checks that would need one built are left to the run."""
-    files.check_cache()  # (where built models and file hashes are kept: a file there fails every build, late)
-    training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
-    refs = [ref for p in plugins for ref in p.model_refs().values()]
-    for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
-        models.check(ref)
-    for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
-        data.check(source)
-    # What follows is judged against the base model: a built-in one this machine lacks is judged by the config its
-    # recipe gives (models.planned), or else built here by a first run (last, for that).
-    base_ready = build or models.built(preset.base_model) or models.planned(preset.base_model)
-    for plugin in plugins:
-        plugin.validate(preset.base_model if base_ready else None)
-    if base_ready:
-        lengths = {"train.seq_len": preset.train.seq_len, **eval_lengths(preset)}
-        lengths |= {f"{p.name} {k}": v for p in plugins for k, v in p.token_lengths().items()}
-        models.check_lengths(preset.base_model, lengths)
-
-
-def eval_lengths(preset: Preset) -> dict[str, int]:
-    """The sequences evaluation feeds a model: a prompt and its continuation (+1: a BOS token)."""
-    return {"eval.prompt_tokens + eval.new_tokens": preset.eval.prompt_tokens + preset.eval.new_tokens + 1}
-
-
 class Pipeline:
     """The stages of one preset on one store. With ``plan=True`` nothing is built: every stage keeps its spec and hash
     and says only whether it is stored, so a grid can tell which of its runs are done already."""
@@ -92,9 +60,10 @@ class Pipeline:
         self.device = device or models.default_device()
         self.plan = plan
 
-    def _build(self, stage: Stage, what: str, fn, collective: bool = False) -> bool:
+    def build_stage(self, stage: Stage, what: str, fn, collective: bool = False) -> bool:
         """Build ``stage`` or reuse it (returns whether it was reused); when planning, only say whether it is stored.
-        ``collective``: with several processes, all of them compute it (harness/compute/distributed.py)."""
+        ``collective``: with several processes, all of them compute it (harness/compute/distributed.py). Callers of
+        the graph build their own stages with it too (``attribution``)."""
         if self.plan:  # stored means reusable: verified as a real run would verify it
             try:
                 return stage.done and stage.problem() is None
@@ -155,7 +124,7 @@ class Pipeline:
             )
             return method.train(ctx, out)
 
-        self._build(stage, f"training of {method.name}", build, collective=True)
+        self.build_stage(stage, f"training of {method.name}", build, collective=True)
         return stage
 
     def aux_stage(self, kind: str, spec: dict, build, what: str, collective: bool = False) -> Path:
@@ -228,7 +197,7 @@ class Pipeline:
                         )
             return report
 
-        self._build(stage, f"attack {attack.name}", build, collective=attack.collective)
+        self.build_stage(stage, f"attack {attack.name}", build, collective=attack.collective)
         return [
             # A single model keeps the stage's hash as its id; several are told apart by their sub-folder.
             Output(
@@ -262,24 +231,11 @@ class Pipeline:
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
             ctx = AttackContext(self.base["path"], self.device, extra, prompts=[g["prompt"] for g in gens])
-            texts, applied = attack.apply_texts_measured([g["completion"] for g in gens], ctx)
-            if len(texts) != len(gens):
-                raise RuntimeError(f"attack {attack.name} returned {len(texts)} texts for {len(gens)}")
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            originals = [g["completion"] for g in gens]
-            overlap = [textsim.unigram_overlap(a, b) for a, b in zip(originals, texts, strict=True)]
-            cosine = textsim.embedding_cosine(originals, texts, self.similarity_model, self.device)
-            rows = [
-                {**g, "completion": t, "completion_ids": i, "original_completion": g["completion"],
-                 "unigram_overlap": o, "embedding_cosine": c}
-                for g, t, i, o, c in zip(gens, texts, ids, overlap, cosine, strict=True)
-            ]  # fmt: skip
-            for row, done in zip(rows, applied or [], strict=False):  # an edit's rate as applied, text by text
-                row["edit"] = done
+            rows, report = rewrites.rewrite(attack, gens, ctx, self.tokenizer, self.similarity_model)
             files.write_jsonl(out / "generations.jsonl", rows)
-            return {"texts": len(rows), **textsim.summary(overlap, cosine, applied)}
+            return report
 
-        self._build(stage, f"text attack {attack.name}", build)
+        self.build_stage(stage, f"text attack {attack.name}", build)
         return stage
 
     @cached_property
@@ -341,7 +297,7 @@ class Pipeline:
             files.write_jsonl(out / "generations.jsonl", rows)
             return {"device": self.device, "texts": len(rows), "batch_size": used.get("batch_size")}
 
-        self._build(stage, f"generation from {name}", build, collective=True)
+        self.build_stage(stage, f"generation from {name}", build, collective=True)
         return stage
 
     def score(
@@ -354,8 +310,8 @@ class Pipeline:
 
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
-            pos, neg = self.detect(method, trained, gens)
-            ppl = self.perplexities(gens, f"perplexity ({row})")
+            pos, neg = detection.detect(self, method, trained, gens)
+            ppl = detection.perplexities(self, gens, f"perplexity ({row})")
             scored = [{**s, "ppl": q} for s, q in zip(pos, ppl, strict=True)]
             new_tokens = self.preset.eval.new_tokens
             ppl_on = metrics.ppl_footing(self.oracle_tokenizer["shares"], metrics.rewritten(gens))
@@ -371,91 +327,13 @@ class Pipeline:
                 report["evaluated"] = attack_stage.manifest()["report"].get("evaluated", "the attack's output")
             return report
 
-        reused = self._build(run, f"scoring of '{row}'", build, collective=True)
+        reused = self.build_stage(run, f"scoring of '{row}'", build, collective=True)
         if self.plan:
             return ScoredRun(row, run, reused)
         if reused and distributed.is_main():
             scoring.rescore(run)  # a run scored by older metric code is brought up to date from its scores
         distributed.barrier()
         return ScoredRun(row, run, reused, json.loads((run.path / "metrics.json").read_text()))
-
-    def attribution(self, method, trained: Stage, generated: Stage, source: dict) -> Stage:
-        """Attribution (the paper's appendix): ``method``'s detector, keyed by ``trained``, on another model's stored
-        generations (and the human texts beside them), generating nothing. ``metrics.json``'s ``tpr@f`` is then the
-        share of that model's texts flagged at the threshold that gives FPR ``f`` on human texts."""
-        spec = {
-            "stage": kinds.ATTRIBUTION,
-            "preset": self.preset.name,
-            "scoring_version": scoring.SCORING_VERSION,
-            "detector": scoring.detector_spec(method, trained.key, self.preset.eval.score_on),
-            "generate": generated.key,
-            # For the table: who detects (method, config) and whose texts (a label and, for a watermarked model, the
-            # train stage that made it).
-            "labels": {"detector": {"method": method.label, "config": method.config_label()}, "source": source},
-            "preset_settings": scoring.preset_settings(self.preset),
-            "base_model": self.base["fingerprint"],
-        }
-        stage = self.store.stage(kinds.ATTRIBUTION, spec)
-
-        def build(out: Path) -> dict:
-            gens = files.read_jsonl(generated.path / "generations.jsonl")
-            pos, neg = self.detect(method, trained, gens)
-            scoring.publish_scores(
-                out, generated.path / "generations.jsonl", gens, pos, neg, self.preset.eval.new_tokens
-            )
-            return {"device": self.device}
-
-        self._build(stage, f"attribution of {source['label']} texts by {method.label}", build)
-        return stage
-
-    def detect(self, method, trained: Stage, gens: list[dict]) -> tuple[list[dict], list[dict]]:
-        """``method``'s detector, keyed by ``trained``, on the generated and on the human texts of ``gens``."""
-        detector = method.detector(trained.path, self.tokenizer, self.detect_context())
-
-        def both(part: list[dict], _first: int) -> list[tuple[dict, dict]]:
-            prompts = [g["prompt_ids"] for g in part]  # what both the generated and the human texts continue
-            pos = score_texts(method, detector, self.detector_input(part, "completion"), prompts)
-            neg = score_texts(method, detector, self.detector_input(part, "human"), prompts)
-            return list(zip(pos, neg, strict=True))
-
-        pairs = distributed.map_shards(both, gens)
-        return [p for p, _ in pairs], [n for _, n in pairs]
-
-    def detect_context(self) -> DetectContext:
-        return DetectContext(
-            stage=self.aux_stage,
-            reference_texts=lambda n: data.load_texts(self.preset.train_data, limit=n),
-            prompt_tokens=self.preset.eval.prompt_tokens,
-            new_tokens=self.preset.eval.new_tokens,
-            device=self.device,
-            base_model=self.base["path"],
-        )
-
-    def detector_input(self, gens: list[dict], field: str) -> list[list[int]]:
-        """What a detector reads: by default the decoded text tokenized again with the base tokenizer, as a user
-        submits text (Gu et al. and the paper do this); ``eval.score_on=ids`` scores the sampled ids instead."""
-        if self.preset.eval.score_on == "ids":
-            return [g[f"{field}_ids"] for g in gens]
-        return self.tokenizer([g[field] for g in gens], add_special_tokens=False)["input_ids"]
-
-    def perplexities(self, gens: list[dict], desc: str) -> list[float]:
-        """Completion perplexity under the oracle; texts are re-tokenized when its tokenizer differs (e.g. LLaMA-2
-        scoring LLaMA-3 text, as in the paper)."""
-        oracle_tok = self.oracle_tokenizer["tokenizer"]
-        if self.oracle_tokenizer["shares"]:
-            prompts = [g["prompt_ids"] for g in gens]
-            completions = [g["completion_ids"] for g in gens]
-        else:
-            prompts = oracle_tok([g["prompt"] for g in gens])["input_ids"]
-            completions = oracle_tok([g["completion"] for g in gens], add_special_tokens=False)["input_ids"]
-        pad = oracle_tok.pad_token_id if oracle_tok.pad_token_id is not None else oracle_tok.eos_token_id
-        return distributed.map_shards(
-            lambda part, first: completion_perplexity(
-                self.oracle_model, part, completions[first : first + len(part)], self.preset.eval.ppl_batch_size,
-                pad or 0, desc,
-            ),
-            prompts,
-        )  # fmt: skip
 
     # --- the command ------------------------------------------------------------------------------------------
     def run(self, method, attack) -> list[ScoredRun]:
@@ -494,80 +372,3 @@ class Pipeline:
 
 def source_spec(src) -> dict:
     return {**src.model_dump(), "fingerprint": data.fingerprint(src)}
-
-
-def attribute(entries: list[tuple[Pipeline, object]]) -> int:
-    """Attribution (the paper's appendix): the detector of each ``(pipeline, method)`` on the unaltered texts of every
-    entry's model and of the base model (the first entry's), generating nothing that the entries' runs stored
-    already. Returns how many (detector, texts) pairs were scored."""
-    none = attacks.build("none", {})
-    first = entries[0][0]
-    base = first.generate(first.base["path"], f"base:{first.base['fingerprint']}", "base model")
-    sources = [({"label": scoring.BASE_ROW, "method": None, "config": None}, base)]
-    trained = []
-    for pipe, method in entries:
-        stage = pipe.train(method)
-        (out,) = pipe.attack(none, stage)
-        label = {"label": f"{method.label} ({method.config_label()})", "method": method.label,
-                 "config": method.config_label(), "train": stage.key}  # fmt: skip
-        sources.append((label, pipe.generate(out.path, out.model_id, out.row)))
-        trained.append((pipe, method, stage))
-    for pipe, method, stage in trained:
-        for label, generated in sources:
-            pipe.attribution(method, stage, generated, label)
-    return len(trained) * len(sources)
-
-
-def fill_prefix_scores(store: Store, device: str | None = None) -> tuple[int, int, list[str]]:
-    """Add the per-text prefix scores (tokens to detect, TPR by length) to the finished runs that were scored before
-    detectors kept them: each run's detector, keyed by its train stage in ``store``, scores the run's stored texts
-    again (no generation); the new scores must equal the stored ones, else the run is left as it is. Returns
-    (filled, runs lacking them, the ones left as they are: each named in a warning)."""
-    from harness.config.registry import methods
-
-    filled, lacking, skipped = 0, 0, []
-    for path in store.runs():
-        run = store.at(kinds.RUN, path.name)
-        try:
-            with files.locked(run.lock_file, f"prefix scores of run {run.key}"):
-                scores = files.read_jsonl(path / "scores.jsonl")
-                if all("prefix_scores" in s for s in scores):
-                    continue
-                lacking += 1
-                problem = run.problem()
-                spec = json.loads((path / "spec.json").read_text())
-                key = spec["detector"]["key_from"]
-                trained = store.at(kinds.TRAIN, key)
-                if problem is None and not trained.done:
-                    problem = f"its train stage {key} is not in this store"
-                if problem is None:
-                    problem = trained.problem()
-                if problem is not None:
-                    raise HarnessError(problem)
-                preset = Preset.model_validate(spec["config"]["preset"])
-                method = spec["config"]["method"]
-                method = methods.build(method["name"], {k: v for k, v in method["params"].items() if v is not None})
-                pipe = Pipeline(preset, store, device)
-                gens = files.read_jsonl(path / "generations.jsonl")
-                first, _ = pipe.detect(method, trained, gens[:1])
-                if "prefix_scores" not in first[0]:
-                    lacking -= 1  # a detector that keeps none (a statistic that is not a running one)
-                    continue
-                pos, neg = pipe.detect(method, trained, gens)
-                fresh = {(1, g["i"]): s for g, s in zip(gens, pos, strict=True)}
-                fresh |= {(0, g["i"]): s for g, s in zip(gens, neg, strict=True)}
-                for s in scores:
-                    new = fresh[(s["label"], s["i"])]
-                    if abs(new["score"] - s["score"]) > 1e-9:
-                        raise HarnessError(f"its detector now scores text {s['i']} {new['score']}, not {s['score']}")
-                    s["prefix_scores"] = new["prefix_scores"]
-                run.update({"scores.jsonl": "".join(json.dumps(s) + "\n" for s in scores)})
-                manifest = run.manifest()
-                manifest.setdefault("rescored", []).append({"prefix_scores": "added", "to": metrics.METRICS_VERSION})
-                new_metrics = json.dumps(metrics.run_metrics(path), indent=2)
-                run.update({"metrics.json": new_metrics, "manifest.json": json.dumps(manifest, indent=2)})
-                filled += 1
-        except HarnessError as err:
-            log.warning("run %s left as it is: %s", path, err)
-            skipped.append(str(path))
-    return filled, lacking, skipped

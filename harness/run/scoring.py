@@ -1,5 +1,5 @@
 """A run's record and its scores: the spec a run stores (what the tables read), publishing its per-text scores and
-metrics, and rescoring stored runs when only the metric code changed.
+metrics, and rescoring stored runs when only the metric code changed (republishing them, as ``migrate`` does).
 
 ``run_spec`` is the one place a run's record is assembled: the pipeline stores it, and tests of what reads the store
 build their runs with it.
@@ -145,15 +145,20 @@ def rescore(run: Stage) -> bool:
         old = json.loads(metrics_file.read_text())
         if old.get("metrics_version") == version:  # another process did it while we waited
             return False
-        manifest = run.manifest()
-        manifest.setdefault("rescored", []).append(
-            {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from": old.get("metrics_version", "0"),
-             "to": version}
-        )  # fmt: skip
-        new = metrics.run_metrics(run.path)
-        run.update({"metrics.json": json.dumps(new, indent=2), "manifest.json": json.dumps(manifest, indent=2)})
+        republish(run, {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "from": old.get("metrics_version", "0"), "to": version})  # fmt: skip
     log.info("rescored run %s (metrics version %s -> %s)", run.key, old.get("metrics_version", "0"), version)
     return True
+
+
+def republish(run: Stage, entry: dict) -> None:
+    """Recompute a finished run's ``metrics.json`` from its stored files and publish it anew, with ``entry`` (what
+    was done, to which metrics version) appended to its manifest's ``rescored`` list. Call while holding the run's
+    lock, after checking that it is intact (``Stage.problem``)."""
+    manifest = run.manifest()
+    manifest.setdefault("rescored", []).append(entry)
+    new = metrics.run_metrics(run.path)
+    run.update({"metrics.json": json.dumps(new, indent=2), "manifest.json": json.dumps(manifest, indent=2)})
 
 
 def rescore_store(store: Store) -> tuple[int, int, list[str]]:

@@ -40,7 +40,7 @@ def make_preset(tmp_path, base, oracle):
 
 def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama, tmp_path, monkeypatch):
     from harness.assets.models import load_tokenizer
-    from harness.run import pipeline
+    from harness.run import detection
 
     base, _ = random_llamas
     assert load_tokenizer(str(base)).get_vocab() != load_tokenizer(str(other_tokenizer_llama)).get_vocab()
@@ -49,9 +49,9 @@ def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama
     method = methods.build("gu-kgw", {"k": "1", "delta": "2"})
     attack = attacks.build("slerp", {"t": "0.5"})
     seen = []  # what the oracle read: (prompt ids, completion ids) in its own tokenizer
-    perplexity = pipeline.completion_perplexity
+    perplexity = detection.completion_perplexity
     monkeypatch.setattr(
-        pipeline, "completion_perplexity", lambda m, p, c, *a: seen.append((p, c)) or perplexity(m, p, c, *a)
+        detection, "completion_perplexity", lambda m, p, c, *a: seen.append((p, c)) or perplexity(m, p, c, *a)
     )
     cells = Pipeline(preset, store, "cpu").run(method, attack)
     assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered", "SLERP t=0.5"]

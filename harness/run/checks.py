@@ -1,0 +1,39 @@
+"""What is checked of a cell before any model loads (``harness run``, ``harness grid`` and its dry run, ``harness
+detect``): the cache, the training batch's split, the models and datasets, the plugins' own checks and every sequence
+against the base model's length. Nothing here builds a stage."""
+
+from __future__ import annotations
+
+from harness.assets import data, models
+from harness.compute import training
+from harness.config.presets import Preset
+from harness.store import files
+
+
+def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
+    """Everything cheap, before any model loads: the training batch splits across the processes of a launch, the models
+    (base, oracle, the plugins' own) resolve, every dataset reads, then the plugins' deeper checks pass and every
+    sequence fits the base model (these two read the base model's config: a built-in one this machine lacks is judged
+    by its recipe's where it has one, else built first, hence last). ``build=False`` (a dry run) builds no built-in
+    model: the checks that would need one built are left to the run."""
+    files.check_cache()  # (where built models and file hashes are kept: a file there fails every build, late)
+    training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
+    refs = [ref for p in plugins for ref in p.model_refs().values()]
+    for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
+        models.check(ref)
+    for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
+        data.check(source)
+    # What follows is judged against the base model: a built-in one this machine lacks is judged by the config its
+    # recipe gives (models.planned), or else built here by a first run (last, for that).
+    base_ready = build or models.built(preset.base_model) or models.planned(preset.base_model)
+    for plugin in plugins:
+        plugin.validate(preset.base_model if base_ready else None)
+    if base_ready:
+        lengths = {"train.seq_len": preset.train.seq_len, **eval_lengths(preset)}
+        lengths |= {f"{p.name} {k}": v for p in plugins for k, v in p.token_lengths().items()}
+        models.check_lengths(preset.base_model, lengths)
+
+
+def eval_lengths(preset: Preset) -> dict[str, int]:
+    """The sequences evaluation feeds a model: a prompt and its continuation (+1: a BOS token)."""
+    return {"eval.prompt_tokens + eval.new_tokens": preset.eval.prompt_tokens + preset.eval.new_tokens + 1}
