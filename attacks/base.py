@@ -50,6 +50,13 @@ class Attack(Plugin):
         """The Method column of tab:robustness (e.g. "SLERP"; fine-tuning names its dataset there)."""
         return self.label
 
+    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+        """The ``(output, generations)`` pairs this attack adds to a cell beside the unaltered model, made through
+        ``graph`` (the pipeline's stages: ``attack``, ``attack_texts``, ``generate``) from ``trained`` (the watermarked
+        model's train stage) and ``unaltered`` (the unaltered model's output and generations). The pipeline asks the
+        attack rather than branching on its kind: model and text attacks say theirs below."""
+        raise NotImplementedError(f"attack {self.name} says nothing of what it adds to a cell (evaluated)")
+
 
 class ModelAttack(Attack, ABC):
     """Base of every model -> model attack (quantization, pruning, merging, fine-tuning)."""
@@ -71,6 +78,10 @@ class ModelAttack(Attack, ABC):
         checkpoint per requested step, each its own table row, from one training run."""
         return [(self.config_label(), MODEL)]
 
+    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+        """Each model the attack stage writes from the trained one, with its generations."""
+        return [(out, graph.generate(out.path, out.model_id, out.row)) for out in graph.attack(self, trained)]
+
 
 class TextAttack(Attack, ABC):
     """Base of every texts -> texts attack: it rewrites the unaltered watermarked model's completions. Its rows go
@@ -86,6 +97,10 @@ class TextAttack(Attack, ABC):
         """``apply_texts`` and, where the attack can say it, what it applied to each text (an edit's
         ``{"unit", "units", "edited"}``), stored with each rewritten text; None where it cannot."""
         return self.apply_texts(texts, ctx), None
+
+    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+        """The rewrites of what the unaltered model wrote."""
+        return [graph.attack_texts(self, unaltered)]
 
 
 class CalibrationParams(Params):

@@ -15,3 +15,6 @@ class NoAttack(ModelAttack):
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         raise RuntimeError("the 'none' attack has no output: the pipeline uses the input model directly")
+
+    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+        return []  # the unaltered model is every cell's own row

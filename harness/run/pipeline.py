@@ -210,10 +210,12 @@ class Pipeline:
             for label, sub in attack.outputs()
         ]
 
-    def attack_texts(self, attack: TextAttack, generated: Stage) -> Stage:
-        """Generations whose completions ``attack`` rewrote (re-tokenized with the base tokenizer); the human
-        negatives stay as they are. Each row records how much was rewritten (unigram overlap with the original) and
-        how much meaning was kept (cosine similarity of sentence embeddings)."""
+    def attack_texts(self, attack: TextAttack, unaltered: tuple[Output, Stage]) -> tuple[Output, Stage]:
+        """The unaltered model's generations (``unaltered``: its output and generate stage) with their completions
+        rewritten by ``attack`` (re-tokenized with the base tokenizer); the human negatives stay as they are. Each row
+        records how much was rewritten (unigram overlap with the original) and how much meaning was kept (cosine
+        similarity of sentence embeddings)."""
+        unaltered_out, generated = unaltered
         spec = {
             "stage": kinds.TEXT_ATTACK,
             "attack": attack.name,
@@ -236,7 +238,7 @@ class Pipeline:
             return report
 
         self.build_stage(stage, f"text attack {attack.name}", build)
-        return stage
+        return Output(attack_row(attack), attack.config_label(), unaltered_out.path, "", None), stage
 
     @cached_property
     def oracle_model(self):
@@ -357,12 +359,8 @@ class Pipeline:
         (unaltered_out,) = self.attack(none, trained)
         unaltered = self.generate(unaltered_out.path, unaltered_out.model_id, unaltered_out.row)
         rows = [(none, unaltered_out, unaltered)]  # (attack, output, generations)
-        if isinstance(attack, TextAttack):  # rewrites what the unaltered model wrote
-            text_out = Output(attack_row(attack), attack.config_label(), unaltered_out.path, "", None)
-            rows.append((attack, text_out, self.attack_texts(attack, unaltered)))
-        elif not attack.identity:
-            for out in self.attack(attack, trained):
-                rows.append((attack, out, self.generate(out.path, out.model_id, out.row)))
+        # The attack says what it adds (attacks/base.py): models of its own, or rewrites of the unaltered texts.
+        rows += [(attack, out, gen) for out, gen in attack.evaluated(self, trained, (unaltered_out, unaltered))]
         for a, out, gen in rows:
             artefacts = {"model": str(out.path), "key": str(trained.path / "key.json")}
             spec = run_spec(a, out.config_label, gen, out.spec)
