@@ -376,7 +376,7 @@ def measure(folder: str | None = None, texts: int = 40, lexical: int = 60, order
     from harness.assets import models
     from harness.config.presets import TINY_PARAPHRASER
     from harness.config.registry import attacks
-    from harness.report import textsim
+    from harness.run import textsim
 
     folder = str(folder or tiny_paraphraser())
     docs = [d.split() for d in data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))]

@@ -38,7 +38,7 @@ def cmd_list() -> None:
 def format_cells(cells) -> str:
     import pandas as pd
 
-    from harness.report.metrics import RETOKENIZED
+    from harness.run.metrics import RETOKENIZED
 
     rows = [
         {

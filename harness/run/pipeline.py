@@ -19,8 +19,7 @@ from harness.compute.generation import SAMPLER, completion_perplexity, sample
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.config.registry import attacks
-from harness.report import metrics, textsim
-from harness.run import scoring
+from harness.run import metrics, scoring, textsim
 from harness.run.scoring import attack_row
 from harness.store import files
 from harness.store.stages import EditedStage, Stage, Store
