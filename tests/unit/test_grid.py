@@ -222,9 +222,9 @@ def test_a_dry_run_builds_no_built_in_model(tmp_path, cli, monkeypatch):
     assert out.returncode == 0, out.stderr
     cells = int(re.search(r"tiny\.yaml: (\d+) cells", out.stdout).group(1))
     assert cells >= 90 and f"0 of {cells} cells stored; {cells} to compute" in out.stdout
-    from harness.config.refs import BUILT_CHECKS
+    from harness.config.refs import BUILTIN_MODELS
 
-    cost = BUILT_CHECKS["builtin:tiny-lm"][1]
+    cost = BUILTIN_MODELS["builtin:tiny-lm"].cost
     assert f"builtin:tiny-lm is not built on this machine: the grid will build it once ({cost}" in out.stdout
     assert "builtin:tiny-paraphraser is not built on this machine" in out.stdout
     assert "to compute (first builds builtin:tiny-lm, builtin:tiny-paraphraser)" in out.stdout  # the DIPPER cells
@@ -239,9 +239,9 @@ def test_a_dry_run_of_one_command_builds_no_built_in_model(tmp_path, cli, monkey
     monkeypatch.setenv("HARNESS_CACHE", str(cache))
     out = cli("run", "--method", "pro", "--attack", "slerp", "--results", str(tmp_path / "runs"), "--dry-run")
     assert out.returncode == 0, out.stderr
-    from harness.config.refs import BUILT_CHECKS
+    from harness.config.refs import BUILTIN_MODELS
 
-    cost = BUILT_CHECKS["builtin:tiny-lm"][1]
+    cost = BUILTIN_MODELS["builtin:tiny-lm"].cost
     assert f"builtin:tiny-lm is not built on this machine: the run will build it once ({cost}" in out.stdout
     assert "every run is to compute" in out.stdout
     assert not any(p.is_dir() for p in cache.glob("*")) and not (tmp_path / "runs").exists()
