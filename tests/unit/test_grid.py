@@ -232,6 +232,33 @@ def test_a_dry_run_builds_no_built_in_model(tmp_path, cli, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_dry_run_says_of_each_cell_what_is_stored(monkeypatch):
+    """``jobs.dry_run``'s states: all of a cell's runs stored, some, to compute after building what this machine
+    lacks, or cannot tell, with why said at the first cell of its setup."""
+    from types import SimpleNamespace
+
+    from harness.run import jobs
+
+    cells = [SimpleNamespace(setup=setup, name=name) for setup, name in
+             [("near", "all"), ("near", "some"), ("near", "new"), ("far", "one"), ("far", "two")]]  # fmt: skip
+    stored = {"all": [("a", True), ("b", True)], "some": [("a", True), ("b", False)]}
+
+    def plan(cell, results, device):
+        if cell.setup == "far":
+            raise HarnessError("the hub cannot be reached")
+        return stored[cell.name]
+
+    monkeypatch.setattr(jobs, "unbuilt", lambda cell: ["builtin:tiny-lm"] if cell.name == "new" else [])
+    monkeypatch.setattr(jobs, "plan", plan)
+    assert [(p.state, p.stored, p.builds) for p in jobs.dry_run(cells, Path("runs"), None)] == [
+        ("stored", True, ()),
+        ("1/2 runs stored", False, ()),
+        ("to compute (first builds builtin:tiny-lm)", False, ("builtin:tiny-lm",)),
+        ("cannot tell (the hub cannot be reached)", False, ()),
+        ("cannot tell (as above)", False, ()),
+    ]
+
+
 def test_a_dry_run_of_one_command_builds_no_built_in_model(tmp_path, cli, monkeypatch):
     """``harness run --dry-run`` on a machine that has built nothing: its inputs checked, the tiny LM named with what
     building it costs, every run to compute, and the cache and the store left as they were."""
