@@ -113,8 +113,7 @@ def planned(ref: str) -> bool:
     converted yet, whose config its header gives (``planned_config``)."""
     if gguf.is_gguf(ref):
         return not gguf.is_converted(ref)
-    entry = BUILTIN_MODELS.get(ref)
-    return entry is not None and entry.planned_config is not None and not built(ref)
+    return ref in BUILTIN_MODELS and BUILTIN_MODELS[ref].planned_config is not None and not built(ref)
 
 
 def planned_config(ref: str):
