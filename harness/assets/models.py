@@ -20,14 +20,7 @@ from pathlib import Path
 from harness.assets import gguf, weights
 from harness.compute import distributed
 from harness.config.errors import HarnessError, first_line
-from harness.config.refs import (
-    BUILDABLE_CHECKS,
-    BUILT_CHECKS,
-    BUILTIN_MODELS,
-    PLANNED_CONFIGS,
-    load_target,
-    looks_like_path,
-)
+from harness.config.refs import BUILTIN_MODELS, load_target, looks_like_path
 from harness.store.files import file_sha256
 
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
@@ -49,8 +42,8 @@ def check(ref: str) -> None:
     loads no weights (a hub id's config is fetched, or read from the local HF cache)."""
     if ref.startswith("builtin:"):
         _check_builtin(ref)
-        if ref in BUILDABLE_CHECKS:
-            load_target(BUILDABLE_CHECKS[ref])(ref)
+        if BUILTIN_MODELS[ref].buildable is not None:
+            load_target(BUILTIN_MODELS[ref].buildable)(ref)
         return
     if gguf.is_gguf(ref):
         gguf.check(ref)
@@ -104,15 +97,15 @@ def built(ref: str) -> bool:
     built yet, and for a GGUF file not converted yet (a dry run converts none: it reads the header alone)."""
     if gguf.is_gguf(ref):
         return gguf.is_converted(ref)
-    entry = BUILT_CHECKS.get(ref)
-    return entry is None or bool(load_target(entry[0])())
+    entry = BUILTIN_MODELS.get(ref)
+    return entry is None or bool(load_target(entry.built)())
 
 
 def build_cost(ref: str) -> str:
     """What building the built-in ``ref`` (converting the GGUF file ``ref``) takes, for messages."""
     if gguf.is_gguf(ref):
         return gguf.conversion_cost(ref)
-    return BUILT_CHECKS[ref][1] if ref in BUILT_CHECKS else "a moment"
+    return BUILTIN_MODELS[ref].cost if ref in BUILTIN_MODELS else "a moment"
 
 
 def planned(ref: str) -> bool:
@@ -120,14 +113,14 @@ def planned(ref: str) -> bool:
     converted yet, whose config its header gives (``planned_config``)."""
     if gguf.is_gguf(ref):
         return not gguf.is_converted(ref)
-    return ref in PLANNED_CONFIGS and not built(ref)
+    return ref in BUILTIN_MODELS and BUILTIN_MODELS[ref].planned_config is not None and not built(ref)
 
 
 def planned_config(ref: str):
     """The config of ``ref`` if it is ``planned`` (a transformers config, nothing built or converted), else None."""
     if not planned(ref):
         return None
-    return gguf.planned_config(ref) if gguf.is_gguf(ref) else load_target(PLANNED_CONFIGS[ref])()
+    return gguf.planned_config(ref) if gguf.is_gguf(ref) else load_target(BUILTIN_MODELS[ref].planned_config)()
 
 
 def config(ref: str):
@@ -277,7 +270,7 @@ def resolve(ref: str) -> str:
     """Return a local folder or a hub id for ``ref``, building the tiny model if needed."""
     if ref.startswith("builtin:"):
         _check_builtin(ref)
-        return str(load_target(BUILTIN_MODELS[ref])())
+        return str(load_target(BUILTIN_MODELS[ref].build)())
     if ref.startswith("package:"):
         package = ref.removeprefix("package:")
         spec = importlib.util.find_spec(package)

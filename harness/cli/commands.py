@@ -38,7 +38,7 @@ def cmd_list() -> None:
 def format_cells(cells) -> str:
     import pandas as pd
 
-    from harness.report.metrics import RETOKENIZED
+    from harness.run.metrics import RETOKENIZED
 
     rows = [
         {
@@ -194,28 +194,13 @@ def cmd_grid(args) -> int:
     if args.dry_run:
         jobs.check_cells(cells, build=False)  # what the grid checks first (a missing model is one line here too)
         print(f"{args.spec}: {len(cells)} cells{part}, {len({c.training for c in cells})} trained models")
-        stored = 0
-        unknown: dict[str, str] = {}  # setup -> why its cells cannot be planned here (asked once per setup)
-        to_build: dict[str, None] = {}
-        for k, cell in enumerate(cells, 1):
-            missing = jobs.unbuilt(cell)
-            if missing:
-                to_build.update(dict.fromkeys(missing))
-                state = f"to compute (first builds {', '.join(missing)})"
-            elif cell.setup in unknown:
-                state = "cannot tell (as above)"
-            else:
-                try:
-                    rows = jobs.plan(cell, args.results, args.device)
-                    done = sum(s for _, s in rows)
-                    state = "stored" if done == len(rows) else f"{done}/{len(rows)} runs stored"
-                    stored += done == len(rows)
-                except HarnessError as err:
-                    unknown[cell.setup] = str(err)
-                    state = f"cannot tell ({err})"
-            print(f"  {k:3d}  {cell.name(spec.several_seeds):60s} {state}")
+        planned = []
+        for k, entry in enumerate(jobs.dry_run(cells, args.results, args.device), 1):
+            print(f"  {k:3d}  {entry.cell.name(spec.several_seeds):60s} {entry.state}")
+            planned.append(entry)
+        stored = sum(entry.stored for entry in planned)
         print(f"{stored} of {len(cells)} cells stored; {len(cells) - stored} to compute")
-        for ref in to_build:
+        for ref in dict.fromkeys(ref for entry in planned for ref in entry.builds):
             print(f"{ref} is not built on this machine: the grid will build it once ({models.build_cost(ref)})")
         return 0
     start = time.time()
@@ -308,94 +293,17 @@ def cmd_detect(args) -> int:
 
 
 def _audit(args) -> tuple[dict, list[dict]]:
-    """``harness detect``'s work: its report and the per-text rows."""
-    from harness.assets import data, models
-    from harness.config import presets
-    from harness.config.plugins import parse_assignments
-    from harness.config.registry import methods
-    from harness.run import audit
-    from harness.run.checks import eval_lengths
-    from harness.run.pipeline import Pipeline
-    from harness.store import files
-    from harness.store.stages import Store
+    """``harness detect``'s work (``harness.run.detect``): its report and the per-text rows."""
+    from harness.run.detect import Request
 
-    if not 0 < args.alpha < 1:
-        raise HarnessError(f"--alpha must lie between 0 and 1, not {args.alpha:g}")
-    if args.num_texts is not None and args.num_texts < 2:
-        raise HarnessError(f"--num-texts must be at least 2, not {args.num_texts}")
-    if args.num_texts is not None and args.num_texts > presets.MAX_PROMPTS:  # (eval.num_prompts' bound)
-        raise HarnessError(f"--num-texts must be at most {presets.MAX_PROMPTS:,}, not {args.num_texts}")
-    if (args.key is None) == (args.method is None):
-        raise HarnessError("name the trained watermark by --key (its train stage) or by --method (and its settings)")
-    if args.key is not None and args.method_arg:
-        raise HarnessError("--method-arg goes with --method; with --key the settings are the key's own")
-    store = Store(args.results)
-    if not store.has_stages():
-        raise HarnessError(f"no run store at '{store.root}': train a watermark with 'harness run' first")
-    files.check_cache()
-    chosen = None  # the setup given on the command line (else the key's: audit.setup_of)
-    if args.preset or args.overrides:
-        overrides = parse_assignments(args.overrides, "setting")
-        chosen = presets.apply_overrides(presets.get_preset(args.preset or "tiny"), overrides)
-    texts = audit.read_texts(args.texts) if args.texts is not None else None
+    request = Request(
+        args.results, args.alpha, key=args.key, method=args.method, method_args=args.method_arg, model=args.model,
+        texts_file=args.texts, preset=args.preset, overrides=args.overrides, num_texts=args.num_texts,
+    )  # fmt: skip
     if not args.verbose:
         _quiet_transformers()
     _device_env(args)
-    if args.key is not None:
-        trained = audit.train_stage(store, args.key)
-        params = {k: v for k, v in trained.spec["params"].items() if v is not None}
-        method = methods.build(trained.spec["method"], params)
-    else:
-        setup = chosen or presets.get_preset("tiny")
-        method = methods.build(args.method, parse_assignments(args.method_arg, "method setting"), setup)
-        trained = Pipeline(setup, store, args.device, plan=True).train(method)
-        if not trained.done:
-            raise HarnessError(
-                f"no trained {args.method} with these settings in '{store.root}' (train stage {trained.key}): train "
-                f"it with 'harness run --preset {setup.name} --method {args.method} ...', or name a stored one by --key"
-            )
-        trained = audit.train_stage(store, str(trained.path))
-    method = audit.audit_method(method, set(parse_assignments(args.method_arg or [], "method setting")))
-    preset = audit.setup_of(trained, chosen)
-    if args.num_texts is not None:
-        preset = preset.model_copy(update={"eval": preset.eval.model_copy(update={"num_prompts": args.num_texts})})
-    # What 'harness run' checks of the evaluation (the key's base model reads the human texts) and, for a model, of
-    # the suspect that continues the prompts; a file's texts fit the base model too. All before the base model loads
-    # or builds: the key's own folder holds its tokenizer.
-    models.check_lengths(preset.base_model, eval_lengths(preset))
-    context, tokenizer = models.context_length(preset.base_model), None
-    if texts is not None:
-        tokenizer = audit.key_tokenizer(trained)
-        if tokenizer is not None:
-            audit.check_text_lengths(args.texts, texts, tokenizer, context)
-        resolved = None
-    else:
-        resolved = audit.check_causal_lm(args.model)
-        models.check_lengths(resolved, eval_lengths(preset), f"the suspect model '{args.model}'")
-    pipe = Pipeline(preset, store, args.device)
-    if pipe.base["fingerprint"] != trained.spec["base_model"]["fingerprint"]:
-        raise HarnessError(
-            f"the key's base model '{preset.base_model}' is not the model it was trained from here (fingerprint "
-            f"{pipe.base['fingerprint']}, the key's {trained.spec['base_model']['fingerprint']})"
-        )
-    for source in (preset.eval_data, preset.train_data):
-        data.check(source)
-    if texts is None:
-        suspect = audit.Suspect("model", args.model, audit.check_model(resolved, args.model, pipe.tokenizer))
-    else:
-        if tokenizer is None:
-            audit.check_text_lengths(args.texts, texts, pipe.tokenizer, context)
-        suspect = audit.Suspect("texts", str(args.texts), texts=tuple(t for _, t in texts))
-    stage, result = audit.audit(pipe, method, trained, suspect)
-    flagged = result["p_value"] < args.alpha
-    report = {
-        "key": {"train_stage": trained.key, "method": method.name, "config": method.config_label(),
-                "base_model": preset.base_model},
-        "source": {"kind": suspect.kind, "ref": suspect.ref},
-        "decision": {"watermarked": flagged, "alpha": args.alpha, **result},
-        "scores": str(stage.path / "scores.jsonl"),
-    }  # fmt: skip
-    return report, files.read_jsonl(stage.path / "scores.jsonl")
+    return request.decide(args.device)
 
 
 def format_audit(report: dict, rows: list[dict], show: int) -> str:

@@ -76,7 +76,7 @@ def backends() -> dict[str, tuple[str, Callable[[], tuple[bool, str]]]]:
     ``package:`` model that a plugin's defaults or a preset names."""
     from harness.config.presets import PRESETS
     from harness.config.registry import attacks, methods
-    from harness.report.textsim import SIMILARITY_MODEL
+    from harness.run.textsim import SIMILARITY_MODEL
 
     users: dict[str, list[str]] = {}
     extras: dict[str, str] = {}

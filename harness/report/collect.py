@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.config.errors import HarnessError
-from harness.report import metrics
+from harness.run import metrics
 from harness.store.stages import Stage, Store
 
 log = logging.getLogger(__name__)

@@ -38,6 +38,7 @@ from harness.report.collect import (
     unaltered,
 )
 from harness.report.latex import cell_kind, esc, fmt, hand_tabular, table_float, tabular
+from harness.run.scoring import BASE_ROW
 from harness.store import files
 from harness.store.files import plain_name
 
@@ -310,7 +311,7 @@ def attribution(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     table = df.pivot_table(index="detector", columns="texts", values="TPR@1%", aggfunc="first", dropna=False)
-    sources = sorted(table.columns, key=lambda c: (c != "Unwatermarked base", method_rank(c.split(" (")[0]), c))
+    sources = sorted(table.columns, key=lambda c: (c != BASE_ROW, method_rank(c.split(" (")[0]), c))
     detectors = sorted(table.index, key=lambda c: (method_rank(c.split(" (")[0]), c))
     return table.reindex(index=detectors, columns=sources)
 

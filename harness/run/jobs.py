@@ -5,6 +5,8 @@ its outcome, with the traceback of a failure."""
 from __future__ import annotations
 
 import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.run.grid import Cell
@@ -55,6 +57,42 @@ def plan_runs(preset, plugins, results: Path, device: str | None) -> list[tuple[
 
     pipe = Pipeline(preset, Store(results), device, plan=True)
     return [(c.row, c.reused) for c in pipe.run(*plugins)]  # (planned: "reused" is "stored and verified")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a grid's dry run says of one cell: its ``state`` (as shown), whether every run it makes is stored, and the
+    built-in models this machine lacks that it would build first."""
+
+    cell: Cell
+    state: str
+    stored: bool = False
+    builds: tuple[str, ...] = ()
+
+
+def dry_run(cells: list[Cell], results: Path, device: str | None) -> Iterator[Planned]:
+    """``harness grid --dry-run``: each cell in turn, building nothing: its runs stored, some of them, or to compute
+    (first building the built-in models it reads that this machine lacks: none of its runs can be stored before);
+    where a setup cannot be planned here, why, said at its first cell."""
+    from harness.config.errors import HarnessError
+
+    unknown: set[str] = set()  # setups whose cells cannot be planned here (asked once per setup)
+    for cell in cells:
+        missing = unbuilt(cell)
+        if missing:
+            yield Planned(cell, f"to compute (first builds {', '.join(missing)})", builds=tuple(missing))
+            continue
+        if cell.setup in unknown:
+            yield Planned(cell, "cannot tell (as above)")
+            continue
+        try:
+            rows = plan(cell, results, device)
+        except HarnessError as err:
+            unknown.add(cell.setup)
+            yield Planned(cell, f"cannot tell ({err})")
+            continue
+        done = sum(s for _, s in rows)
+        yield Planned(cell, "stored" if done == len(rows) else f"{done}/{len(rows)} runs stored", done == len(rows))
 
 
 def run_cell(cell: Cell, results: str, device: str | None) -> dict:

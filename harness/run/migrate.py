@@ -9,8 +9,7 @@ import logging
 
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
-from harness.report import metrics
-from harness.run import detection, scoring
+from harness.run import detection, metrics, scoring
 from harness.run.pipeline import Pipeline
 from harness.store import files, kinds
 from harness.store.stages import Store

@@ -18,8 +18,7 @@ from harness.compute.generation import SAMPLER, sample
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.config.registry import attacks
-from harness.report import metrics, textsim
-from harness.run import detection, rewrites, scoring
+from harness.run import detection, metrics, rewrites, scoring, textsim
 from harness.run.scoring import attack_row
 from harness.store import files, kinds
 from harness.store.stages import EditedStage, Stage, Store

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
-from harness.report import metrics
+from harness.run import metrics
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store
 

@@ -8,6 +8,7 @@ import importlib.util
 import numpy as np
 import pytest
 
+from attacks import gguf as gguf_writer
 from harness.assets import gguf as gguf_files
 from harness.assets import models
 from harness.config.errors import HarnessError
@@ -232,7 +233,7 @@ def test_a_written_gguf_reads_back_to_the_same_weights(llama, tmp_path, monkeypa
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     path = tmp_path / f"model.{kind}.gguf"
-    written = gguf_files.write(llama, path, kind)
+    written = gguf_writer.write(llama, path, kind)
     read = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
     assert read == {name: t["type"] for name, t in written.items()}
     assert {read[n] for n in read if n.endswith("norm.weight")} == {"F32"}
@@ -260,7 +261,7 @@ def test_a_dry_run_reads_only_the_header_of_a_gguf_base(llama, tmp_path, monkeyp
     the file is named as one to convert, and the settings judged against the base model are judged by the config its
     header gives (before: the dry run converted it, 55 s and 517 MB for a 517 MB file)."""
     path = tmp_path / "model.gguf"
-    gguf_files.write(llama, path, "F32")
+    gguf_writer.write(llama, path, "F32")
     cache = tmp_path / "cache"
     monkeypatch.setenv("HARNESS_CACHE", str(cache))
 
@@ -297,7 +298,7 @@ def test_a_gguf_is_judged_by_its_header_as_its_conversion_is(llama, tmp_path, mo
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     path = str(tmp_path / "model.gguf")
-    gguf_files.write(llama, path, "Q8_0")
+    gguf_writer.write(llama, path, "Q8_0")
     assert models.planned(path) and not models.built(path)
     before = models.config(path)
     lengths = (models.context_length(path), models.vocab_length(path), linear_shapes(path))

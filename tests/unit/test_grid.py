@@ -222,14 +222,41 @@ def test_a_dry_run_builds_no_built_in_model(tmp_path, cli, monkeypatch):
     assert out.returncode == 0, out.stderr
     cells = int(re.search(r"tiny\.yaml: (\d+) cells", out.stdout).group(1))
     assert cells >= 90 and f"0 of {cells} cells stored; {cells} to compute" in out.stdout
-    from harness.config.refs import BUILT_CHECKS
+    from harness.config.refs import BUILTIN_MODELS
 
-    cost = BUILT_CHECKS["builtin:tiny-lm"][1]
+    cost = BUILTIN_MODELS["builtin:tiny-lm"].cost
     assert f"builtin:tiny-lm is not built on this machine: the grid will build it once ({cost}" in out.stdout
     assert "builtin:tiny-paraphraser is not built on this machine" in out.stdout
     assert "to compute (first builds builtin:tiny-lm, builtin:tiny-paraphraser)" in out.stdout  # the DIPPER cells
     assert not any(p.name.startswith(("tiny-lm", "tiny-paraphraser")) for p in cache.glob("*"))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_dry_run_says_of_each_cell_what_is_stored(monkeypatch):
+    """``jobs.dry_run``'s states: all of a cell's runs stored, some, to compute after building what this machine
+    lacks, or cannot tell, with why said at the first cell of its setup."""
+    from types import SimpleNamespace
+
+    from harness.run import jobs
+
+    cells = [SimpleNamespace(setup=setup, name=name) for setup, name in
+             [("near", "all"), ("near", "some"), ("near", "new"), ("far", "one"), ("far", "two")]]  # fmt: skip
+    stored = {"all": [("a", True), ("b", True)], "some": [("a", True), ("b", False)]}
+
+    def plan(cell, results, device):
+        if cell.setup == "far":
+            raise HarnessError("the hub cannot be reached")
+        return stored[cell.name]
+
+    monkeypatch.setattr(jobs, "unbuilt", lambda cell: ["builtin:tiny-lm"] if cell.name == "new" else [])
+    monkeypatch.setattr(jobs, "plan", plan)
+    assert [(p.state, p.stored, p.builds) for p in jobs.dry_run(cells, Path("runs"), None)] == [
+        ("stored", True, ()),
+        ("1/2 runs stored", False, ()),
+        ("to compute (first builds builtin:tiny-lm)", False, ("builtin:tiny-lm",)),
+        ("cannot tell (the hub cannot be reached)", False, ()),
+        ("cannot tell (as above)", False, ()),
+    ]
 
 
 def test_a_dry_run_of_one_command_builds_no_built_in_model(tmp_path, cli, monkeypatch):
@@ -239,9 +266,9 @@ def test_a_dry_run_of_one_command_builds_no_built_in_model(tmp_path, cli, monkey
     monkeypatch.setenv("HARNESS_CACHE", str(cache))
     out = cli("run", "--method", "pro", "--attack", "slerp", "--results", str(tmp_path / "runs"), "--dry-run")
     assert out.returncode == 0, out.stderr
-    from harness.config.refs import BUILT_CHECKS
+    from harness.config.refs import BUILTIN_MODELS
 
-    cost = BUILT_CHECKS["builtin:tiny-lm"][1]
+    cost = BUILTIN_MODELS["builtin:tiny-lm"].cost
     assert f"builtin:tiny-lm is not built on this machine: the run will build it once ({cost}" in out.stdout
     assert "every run is to compute" in out.stdout
     assert not any(p.is_dir() for p in cache.glob("*")) and not (tmp_path / "runs").exists()

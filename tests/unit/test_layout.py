@@ -1,13 +1,20 @@
-"""The shape of harness/ that the next contributor relies on: its import picture has no circle (imports inside
-functions included), it reaches the plugins only through their interfaces (methods/base.py, attacks/base.py) and the
-registry's ``module:Class`` strings, and the report names no method or attack (their labels, categories and tables
-come from the plugins)."""
+"""The shape of harness/ that the next contributor relies on: each floor imports only its own floor and those below it
+(``FLOORS``, the order README.md states), its import picture has no circle (imports inside functions included), it
+reaches the plugins only through their interfaces (methods/base.py, attacks/base.py) and the registry's
+``module:Class`` strings, and the report names no method or attack (their labels, categories and tables come from the
+plugins)."""
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERFACES = {"methods.base", "attacks.base"}
+# The floors of harness/, lowest first, in the order data flows through them: a module imports only modules of its own
+# floor or of a floor below it. README.md's layout section states this order; ``test_the_readme_states_the_floor_order``
+# holds the two together.
+FLOORS = ("config", "compute", "store", "assets", "run", "report", "cli")
+ENTRY_POINTS = {"harness", "harness.__main__"}  # the package itself and ``python -m harness``: above every floor
 
 
 def _modules() -> dict[str, Path]:
@@ -32,6 +39,36 @@ def _imports(name: str, file: Path) -> set[str]:
                 base = ".".join([*parts, base] if base else parts)
             out |= {base} | {f"{base}.{alias.name}" for alias in node.names}
     return out
+
+
+def _floor(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "harness" and len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def test_every_module_of_harness_sits_on_a_floor():
+    folders = {p.parent.name for p in (ROOT / "harness").glob("*/__init__.py")}
+    assert folders == set(FLOORS), folders ^ set(FLOORS)
+    assert {name for name in _modules() if _floor(name) is None} == ENTRY_POINTS
+
+
+def test_each_floor_imports_only_its_own_floor_and_those_below():
+    upward = {
+        (name, target)
+        for name, file in _modules().items()
+        if _floor(name)
+        for target in _imports(name, file)
+        if _floor(target) and FLOORS.index(_floor(target)) > FLOORS.index(_floor(name))
+    }
+    assert not upward, sorted(upward)
+
+
+def test_the_readme_states_the_floor_order():
+    """README.md says the order in a line and lists the floors in it in its layout table."""
+    text = (ROOT / "README.md").read_text()
+    assert " < ".join(f"`{floor}`" for floor in FLOORS) in " ".join(text.split())
+    rows = re.findall(r"^\| `harness/(\w+)/` \|", text, re.MULTILINE)
+    assert tuple(rows) == FLOORS, rows
 
 
 def test_harness_reaches_plugins_only_through_their_interfaces():

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness.config.presets import TINY
-from harness.report import metrics
+from harness.run import metrics
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_runs_keep_prefix_scores_and_length_metrics(stored):
 
 
 def test_rescore_adds_prefix_scores_to_older_runs(stored, cli, tmp_path):
-    from harness.report import metrics
+    from harness.run import metrics
     from harness.store.stages import Stage
 
     runs = stored.runs()

@@ -4,7 +4,8 @@ settings' validation, and (slow) that the tiny paraphraser built here really rew
 import pytest
 
 from attacks.base import AttackContext
-from attacks.paraphrase import Dipper, split_sentences
+from attacks.paraphrase import Dipper
+from harness.assets.dipper_format import split_sentences
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks
 
@@ -17,7 +18,7 @@ def random_t5(tmp_path_factory):
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from attacks.tiny_paraphraser import build_tokenizer
+    from harness.assets.tiny_paraphraser import build_tokenizer
 
     folder = tmp_path_factory.mktemp("t5")
     tokenizer = build_tokenizer([" ".join(SENTENCES)] * 20 + ["Prompt one. Prompt two. Lexical order."] * 5)
@@ -136,7 +137,7 @@ def test_tiny_paraphraser_rewrites_heldout_text():
     tiny preset's settings at DIPPER-1's lexical diversity, it must change words (overlap < 0.9) yet keep most of them
     and much of the meaning: a mean MiniLM cosine above 0.5 and 0.3 above that of unrelated held-out texts (each
     original paired with the next one's paraphrase). Recipe v5 measured overlap 0.57, cosine 0.60, unrelated 0.27."""
-    from attacks.tiny_paraphraser import measure
+    from attacks.paraphrase import measure
 
     result = measure(texts=40)
     print(result)
@@ -151,7 +152,7 @@ def test_a_paraphraser_build_goes_on_from_its_copying_stage_with_the_same_bits(t
     import torch
     from safetensors.torch import load_file
 
-    from attacks import tiny_paraphraser as tp
+    from harness.assets import tiny_paraphraser as tp
     from harness.compute import training
 
     small = {"copy": {"steps": 2, "batch_size": 2, "max_tokens": 8, "max_prefix_tokens": 4},

@@ -119,7 +119,7 @@ def test_seeds_are_averaged(tmp_path, fake_run):
 def test_rescore_recomputes_metrics_from_stored_scores(tmp_path, fake_run, monkeypatch, capsys):
     import json
 
-    from harness.report import metrics
+    from harness.run import metrics
     from harness.store.stages import Stage
 
     store = Store(tmp_path / "runs")
@@ -221,7 +221,7 @@ def test_a_setup_the_store_no_longer_has_leaves_no_tables_behind(tmp_path, fake_
 def test_rescore_rescores_the_rest_and_names_a_damaged_run(tmp_path, fake_run, cli, monkeypatch):
     import json
 
-    from harness.report import metrics
+    from harness.run import metrics
 
     store = Store(tmp_path / "runs")
     good = fake_run(store, "gu-kgw", {}, "none", {}, 0.9)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.report import textsim
+from harness.run import textsim
 
 ORIGINALS = ["The quick brown fox jumps over the lazy dog.", "A watermark is a hidden signal in generated text."]
 

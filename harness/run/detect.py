@@ -1,0 +1,129 @@
+"""What ``harness detect`` does with what it was asked: find the key, check the suspect against it, audit the
+suspect (``audit.audit``) and decide. Two steps, so that the command line can quiet the model libraries and settle
+the device between them: ``Request`` checks what costs nothing (the options, the store, a texts file) before any
+model library is imported, and ``Request.decide`` does the rest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.config import presets
+from harness.config.errors import HarnessError
+from harness.config.plugins import parse_assignments
+from harness.config.presets import Preset
+from harness.run import audit
+from harness.store import files
+from harness.store.stages import Store
+
+
+@dataclass
+class Request:
+    """A ``harness detect`` request: the trained watermark, named by its train stage (``key``) or by the ``method``
+    and settings (``method_args``, ``KEY=VALUE`` strings) that trained it, in the store at ``results``; the suspect,
+    a ``model`` reference or a file of texts (``texts_file``); the setup (``preset`` and ``overrides``, else the
+    key's own), how many texts to generate (``num_texts``), and the false-positive rate of the decision (``alpha``).
+    Made, it has checked every input that costs nothing to check, in that order."""
+
+    results: Path
+    alpha: float
+    key: str | None = None
+    method: str | None = None
+    method_args: list[str] | None = None
+    model: str | None = None
+    texts_file: Path | None = None
+    preset: str | None = None
+    overrides: list[str] | None = None
+    num_texts: int | None = None
+    store: Store = field(init=False)
+    chosen: Preset | None = field(init=False, default=None)  # the setup asked for (else the key's: audit.setup_of)
+    texts: list[tuple[int, str]] | None = field(init=False, default=None)  # read from ``texts_file``
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise HarnessError(f"--alpha must lie between 0 and 1, not {self.alpha:g}")
+        if self.num_texts is not None and self.num_texts < 2:
+            raise HarnessError(f"--num-texts must be at least 2, not {self.num_texts}")
+        if self.num_texts is not None and self.num_texts > presets.MAX_PROMPTS:  # (eval.num_prompts' bound)
+            raise HarnessError(f"--num-texts must be at most {presets.MAX_PROMPTS:,}, not {self.num_texts}")
+        if (self.key is None) == (self.method is None):
+            raise HarnessError(
+                "name the trained watermark by --key (its train stage) or by --method (and its settings)"
+            )
+        if self.key is not None and self.method_args:
+            raise HarnessError("--method-arg goes with --method; with --key the settings are the key's own")
+        self.store = Store(self.results)
+        if not self.store.has_stages():
+            raise HarnessError(f"no run store at '{self.store.root}': train a watermark with 'harness run' first")
+        files.check_cache()
+        if self.preset or self.overrides:
+            overrides = parse_assignments(self.overrides or [], "setting")
+            self.chosen = presets.apply_overrides(presets.get_preset(self.preset or "tiny"), overrides)
+        if self.texts_file is not None:
+            self.texts = audit.read_texts(self.texts_file)
+
+    def decide(self, device: str | None) -> tuple[dict, list[dict]]:
+        """Audit the suspect on ``device``: the report (the key, the source, the decision, where the scores are) and
+        the per-text rows."""
+        from harness.assets import data, models
+        from harness.config.registry import methods
+        from harness.run.checks import eval_lengths
+        from harness.run.pipeline import Pipeline
+
+        store, chosen, texts = self.store, self.chosen, self.texts
+        if self.key is not None:
+            trained = audit.train_stage(store, self.key)
+            params = {k: v for k, v in trained.spec["params"].items() if v is not None}
+            method = methods.build(trained.spec["method"], params)
+        else:
+            setup = chosen or presets.get_preset("tiny")
+            method = methods.build(self.method, parse_assignments(self.method_args or [], "method setting"), setup)
+            trained = Pipeline(setup, store, device, plan=True).train(method)
+            if not trained.done:
+                raise HarnessError(
+                    f"no trained {self.method} with these settings in '{store.root}' (train stage {trained.key}): "
+                    f"train it with 'harness run --preset {setup.name} --method {self.method} ...', or name a stored "
+                    "one by --key"
+                )
+            trained = audit.train_stage(store, str(trained.path))
+        method = audit.audit_method(method, set(parse_assignments(self.method_args or [], "method setting")))
+        preset = audit.setup_of(trained, chosen)
+        if self.num_texts is not None:
+            preset = preset.model_copy(update={"eval": preset.eval.model_copy(update={"num_prompts": self.num_texts})})
+        # What 'harness run' checks of the evaluation (the key's base model reads the human texts) and, for a model,
+        # of the suspect that continues the prompts; a file's texts fit the base model too. All before the base model
+        # loads or builds: the key's own folder holds its tokenizer.
+        models.check_lengths(preset.base_model, eval_lengths(preset))
+        context, tokenizer = models.context_length(preset.base_model), None
+        if texts is not None:
+            tokenizer = audit.key_tokenizer(trained)
+            if tokenizer is not None:
+                audit.check_text_lengths(self.texts_file, texts, tokenizer, context)
+            resolved = None
+        else:
+            resolved = audit.check_causal_lm(self.model)
+            models.check_lengths(resolved, eval_lengths(preset), f"the suspect model '{self.model}'")
+        pipe = Pipeline(preset, store, device)
+        if pipe.base["fingerprint"] != trained.spec["base_model"]["fingerprint"]:
+            raise HarnessError(
+                f"the key's base model '{preset.base_model}' is not the model it was trained from here (fingerprint "
+                f"{pipe.base['fingerprint']}, the key's {trained.spec['base_model']['fingerprint']})"
+            )
+        for source in (preset.eval_data, preset.train_data):
+            data.check(source)
+        if texts is None:
+            suspect = audit.Suspect("model", self.model, audit.check_model(resolved, self.model, pipe.tokenizer))
+        else:
+            if tokenizer is None:
+                audit.check_text_lengths(self.texts_file, texts, pipe.tokenizer, context)
+            suspect = audit.Suspect("texts", str(self.texts_file), texts=tuple(t for _, t in texts))
+        stage, result = audit.audit(pipe, method, trained, suspect)
+        flagged = result["p_value"] < self.alpha
+        report = {
+            "key": {"train_stage": trained.key, "method": method.name, "config": method.config_label(),
+                    "base_model": preset.base_model},
+            "source": {"kind": suspect.kind, "ref": suspect.ref},
+            "decision": {"watermarked": flagged, "alpha": self.alpha, **result},
+            "scores": str(stage.path / "scores.jsonl"),
+        }  # fmt: skip
+        return report, files.read_jsonl(stage.path / "scores.jsonl")
