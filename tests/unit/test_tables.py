@@ -253,3 +253,39 @@ def test_an_ablation_holds_only_the_setups_main_configuration_and_its_variations
         df[df["params"].str.contains('"alpha": 0.05')]["AUC"].iloc[0]
     )
     assert set(table.index) == {("alpha", 0.005), ("alpha", 0.05), ("beta", 5.0)}
+
+
+def test_an_attack_or_ablation_that_names_an_unknown_table_is_an_error_naming_the_valid_ones():
+    from attacks.base import ModelAttack, TextAttack
+    from harness.config.plugins import Ablation
+
+    valid = "valid tables: robustness, ft_steps, own"
+    with pytest.raises(HarnessError, match=rf"attack class .*<locals>\.Typo: unknown table 'robustnes'; {valid}$"):
+
+        class Typo(ModelAttack):
+            tables = ("robustness", "robustnes")
+
+    with pytest.raises(HarnessError, match=r"its tables must be a tuple of names, e\.g\. \('own',\), not 'own'"):
+
+        class OneName(TextAttack):
+            tables = "own"
+
+    with pytest.raises(HarnessError, match=r"ablation 'grid': unknown layout 'diagonal'; valid layouts: horizontal, "):
+        Ablation("grid", ("alpha",), "caption", "diagonal")
+
+
+def test_an_outside_plugin_with_an_unknown_table_fails_where_it_is_loaded(tmp_path, monkeypatch):
+    """An attack registered through the entry points fails when the registry loads it (a run, the tables) instead of
+    its rows going to no table."""
+    from harness.config import registry
+
+    (tmp_path / "typo_plugin.py").write_text(
+        "from attacks.base import ModelAttack\n\n\nclass Typo(ModelAttack):\n    name = 'typo-tables'\n"
+        "    category = 'Other'\n    label = 'Typo'\n    tables = ('robustnes',)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_installed", lambda group: (("typo-tables", "typo_plugin:Typo"),) * (
+        group == "harness.attacks"))  # fmt: skip
+    for load in (registry.attacks.load, lambda name: collect.plugin_class("attack", name)):
+        with pytest.raises(HarnessError, match="unknown table 'robustnes'; valid tables: robustness, ft_steps, own"):
+            load("typo-tables")
