@@ -120,7 +120,8 @@ def _dry_run(args, preset, plugins) -> None:
 
 def cmd_tables(args) -> None:
     from harness.report.collect import collect, collect_attribution, setups
-    from harness.report.tables import forget_stale, robustness, write_tables
+    from harness.report.frames import robustness
+    from harness.report.tables import forget_stale, write_tables
     from harness.store import files
     from harness.store.stages import Store
 

@@ -162,7 +162,7 @@ def run_details(part: pd.DataFrame, store: Store) -> str:
 
 def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> str:
     """The whole page."""
-    from harness.report.tables import attribution, tokens_to_detect
+    from harness.report.frames import attribution, tokens_to_detect
 
     body = [
         f"<h1>Watermark robustness: {esc(store.root)}</h1>",
