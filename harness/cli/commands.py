@@ -236,7 +236,7 @@ def cmd_grid(args) -> int:
 
 
 def cmd_report(args) -> None:
-    from harness.report.html import write_report
+    from harness.report.page import write_report
     from harness.store import files
     from harness.store.stages import Store
 

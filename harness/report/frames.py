@@ -1,6 +1,6 @@
 """The frames of the paper's tables, built from stored runs only (``collect.collect``; no model is loaded): one
-function per table, its rows and columns. ``harness.report.tables`` says which of them each setup gets, with their
-captions, and writes them with their LaTeX (``harness.report.latex``).
+function per table, its rows and columns. ``harness.report.tables`` declares which of them each setup gets, with
+their captions, and writes them; ``harness.report.latex`` and ``harness.report.html`` render them.
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ from harness.report.collect import (
 )
 
 
-def robustness(df: pd.DataFrame, ci: bool = False) -> pd.DataFrame:
-    """tab:robustness: rows are the model modifications (category, attack, setting), columns each method's main
-    configuration x (AUC, TPR@5, PPL[, AUC_lo, AUC_hi])."""
+def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> pd.DataFrame:
+    """tab:robustness: rows are the model modifications (category, attack, setting) of the attacks that join it,
+    columns each method's main configuration x (AUC, TPR@5, PPL[, AUC_lo, AUC_hi]). With ``every_row`` (the report's
+    page, where every stored cell belongs) every row stored for a main configuration: the other tables' attacks and
+    the unwatermarked base model's reference rows too."""
     metrics = list(METRICS) + (["AUC_lo", "AUC_hi"] if ci else [])
     part = main_runs(df)
-    part = part[in_table(part, "robustness")]
+    if not every_row:
+        part = part[in_table(part, "robustness")]
     if part.empty:
         return pd.DataFrame()
     part = mean_over_seeds(part, ["method", "category", "attack", "attack_config"], metrics)

@@ -32,9 +32,21 @@ def esc(text) -> str:
     return "".join(SPECIALS.get(c, c) for c in str(text))
 
 
+GREEN_FROM, RED_BELOW = 0.8, 0.7  # the paper's colour rule for an AUC: green from 0.8, red below 0.7, yellow between
+
+
 def colour(value: float) -> str:
-    """The paper's colour rule for an AUC."""
-    return "green" if value >= 0.8 else "red" if value < 0.7 else "yellow"
+    """The paper's colour rule for an AUC (the tables' cells, the report's heatmap)."""
+    return "green" if value >= GREEN_FROM else "red" if value < RED_BELOW else "yellow"
+
+
+def colour_legend() -> tuple[tuple[str, str], ...]:
+    """``(colour, what it means)`` of each colour of the rule, for a legend."""
+    return (
+        ("green", f"AUC >= {GREEN_FROM:g}"),
+        ("yellow", f"{RED_BELOW:g} <= AUC < {GREEN_FROM:g}"),
+        ("red", f"AUC < {RED_BELOW:g}"),
+    )
 
 
 def fmt(metric: str, value, latex: bool = True) -> str:

@@ -1,43 +1,81 @@
-"""Every table of the paper from stored runs only (no model is loaded), as CSV and LaTeX.
+"""Every table of the paper from stored runs only (no model is loaded), as CSV and LaTeX, and its section of the
+report's page: each table is one declaration (``Table``) in ``TABLES``, which says its file, what it holds, how its
+frame is built (``frames``) and printed (``latex``), its caption, how plugins join it and its section of ``harness
+report``. ``setup_tables`` and ``write_tables`` make every declared table of each setup (``collect.setups``); a table
+with no stored run is left out, and a cell with no stored run is written as missing ("--" in LaTeX). AUCs are
+coloured by the paper's rule (``latex.colour``).
 
-Tables (paper label -> file), each per setup (``collect.setups``):
-  tab:robustness (robustness): the rows of every attack whose ``tables`` include "robustness", grouped by category;
-  tab:fpr_tpr (fpr_tpr); tab:ft_steps (ft_steps): the featured method (``WatermarkMethod.featured``) against the best
-  other under the attacks whose ``tables`` include "ft_steps"; a table of its own per attack whose ``tables`` include
-  "own" (tab:dipper: dipper); each method's ``ablations`` (tab:ablation-horizontal: ablation, tab:embedding:
-  embedding); tab:watermark-config (watermark_config); and the appendix's attribution (attribution).
-Each table's frame is built in ``frames`` and printed in ``latex``. A cell with no stored run is written as missing
-("--" in LaTeX). Colours follow the paper: AUC >= 0.8 green, < 0.7 red, yellow otherwise.
+The tables, in their declaration order (this list is made from ``TABLES``):
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from harness.config.plugins import ABLATION_LAYOUTS, ATTACK_TABLES
+from harness.report import frames, html, latex
 from harness.report.collect import MISSING, TPRS, attack_tables, in_table, main_runs, method_rank, plugin_class, setups
-from harness.report.frames import (
-    ablation,
-    attribution,
-    fpr_tpr,
-    ft_steps,
-    own,
-    robustness,
-    tokens_to_detect,
-    variants,
-    watermark_config,
-)
-from harness.report.latex import ablation_tex, ft_steps_tex, own_tex, robustness_tex, simple_tex, tpr_tex
 from harness.store import files
 from harness.store.files import plain_name
 
 log = logging.getLogger(__name__)
 
+# How plugins join a table (``Table.joined_by``): the field that names it, and the names that field may hold
+# (harness/config/plugins.py, where plugin classes check them as they are defined).
+JOINED_BY = {"Attack.tables": ATTACK_TABLES, "Ablation.layout": ABLATION_LAYOUTS}
 
-# --- one setup's tables, and writing them -----------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """One setup's runs as its tables see them, with what their captions say of them."""
+
+    part: pd.DataFrame  # the setup's runs (``collect.setups``)
+    ci: bool = False  # the bootstrap interval of each AUC as columns (``harness tables --ci``)
+    attributions: pd.DataFrame | None = None  # the setup's attribution rows (``collect.collect_attribution``)
+    page: bool = False  # for the report's page, where every stored cell belongs (``frames.robustness``'s every_row)
+
+    @cached_property
+    def classes(self) -> dict[str, Any]:
+        """``{method label: its class}`` (None where the method is not installed here)."""
+        part = self.part
+        return {label: plugin_class("method", name) for label, name in zip(part["method"], part["method_name"],
+                                                                            strict=True)}  # fmt: skip
+
+    def methods(self) -> list[str]:
+        """The labels of the setup's installed methods, in the tables' order."""
+        return sorted((label for label, cls in self.classes.items() if cls is not None), key=method_rank)
+
+    @cached_property
+    def about(self) -> str:
+        """What every caption says of the runs: base model, preset, and the seeds averaged (naming, in a warning, the
+        cells stored for fewer)."""
+        part = self.part
+        seeds = sorted(part["seed"].unique())
+        about = f"{part['base_model'].iloc[0]}, preset {part['preset'].iloc[0]}"
+        if len(seeds) > 1:
+            about += f", mean over seeds {', '.join(map(str, seeds))}"
+            short = _cells_short_of_seeds(part, seeds)
+            if short:
+                about += f" where stored ({len(short)} cells have fewer)"
+                log.warning("%d cells average fewer than the %d seeds stored (%s): %s", len(short), len(seeds),
+                            ", ".join(map(str, seeds)), "; ".join(short[:5]))  # fmt: skip
+        return about
+
+    def configs(self) -> str:
+        """Each method's main configuration, for tab:robustness's caption."""
+        mains = sorted({(r.method, r.method_config) for r in main_runs(self.part).itertuples()},
+                       key=lambda mc: method_rank(mc[0]))  # fmt: skip
+        return "; ".join(f"{m}: {c}" for m, c in mains)
+
+
 def _cells_short_of_seeds(part: pd.DataFrame, seeds: list) -> list[str]:
     """The main-configuration cells (method x attack setting) stored for fewer than all of ``seeds``."""
     runs = main_runs(part)
@@ -46,82 +84,195 @@ def _cells_short_of_seeds(part: pd.DataFrame, seeds: list) -> list[str]:
             if n < len(seeds)]  # fmt: skip
 
 
-def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None) -> dict[str, tuple]:
-    """``{file name: (table, LaTeX)}`` of one setup's runs; tables with no stored run are left out."""
-    base = part["base_model"].iloc[0]
-    seeds = sorted(part["seed"].unique())
-    about = f"{base}, preset {part['preset'].iloc[0]}"
-    if len(seeds) > 1:
-        about += f", mean over seeds {', '.join(map(str, seeds))}"
-        short = _cells_short_of_seeds(part, seeds)
-        if short:
-            about += f" where stored ({len(short)} cells have fewer)"
-            log.warning("%d cells average fewer than the %d seeds stored (%s): %s", len(short), len(seeds),
-                        ", ".join(map(str, seeds)), "; ".join(short[:5]))  # fmt: skip
-    mains = {(r.method, r.method_config) for r in main_runs(part).itertuples()}
-    mains = sorted(mains, key=lambda mc: method_rank(mc[0]))
-    configs = "; ".join(f"{m}: {c}" for m, c in mains)
-    classes = {
-        label: plugin_class("method", name) for label, name in zip(part["method"], part["method_name"], strict=True)
-    }
-    out = {}
+@dataclass(frozen=True)
+class Section:
+    """A table's section of the report's page: ``heading`` over ``render(table, runs)`` (HTML; ``runs``: the setup's,
+    for links to them), at the top of the setup (``place`` "head") or after its figures ("tail")."""
 
-    def add(name: str, table: pd.DataFrame, latex, *args) -> None:
-        if not table.empty:
-            out[name] = (table, latex(table, *args))
+    heading: str
+    render: Callable[[pd.DataFrame, pd.DataFrame], str]
+    place: str
 
-    add(
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """One table: everything the CSV, the LaTeX and the report's section are made from. A declaration makes one table
+    per setup (file ``name``), or one per subject that ``each`` lists (an attack, a method's ablation)."""
+
+    name: str  # its file in the setup's folder (<name>.csv, .tex) unless ``each`` names them; how plugins join it
+    label: str  # the paper's label
+    holds: str  # what it holds, in a line
+    build: Callable[[Setup, Any], pd.DataFrame]  # its frame for a setup and subject
+    latex: Callable[[pd.DataFrame, str, Any], str]  # its LaTeX from its frame, caption and subject
+    caption: Callable[[Setup, Any], str]
+    each: Callable[[Setup], list[tuple[str, Any]]] | None = None  # (file, subject) of each of its tables in a setup
+    joined_by: str | None = None  # a key of ``JOINED_BY``: plugins name it there (``name``) to have rows in it
+    section: Section | None = None
+
+    def subjects(self, setup: Setup) -> list[tuple[str, Any]]:
+        """``(file, subject)`` of each of its tables in ``setup``."""
+        return self.each(setup) if self.each is not None else [(self.name, None)]
+
+
+# --- what each table is made of per setup, besides the setup itself ----------------------------------------------
+def _own_attacks(setup: Setup) -> list[tuple[str, str]]:
+    return [(name, name) for name in sorted(n for n in setup.part["attack_name"].dropna().unique()
+                                            if "own" in attack_tables(n))]  # fmt: skip
+
+
+def _featured(setup: Setup) -> list[tuple[str, str]]:
+    return [("ft_steps", label) for label in setup.methods() if setup.classes[label].featured]
+
+
+def _ablations(layout: str) -> Callable[[Setup], list[tuple[str, tuple]]]:
+    """Each method's ablations of ``layout``: ``(file, (method label, Ablation))``."""
+
+    def each(setup: Setup) -> list[tuple[str, tuple]]:
+        return [(spec.file, (label, spec)) for label in setup.methods() for spec in setup.classes[label].ablations
+                if spec.layout == layout]  # fmt: skip
+
+    return each
+
+
+def _attributions(setup: Setup) -> list[tuple[str, None]]:
+    return [("attribution", None)] if setup.attributions is not None and len(setup.attributions) else []
+
+
+def _own_caption(setup: Setup, attack: str) -> str:
+    cls = plugin_class("attack", attack)
+    return f"AUC under {cls.description or cls.label} ({setup.about})."
+
+
+def _steps_caption(setup: Setup, label: str) -> str:
+    steps = setup.part[in_table(setup.part, "ft_steps")]["attack_name"].dropna().unique()
+    what = " and ".join(dict.fromkeys(plugin_class("attack", n).description or n for n in steps))
+    return f"{label} under {what}, with its difference to the best other method ({setup.about})."
+
+
+TABLES: tuple[Table, ...] = (
+    Table(
         "robustness",
-        robustness(part, ci),
-        robustness_tex,
-        f"AUC, TPR at 5% FPR and median PPL under model modifications ({about}; {configs}).",
-    )
-    add(
-        "fpr_tpr", fpr_tpr(part), tpr_tex, f"TPR at fixed FPRs of the unaltered models ({about}).", "Method", list(TPRS)
-    )
-    for name in sorted(n for n in part["attack_name"].dropna().unique() if "own" in attack_tables(n)):
-        cls = plugin_class("attack", name)
-        label = cls.label if cls is not None else name
-        add(name, own(part, name, ci), own_tex, f"AUC under {cls.description or label} ({about}).", label)
-    for label in sorted((m for m, c in classes.items() if c is not None and c.featured), key=method_rank):
-        steps = part[in_table(part, "ft_steps")]["attack_name"].dropna().unique()
-        what = " and ".join(dict.fromkeys(plugin_class("attack", n).description or n for n in steps))
-        caption = f"{label} under {what}, with its difference to the best other method ({about})."
-        add("ft_steps", ft_steps(part, label), ft_steps_tex, caption)
-    for label in sorted((m for m, c in classes.items() if c is not None), key=method_rank):
-        for spec in classes[label].ablations:
-            if spec.layout == "horizontal":
-                add(spec.file, ablation(part, label, spec), ablation_tex, f"{spec.caption} ({about}).", spec)
-            else:
-                add(spec.file, variants(part, label, spec), simple_tex, f"{spec.caption} ({about}).",
-                    [spec.index_name])  # fmt: skip
-    add(
+        "tab:robustness",
+        "AUC, TPR at 5% FPR and median PPL of each method's main configuration under the model modifications of the "
+        "attacks that join it, in row groups by category",
+        build=lambda setup, _: frames.robustness(setup.part, setup.ci, every_row=setup.page),
+        latex=lambda table, caption, _: latex.robustness_tex(table, caption),
+        caption=lambda setup, _: (
+            f"AUC, TPR at 5% FPR and median PPL under model modifications ({setup.about}; {setup.configs()})."
+        ),
+        joined_by="Attack.tables",
+        # On the page, every row stored for a main configuration (the base's reference rows and other tables'
+        # attacks too), as a heatmap whose cells link to their runs.
+        section=Section("AUC and TPR at 5% FPR of each method's main configuration", html.heatmap, "head"),
+    ),
+    Table(
+        "fpr_tpr",
+        "tab:fpr_tpr",
+        "TPR at 0.1/1/5/10% FPR of each method's main configuration, unaltered",
+        build=lambda setup, _: frames.fpr_tpr(setup.part),
+        latex=lambda table, caption, _: latex.tpr_tex(table, caption, "Method", list(TPRS)),
+        caption=lambda setup, _: f"TPR at fixed FPRs of the unaltered models ({setup.about}).",
+    ),
+    Table(
+        "own",
+        "tab:dipper for DIPPER",
+        "a table of its own per attack that joins it, named after it: AUC under each of its settings, with how much "
+        "the texts were rewritten and kept",
+        build=lambda setup, attack: frames.own(setup.part, attack, setup.ci),
+        latex=lambda table, caption, attack: latex.own_tex(table, caption, plugin_class("attack", attack).label),
+        caption=_own_caption,
+        each=_own_attacks,
+        joined_by="Attack.tables",
+    ),
+    Table(
+        "ft_steps",
+        "tab:ft_steps",
+        "the featured method (``WatermarkMethod.featured``) at each output of the attacks that join it, against the "
+        "best other method",
+        build=lambda setup, label: frames.ft_steps(setup.part, label),
+        latex=lambda table, caption, _: latex.ft_steps_tex(table, caption),
+        caption=_steps_caption,
+        each=_featured,
+        joined_by="Attack.tables",
+    ),
+    Table(
+        "horizontal",
+        "tab:ablation-horizontal",
+        "each method's horizontal ablations (``WatermarkMethod.ablations``), a file each",
+        build=lambda setup, ablation: frames.ablation(setup.part, *ablation),
+        latex=lambda table, caption, ablation: latex.ablation_tex(table, caption, ablation[1]),
+        caption=lambda setup, ablation: f"{ablation[1].caption} ({setup.about}).",
+        each=_ablations("horizontal"),
+        joined_by="Ablation.layout",
+    ),
+    Table(
+        "vertical",
+        "tab:embedding",
+        "each method's vertical ablations (``WatermarkMethod.ablations``), a file each",
+        build=lambda setup, ablation: frames.variants(setup.part, *ablation),
+        latex=lambda table, caption, ablation: latex.simple_tex(table, caption, [ablation[1].index_name]),
+        caption=lambda setup, ablation: f"{ablation[1].caption} ({setup.about}).",
+        each=_ablations("vertical"),
+        joined_by="Ablation.layout",
+    ),
+    Table(
         "watermark_config",
-        watermark_config(part),
-        simple_tex,
-        f"Watermark configurations and their detection and quality ({about}).",
-        ["Method", "Config"],
-    )
-    add(
+        "tab:watermark-config",
+        "each method's configurations that vary the settings it trades detection for quality by, unaltered",
+        build=lambda setup, _: frames.watermark_config(setup.part),
+        latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Method", "Config"]),
+        caption=lambda setup, _: f"Watermark configurations and their detection and quality ({setup.about}).",
+    ),
+    Table(
         "tokens_to_detect",
-        tokens_to_detect(part),
-        simple_tex,
-        f"Tokens to detect (MarkMyWords' size): the median length from which a text flagged at 1% FPR on its whole "
-        f"text stays flagged, the share flagged on the whole text, TPR at 1% FPR by text length, and the share of "
-        f"the unwatermarked base's texts flagged on the whole text ({about}).",
-        ["Method", "Config", "Category", "Attack", "Setting"],
-    )
-    if attributions is not None and len(attributions):
-        table = attribution(attributions)
-        add(
-            "attribution",
-            table,
-            tpr_tex,
-            f"Attribution: share of each model's texts (columns) flagged by each detector (rows) at its 1% FPR "
-            f"threshold on human texts ({about}).",
-            "Detector",
-            list(table.columns),
-        )
+        "tokens to detect",
+        "MarkMyWords' size, with TPR at 1% FPR by text length, of every row whose detector keeps prefix scores",
+        build=lambda setup, _: frames.tokens_to_detect(setup.part),
+        latex=lambda table, caption, _: latex.simple_tex(
+            table, caption, ["Method", "Config", "Category", "Attack", "Setting"]
+        ),
+        caption=lambda setup, _: (
+            "Tokens to detect (MarkMyWords' size): the median length from which a text flagged "
+            "at 1% FPR on its whole text stays flagged, the share flagged on the whole text, TPR at 1% FPR by text "
+            f"length, and the share of the unwatermarked base's texts flagged on the whole text ({setup.about})."
+        ),
+        section=Section("Tokens to detect (1% FPR)", lambda table, _: html.frame(table), "tail"),
+    ),
+    Table(
+        "attribution",
+        "the appendix's attribution",
+        "the share of each model's texts that each detector flags at its 1% FPR, where the store holds attribution "
+        "stages",
+        build=lambda setup, _: frames.attribution(setup.attributions),
+        latex=lambda table, caption, _: latex.tpr_tex(table, caption, "Detector", list(table.columns)),
+        caption=lambda setup, _: (
+            "Attribution: share of each model's texts (columns) flagged by each detector (rows) "
+            f"at its 1% FPR threshold on human texts ({setup.about})."
+        ),
+        each=_attributions,
+        section=Section(
+            "Attribution (share of each model's texts flagged at 1% FPR)", lambda table, _: html.frame(table), "tail"
+        ),
+    ),
+)
+__doc__ += "".join(
+    f"  {t.label} ({t.name}): {t.holds}"
+    + (f"; a plugin joins it by naming {t.name!r} in its {t.joined_by}" if t.joined_by else "")
+    + ".\n"
+    for t in TABLES
+)
+
+
+def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None) -> dict[str, tuple]:
+    """``{file name: (table, LaTeX)}`` of one setup's runs, every declared table; tables with no stored run are left
+    out."""
+    setup = Setup(part, ci, attributions)
+    out = {}
+    for table in TABLES:
+        for name, subject in table.subjects(setup):
+            frame = table.build(setup, subject)
+            if not frame.empty:
+                out[name] = (frame, table.latex(frame, table.caption(setup, subject), subject))
     return out
 
 

@@ -254,6 +254,17 @@ def test_an_ablation_holds_only_the_setups_main_configuration_and_its_variations
     assert set(table.index) == {("alpha", 0.005), ("alpha", 0.05), ("beta", 5.0)}
 
 
+def test_every_table_name_a_plugin_may_join_is_declared_once():
+    """The names plugins join tables by (harness/config, checked as each plugin class is defined) and the tables the
+    report declares agree: none a plugin may name is missing, none declared is unreachable."""
+    assert len({t.name for t in tables.TABLES}) == len(tables.TABLES)
+    assert {t.joined_by for t in tables.TABLES} - {None} == set(tables.JOINED_BY)
+    for field, names in tables.JOINED_BY.items():
+        assert {t.name for t in tables.TABLES if t.joined_by == field} == set(names), field
+    for table in tables.TABLES:  # the module's docstring lists every declaration
+        assert f"{table.label} ({table.name}): " in tables.__doc__
+
+
 def test_an_attack_or_ablation_that_names_an_unknown_table_is_an_error_naming_the_valid_ones():
     from attacks.base import ModelAttack, TextAttack
     from harness.config.plugins import Ablation
