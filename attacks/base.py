@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from harness.config.plugins import Params, Plugin, Sweep
+from harness.config.plugins import ATTACK_TABLES, Params, Plugin, Sweep, check_table_names
 from harness.config.presets import DataSource
 
 MODEL = "model"  # the sub-folder of an attack stage that holds the (one) attacked model
@@ -29,22 +29,27 @@ class AttackContext:
 
 
 class Attack(Plugin):
-    def token_lengths(self) -> dict[str, int]:
-        lengths = getattr(self.params, "token_lengths", None)  # calibration settings say theirs
-        return lengths() if lengths is not None else {}
-
     """What every attack declares: its label and category, and the tables and figures its rows go in (the report
     reads these; it names no attack). Row groups and their order follow the registry's order of attacks."""
 
     category: ClassVar[str]  # row group in tab:robustness, e.g. "Merging"
     label: ClassVar[str]  # e.g. "SLERP"
     description: ClassVar[str] = ""  # what captions call it (default: the label), e.g. "DIPPER paraphrasing"
-    # The tables its rows go in: "robustness" (tab:robustness, under its category), "ft_steps" (tab:ft_steps: the
-    # featured method against the best other at each of its outputs), "own" (a table of its own named after the
-    # attack, as tab:dipper: AUC per configuration, with how much the texts were rewritten).
+    # The tables its rows go in, by the names of ``harness.config.plugins.ATTACK_TABLES`` (checked when the class is
+    # defined: an unknown name is an error that lists the valid ones).
     tables: ClassVar[tuple[str, ...]] = ("robustness",)
     sweep: ClassVar[Sweep | None] = None  # a figure of AUC against its strength
     identity: ClassVar[bool] = False  # True only for ``none``: the pipeline then uses the input model as is
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Check the table names of every attack class as it is defined, built-in or an outside plugin's."""
+        super().__init_subclass__(**kwargs)
+        owner = f"attack class {cls.__module__}.{cls.__qualname__}"
+        check_table_names(owner, "table", cls.tables, ATTACK_TABLES)
+
+    def token_lengths(self) -> dict[str, int]:
+        lengths = getattr(self.params, "token_lengths", None)  # calibration settings say theirs
+        return lengths() if lengths is not None else {}
 
     def table_label(self) -> str:
         """The Method column of tab:robustness (e.g. "SLERP"; fine-tuning names its dataset there)."""

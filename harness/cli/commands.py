@@ -121,7 +121,8 @@ def _dry_run(args, preset, plugins) -> None:
 
 def cmd_tables(args) -> None:
     from harness.report.collect import collect, collect_attribution, setups
-    from harness.report.tables import forget_stale, robustness, write_tables
+    from harness.report.frames import robustness
+    from harness.report.tables import forget_stale, write_tables
     from harness.store import files
     from harness.store.stages import Store
 
@@ -221,7 +222,7 @@ def cmd_grid(args) -> int:
 
 
 def cmd_report(args) -> None:
-    from harness.report.html import write_report
+    from harness.report.page import write_report
     from harness.store import files
     from harness.store.stages import Store
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
@@ -94,6 +94,32 @@ class Plugin:
 
 
 # --- what a plugin declares for the tables and figures (harness/report reads these; it names no plugin) ----------
+# The names a plugin joins a table by. harness/report/tables.py declares one table for each (a unit test checks that
+# the two agree); a plugin class that names another is an error when it is defined, so a typo never drops its rows.
+ATTACK_TABLES = {  # what an attack's ``tables`` may hold
+    "robustness": "tab:robustness, in the row group of the attack's category",
+    "ft_steps": "tab:ft_steps: the featured method against the best other at each of the attack's outputs",
+    "own": "a table of its own named after the attack (as tab:dipper): AUC per setting, with how much the texts were "
+    "rewritten and kept",
+}
+ABLATION_LAYOUTS = {  # what an ``Ablation``'s ``layout`` may be
+    "horizontal": "as tab:ablation-horizontal: a block per setting; AUC and PPL unaltered, and the AUC under an attack",
+    "vertical": "as tab:embedding: a row per value; AUC, TPR@1% and TPR@10% unaltered",
+}
+
+
+def check_table_names(owner: str, what: str, names: tuple[str, ...], valid: dict[str, str]) -> None:
+    """Raise a one-line error that names the valid ones when ``names`` (``owner``'s ``what``s: its tables, its
+    layout) is not a tuple of names of ``valid``."""
+    if isinstance(names, str):  # ("own") is the string "own", not a tuple of one name
+        raise HarnessError(f"{owner}: its {what}s must be a tuple of names, e.g. ({names!r},), not {names!r}")
+    unknown = [name for name in names if name not in valid]
+    if unknown:
+        raise HarnessError(
+            f"{owner}: unknown {what} {', '.join(map(repr, unknown))}; valid {what}s: {', '.join(valid)}"
+        )
+
+
 @dataclass(frozen=True)
 class Sweep:
     """How the figures plot AUC against an attack's strength (``auc_vs_<attack>``): the unaltered model at x = 0,
@@ -109,18 +135,20 @@ class Sweep:
 @dataclass(frozen=True)
 class Ablation:
     """A table of one method's configurations that differ from its main one (the preset's) in one of ``settings``
-    alone: ``horizontal`` as tab:ablation-horizontal (a block per setting; AUC and PPL unaltered, and the AUC
-    ``under`` an attack with given settings, as the column ``under_column``), ``vertical`` as tab:embedding (a row
-    per value; AUC, TPR@1% and TPR@10% unaltered)."""
+    alone, laid out as one of ``ABLATION_LAYOUTS`` (a horizontal one has the AUC ``under`` an attack with given
+    settings as the column ``under_column``)."""
 
     file: str  # the table's file name in each setup's folder
     settings: tuple[str, ...]
     caption: str
-    layout: Literal["horizontal", "vertical"]
+    layout: str  # a name of ``ABLATION_LAYOUTS``
     under: tuple[str, dict] | None = None  # (attack name, the settings its run must have)
     under_column: str = ""
     index_name: str = ""  # the vertical table's first column
     settings_tex: dict[str, str] = field(default_factory=dict)  # a setting's name in LaTeX, e.g. alpha -> $\alpha$
+
+    def __post_init__(self) -> None:
+        check_table_names(f"ablation '{self.file}'", "layout", (self.layout,), ABLATION_LAYOUTS)
 
 
 def parse_assignments(items: list[str], what: str) -> dict[str, str]:

@@ -261,14 +261,20 @@ def natural_key(text: str) -> tuple:
 # --- what the plugins declare -------------------------------------------------------------------------------------
 @cache
 def plugin_class(kind: str, name: str | None):
-    """The class registered as method or attack ``name`` (``kind``), or None where it is not installed here."""
+    """The class registered as method or attack ``name`` (``kind``), or None where it is not installed here (or cannot
+    be imported). A class that is installed but declares what cannot be (an unknown table name) is an error."""
     from harness.config.registry import attacks, methods
 
     if not isinstance(name, str):  # the base model's rows: no attack (None, or NaN in a frame)
         return None
+    registry = methods if kind == "method" else attacks
     try:
-        return (methods if kind == "method" else attacks).load(name)
-    except (HarnessError, ImportError, AttributeError):
+        registry.check(name)
+    except HarnessError:
+        return None
+    try:
+        return registry.load(name)
+    except (ImportError, AttributeError):
         return None
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 from harness.config.plugins import Sweep
 from harness.report import collect
 from harness.report.collect import main_runs, method_rank, natural_key, param, setups, unaltered
-from harness.report.tables import watermark_config
+from harness.report.frames import watermark_config
 from harness.store import files
 from harness.store.files import plain_name
 from harness.store.stages import Store

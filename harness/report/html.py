@@ -1,10 +1,12 @@
-"""``harness report``: one self-contained HTML page of a run store, to open from disk in any browser.
+"""HTML of the pieces of ``harness report``'s page (``harness.report.page``): a declared table's section (the heatmap
+of tab:robustness, a plain frame), which score each method reads, the other configurations' runs, the figures as
+embedded PNG data, and each run's spec, versions and timings.
 
-Built from the store alone (no model loads), like the tables: per setup, a heatmap of AUC and TPR@1% of each method's
-main configuration under every attack (the paper's colour rule), every other configuration's runs, the figures (ROC
-curves, AUC against each attack's strength, TPR by text length, ...) embedded as PNG data, tokens to detect, the
-attribution matrix, and every run's spec, versions and timings one click away. A cell with no stored run says so. No
-script, stylesheet or font is fetched: the page needs no network.
+The heatmap is tab:robustness's own frame (``tables.TABLES``), so it shows the table's TPR at 5% FPR beside each AUC;
+before the tables were declared once it rebuilt the rows itself and showed TPR at 1% FPR, the one change of the page
+that came with it. Its rows are every row stored for a main configuration (the base model's reference rows and the
+other tables' attacks too: every stored cell belongs on the page), each AUC coloured by the paper's rule
+(``latex.colour``) and linked to its run.
 
 A store may come from someone else, so every string read from it (run folder names, labels, settings, specs) is
 escaped for where it lands: ``esc`` for text and attribute values, ``href`` for links. The page has no script of its
@@ -17,16 +19,14 @@ import base64
 import html
 import json
 import urllib.parse
-from pathlib import Path
 
 import pandas as pd
 
-from harness.report.collect import MISSING, category_rank, main_runs, method_rank, natural_key, plugin_class, setups
-from harness.report.latex import colour
-from harness.store import files
+from harness.report.collect import MISSING, main_runs, plugin_class
+from harness.report.latex import colour, colour_legend
 from harness.store.stages import Store
 
-COLOURS = {"green": "#b9e3b2", "yellow": "#fbefa8", "red": "#f2b8b5"}  # the paper's rule: >= 0.8, < 0.7, between
+COLOURS = {"green": "#b9e3b2", "yellow": "#fbefa8", "red": "#f2b8b5"}  # how the page shades ``latex.colour``'s colours
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; padding: 0 1.5em; max-width: 1200px; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 13px; }
@@ -64,34 +64,33 @@ def attack_label(attack: str, config: str) -> str:
     return f"{attack} {config}".strip() or "unaltered"
 
 
-def heatmap(part: pd.DataFrame) -> str:
-    """Rows: every attack row stored for a main configuration; columns: methods x (AUC, TPR@1%). Each cell links to
-    its run; a cell with no stored run says so."""
-    runs = main_runs(part).sort_values("seed")
-    methods = sorted(runs["method"].unique(), key=method_rank)
-    rows = sorted({(r.category, r.attack, r.attack_config) for r in runs.itertuples()},
-                  key=lambda r: (category_rank(r[0]), natural_key(r[1]), natural_key(r[2])))  # fmt: skip
+def heatmap(table: pd.DataFrame, part: pd.DataFrame) -> str:
+    """tab:robustness (``frames.robustness``) as the page shows it: its rows, its methods x (AUC, TPR@5%), each AUC
+    coloured by the paper's rule and linked to its run in ``part`` (the first seed's); a cell with no stored run says
+    so."""
+    runs: dict[tuple, list[str]] = {}  # (method, category, attack, setting) -> its runs, by seed
+    for r in main_runs(part).sort_values("seed").itertuples():
+        runs.setdefault((r.method, r.category, r.attack, r.attack_config), []).append(r.run)
+    methods = [] if table.empty else list(dict.fromkeys(table.columns.get_level_values(0)))
     head = "".join(f'<th colspan="2">{esc(m)}</th>' for m in methods)
     out = ['<table class="heatmap">', f'<tr><th class="row">category</th><th class="row">attack</th>{head}</tr>',
-           "<tr><th></th><th></th>" + "<th>AUC</th><th>TPR@1%</th>" * len(methods) + "</tr>"]  # fmt: skip
-    for category, attack, config in rows:
+           "<tr><th></th><th></th>" + "<th>AUC</th><th>TPR@5%</th>" * len(methods) + "</tr>"]  # fmt: skip
+    for (category, attack, config), row in table.iterrows():
         cells = []
         for method in methods:
-            hit = runs[(runs["method"] == method) & (runs["category"] == category) & (runs["attack"] == attack)
-                       & (runs["attack_config"] == config)]  # fmt: skip
-            if hit.empty:
+            cell = runs.get((method, category, attack, config))
+            if not cell:
                 cells.append(f'<td class="missing" colspan="2">{MISSING}</td>')
                 continue
-            auc, tpr, run = hit["AUC"].mean(), hit["TPR@1%"].mean(), hit["run"].iloc[0]
-            seeds = f" (mean of {len(hit)} seeds)" if len(hit) > 1 else ""
-            style, title = f' style="background:{COLOURS[colour(auc)]}"', esc(f"run {run}{seeds}")
-            cells.append(f'<td class="cell"{style} title="{title}"><a href="{href("run-" + run)}">{auc:.3f}</a></td>'
-                         f"<td>{tpr:.3f}</td>")  # fmt: skip
+            auc, tpr = row[(method, "AUC")], row[(method, "TPR@5")]
+            seeds = f" (mean of {len(cell)} seeds)" if len(cell) > 1 else ""
+            style, title = f' style="background:{COLOURS[colour(auc)]}"', esc(f"run {cell[0]}{seeds}")
+            cells.append(f'<td class="cell"{style} title="{title}"><a href="{href("run-" + cell[0])}">{auc:.3f}</a>'
+                         f"</td><td>{tpr:.3f}</td>")  # fmt: skip
         label = attack_label(attack, config)
         out.append(f'<tr><td class="row">{esc(category)}</td><td class="row">{esc(label)}</td>{"".join(cells)}</tr>')
     out.append("</table>")
-    rule = (("green", "AUC >= 0.8"), ("yellow", "0.7 <= AUC < 0.8"), ("red", "AUC < 0.7"))
-    legend = "".join(f'<span style="background:{COLOURS[c]}">{t}</span>' for c, t in rule)
+    legend = "".join(f'<span style="background:{COLOURS[c]}">{t}</span>' for c, t in colour_legend())
     return "\n".join(out) + f'<p class="legend">{legend}</p>'
 
 
@@ -158,50 +157,3 @@ def run_details(part: pd.DataFrame, store: Store) -> str:
                    f"</summary><pre>{esc(json.dumps(spec, indent=1))}</pre><pre>{esc(json.dumps(about, indent=1))}"
                    "</pre></details>")  # fmt: skip
     return "\n".join(out)
-
-
-def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> str:
-    """The whole page."""
-    from harness.report.tables import attribution, tokens_to_detect
-
-    body = [
-        f"<h1>Watermark robustness: {esc(store.root)}</h1>",
-        f"<p>{plural(len(df), 'stored run')} in {plural(len(setups(df)), 'setup')}. Every number below is read from "
-        "the store.</p>",
-    ]
-    for name, part in setups(df).items():
-        body += [
-            f'<h2 id="setup-{esc(name)}">{esc(name)}: {esc(part["base_model"].iloc[0])}, preset '
-            f"{esc(part['preset'].iloc[0])}</h2>",
-            "<h3>AUC and TPR at 1% FPR of each method's main configuration</h3>",
-            heatmap(part),
-            detection_scores(part),
-            "<h3>Other configurations (settings, ablations)</h3>",
-            other_configurations(part),
-            "<h3>Figures</h3>",
-            figures(part, store),
-            "<h3>Tokens to detect (1% FPR)</h3>",
-            frame(tokens_to_detect(part)),
-        ]  # fmt: skip
-        mine = (
-            None
-            if attributions is None or attributions.empty
-            else attributions[attributions["setup"] == part["setup"].iloc[0]]
-        )
-        if mine is not None and len(mine):
-            body += ["<h3>Attribution (share of each model's texts flagged at 1% FPR)</h3>", frame(attribution(mine))]
-        body += ["<h3>Runs (spec, versions, timings)</h3>", run_details(part, store)]
-    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>harness report</title>'
-            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")  # fmt: skip
-
-
-def write_report(store: Store, out: Path) -> Path:
-    from harness.report.collect import collect, collect_attribution
-
-    df = collect(store)
-    if df.empty:
-        from harness.config.errors import HarnessError
-
-        raise HarnessError(f"no finished runs in '{store.root}' that could be read")
-    files.write_atomic(out, page(df, store, collect_attribution(store)))  # whole or not at all: never a cut page
-    return out

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.report.collect import MISSING
+from harness.config.plugins import Ablation
+from harness.report.collect import METRICS, MISSING
 
 PREAMBLE = r"% needs \usepackage{booktabs} and \usepackage[table]{xcolor}; -- marks a cell with no stored run"
 
@@ -31,9 +32,21 @@ def esc(text) -> str:
     return "".join(SPECIALS.get(c, c) for c in str(text))
 
 
+GREEN_FROM, RED_BELOW = 0.8, 0.7  # the paper's colour rule for an AUC: green from 0.8, red below 0.7, yellow between
+
+
 def colour(value: float) -> str:
-    """The paper's colour rule for an AUC."""
-    return "green" if value >= 0.8 else "red" if value < 0.7 else "yellow"
+    """The paper's colour rule for an AUC (the tables' cells, the report's heatmap)."""
+    return "green" if value >= GREEN_FROM else "red" if value < RED_BELOW else "yellow"
+
+
+def colour_legend() -> tuple[tuple[str, str], ...]:
+    """``(colour, what it means)`` of each colour of the rule, for a legend."""
+    return (
+        ("green", f"AUC >= {GREEN_FROM:g}"),
+        ("yellow", f"{RED_BELOW:g} <= AUC < {GREEN_FROM:g}"),
+        ("red", f"AUC < {RED_BELOW:g}"),
+    )
 
 
 def fmt(metric: str, value, latex: bool = True) -> str:
@@ -71,3 +84,85 @@ def tabular(cells: pd.DataFrame, column_format: str) -> str:
 def hand_tabular(lines: list[str], column_format: str) -> str:
     """A booktabs tabular of header and body lines written by the caller (for the layouts Styler cannot give)."""
     return "\n".join([f"\\begin{{tabular}}{{{column_format}}}", r"\toprule", *lines, r"\bottomrule", r"\end{tabular}"])
+
+
+# --- each table's LaTeX (``harness.report.tables`` says which table takes which) ---------------------------------
+def robustness_tex(table: pd.DataFrame, caption: str) -> str:
+    """tab:robustness: a row group per category (a rule between groups), each method's metrics under its name."""
+    methods = list(dict.fromkeys(table.columns.get_level_values(0)))
+    metrics = list(dict.fromkeys(table.columns.get_level_values(1)))
+    lines = [
+        "Category & Method & Config & "
+        + " & ".join(f"\\multicolumn{{{len(metrics)}}}{{c}}{{{esc(m)}}}" for m in methods)
+        + r" \\",
+        " & & & " + " & ".join(" & ".join(esc(x) for x in metrics) for _ in methods) + r" \\",
+        r"\midrule",
+    ]
+    previous = None
+    for (category, attack, config), row in table.iterrows():
+        if previous is not None and category != previous:
+            lines.append(r"\midrule")
+        label = esc(category) if category != previous else ""
+        cells = [fmt(metric if metric in METRICS else "AUCci", row[(m, metric)]) for m in methods for metric in metrics]
+        # (the unaltered model's row has an empty label and setting: ``attacks.identity``)
+        lines.append(f"{label} & {esc(attack)} & {esc(config)} & " + " & ".join(cells) + r" \\")
+        previous = category
+    return table_float(hand_tabular(lines, "lll" + "c" * len(methods) * len(metrics)), caption)
+
+
+def tpr_tex(table: pd.DataFrame, caption: str, label_column: str, columns: list[str]) -> str:
+    """A row per index entry (under ``label_column``) with ``columns`` as rates (tab:fpr_tpr, attribution)."""
+    cells = pd.DataFrame({label_column: [esc(name) for name in table.index]})
+    for c in columns:
+        cells[c] = [fmt("AUC" if c == "AUC" else "TPR", v) for v in table[c]]
+    return table_float(tabular(cells, "l" + "c" * len(columns)), caption)
+
+
+def own_tex(table: pd.DataFrame, caption: str, label: str) -> str:
+    """An attack's own table (tab:dipper): a row per method, the AUC under each setting (``label`` and setting)."""
+    configs = list(dict.fromkeys(table.columns.get_level_values(0)))
+    cells = pd.DataFrame({"Watermark method": [esc(m) for m in table.index]})
+    for c in configs:
+        cells[f"{label} ({c})"] = [fmt("AUC", v) for v in table[(c, "AUC")]]
+    return table_float(tabular(cells, "l" + "c" * len(configs)), caption)
+
+
+def ft_steps_tex(table: pd.DataFrame, caption: str) -> str:
+    """tab:ft_steps: each value with its difference to the best other method in brackets."""
+    cells = pd.DataFrame({"Dataset": [esc(d) for d, _ in table.index], "Step": [esc(s) for _, s in table.index]})
+    for v in ("AUC", "TPR@1%", "TPR@10%"):
+        diffs = table[f"{v} vs baseline"]
+        cells[v] = [
+            fmt(cell_kind(v), a) + ("" if pd.isna(d) else f" ({d:+.3f})") for a, d in zip(table[v], diffs, strict=True)
+        ]
+    cells["Baseline"] = [esc(b) for b in table["baseline"]]
+    return table_float(tabular(cells, "llcccl"), caption)
+
+
+def ablation_tex(table: pd.DataFrame, caption: str, spec: Ablation) -> str:
+    """tab:ablation-horizontal: a block per setting, its values (the main one bold) over a row per metric."""
+    blocks = []
+    metrics = [c for c in table.columns if c != "main"]
+    for setting in dict.fromkeys(table.index.get_level_values(0)):
+        part = table.loc[setting]
+        head = [spec.settings_tex.get(setting, esc(setting))]
+        shown = [f"{v:g}" if isinstance(v, int | float) else esc(str(v)) for v in part.index]
+        head += [f"\\textbf{{{v}}}" if row["main"] else v for v, (_, row) in zip(shown, part.iterrows(), strict=True)]
+        blocks.append(" & ".join(head) + r" \\")
+        blocks.append(r"\midrule")
+        for metric in metrics:
+            cells = [fmt("PPL" if metric == "PPL" else "AUC", row[metric]) for _, row in part.iterrows()]
+            blocks.append(f"{metric} & " + " & ".join(cells) + r" \\")
+        blocks.append(r"\midrule")
+    width = max((len(table.loc[s]) for s in dict.fromkeys(table.index.get_level_values(0))), default=0)
+    return table_float(hand_tabular(blocks[:-1], "l" + "c" * width), caption)
+
+
+def simple_tex(table: pd.DataFrame, caption: str, index_names: list[str]) -> str:
+    """A row per index entry (its parts under ``index_names``) with every column but ``main`` as numbers."""
+    columns = [c for c in table.columns if c != "main"]
+    keys = [k if isinstance(k, tuple) else (k,) for k in table.index]
+    cells = pd.DataFrame({name: [esc(k[i]) for k in keys] for i, name in enumerate(index_names)})
+    for c in columns:
+        cells[c] = [fmt(cell_kind(c), v) for v in table[c]]
+    return table_float(tabular(cells, "l" * len(index_names) + "c" * len(columns)), caption)

@@ -1,322 +1,81 @@
-"""Every table of the paper from stored runs only (no model is loaded), as CSV and LaTeX.
+"""Every table of the paper from stored runs only (no model is loaded), as CSV and LaTeX, and its section of the
+report's page: each table is one declaration (``Table``) in ``TABLES``, which says its file, what it holds, how its
+frame is built (``frames``) and printed (``latex``), its caption, how plugins join it and its section of ``harness
+report``. ``setup_tables`` and ``write_tables`` make every declared table of each setup (``collect.setups``); a table
+with no stored run is left out, and a cell with no stored run is written as missing ("--" in LaTeX). AUCs are
+coloured by the paper's rule (``latex.colour``).
 
-Tables (paper label -> file), each per setup (``collect.setups``):
-  tab:robustness (robustness): the rows of every attack whose ``tables`` include "robustness", grouped by category;
-  tab:fpr_tpr (fpr_tpr); tab:ft_steps (ft_steps): the featured method (``WatermarkMethod.featured``) against the best
-  other under the attacks whose ``tables`` include "ft_steps"; a table of its own per attack whose ``tables`` include
-  "own" (tab:dipper: dipper); each method's ``ablations`` (tab:ablation-horizontal: ablation, tab:embedding:
-  embedding); tab:watermark-config (watermark_config); and the appendix's attribution (attribution).
-A cell with no stored run is written as missing ("--" in LaTeX). Colours follow the paper: AUC >= 0.8 green, < 0.7
-red, yellow otherwise.
+The tables, in their declaration order (this list is made from ``TABLES``):
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from harness.config.plugins import Ablation
-from harness.report.collect import (
-    METRICS,
-    MISSING,
-    TPRS,
-    attack_tables,
-    category_rank,
-    in_table,
-    main_runs,
-    mean_over_seeds,
-    method_rank,
-    natural_key,
-    only_mask,
-    param,
-    plugin_class,
-    setups,
-    tradeoff_settings,
-    unaltered,
-)
-from harness.report.latex import cell_kind, esc, fmt, hand_tabular, table_float, tabular
-from harness.run.scoring import BASE_ROW
+from harness.config.plugins import ABLATION_LAYOUTS, ATTACK_TABLES
+from harness.report import frames, html, latex
+from harness.report.collect import MISSING, TPRS, attack_tables, in_table, main_runs, method_rank, plugin_class, setups
 from harness.store import files
 from harness.store.files import plain_name
 
 log = logging.getLogger(__name__)
 
-
-# --- the tables -------------------------------------------------------------------------------------------------
-def robustness(df: pd.DataFrame, ci: bool = False) -> pd.DataFrame:
-    """tab:robustness: rows are the model modifications (category, attack, setting), columns each method's main
-    configuration x (AUC, TPR@5, PPL[, AUC_lo, AUC_hi])."""
-    metrics = list(METRICS) + (["AUC_lo", "AUC_hi"] if ci else [])
-    part = main_runs(df)
-    part = part[in_table(part, "robustness")]
-    if part.empty:
-        return pd.DataFrame()
-    part = mean_over_seeds(part, ["method", "category", "attack", "attack_config"], metrics)
-    table = part.pivot_table(index=["category", "attack", "attack_config"], columns="method", values=metrics,
-                             aggfunc="first")  # fmt: skip
-    table = table.swaplevel(0, 1, axis=1)
-    methods = sorted(part["method"].unique(), key=method_rank)
-    stored = set(zip(part["category"], part["attack"], part["attack_config"], strict=True))
-    rows = sorted(stored, key=lambda r: (category_rank(r[0]), natural_key(r[1]), natural_key(r[2])))
-    return table.reindex(
-        index=pd.MultiIndex.from_tuples(rows, names=table.index.names),
-        columns=pd.MultiIndex.from_product([methods, metrics], names=["method", "metric"]),
-    )
+# How plugins join a table (``Table.joined_by``): the field that names it, and the names that field may hold
+# (harness/config/plugins.py, where plugin classes check them as they are defined).
+JOINED_BY = {"Attack.tables": ATTACK_TABLES, "Ablation.layout": ABLATION_LAYOUTS}
 
 
-def robustness_tex(table: pd.DataFrame, caption: str) -> str:
-    methods = list(dict.fromkeys(table.columns.get_level_values(0)))
-    metrics = list(dict.fromkeys(table.columns.get_level_values(1)))
-    lines = [
-        "Category & Method & Config & "
-        + " & ".join(f"\\multicolumn{{{len(metrics)}}}{{c}}{{{esc(m)}}}" for m in methods)
-        + r" \\",
-        " & & & " + " & ".join(" & ".join(esc(x) for x in metrics) for _ in methods) + r" \\",
-        r"\midrule",
-    ]
-    previous = None
-    for (category, attack, config), row in table.iterrows():
-        if previous is not None and category != previous:
-            lines.append(r"\midrule")
-        label = esc(category) if category != previous else ""
-        cells = [fmt(metric if metric in METRICS else "AUCci", row[(m, metric)]) for m in methods for metric in metrics]
-        # (the unaltered model's row has an empty label and setting: ``attacks.identity``)
-        lines.append(f"{label} & {esc(attack)} & {esc(config)} & " + " & ".join(cells) + r" \\")
-        previous = category
-    return table_float(hand_tabular(lines, "lll" + "c" * len(methods) * len(metrics)), caption)
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """One setup's runs as its tables see them, with what their captions say of them."""
+
+    part: pd.DataFrame  # the setup's runs (``collect.setups``)
+    ci: bool = False  # the bootstrap interval of each AUC as columns (``harness tables --ci``)
+    attributions: pd.DataFrame | None = None  # the setup's attribution rows (``collect.collect_attribution``)
+    page: bool = False  # for the report's page, where every stored cell belongs (``frames.robustness``'s every_row)
+
+    @cached_property
+    def classes(self) -> dict[str, Any]:
+        """``{method label: its class}`` (None where the method is not installed here)."""
+        part = self.part
+        return {label: plugin_class("method", name) for label, name in zip(part["method"], part["method_name"],
+                                                                            strict=True)}  # fmt: skip
+
+    def methods(self) -> list[str]:
+        """The labels of the setup's installed methods, in the tables' order."""
+        return sorted((label for label, cls in self.classes.items() if cls is not None), key=method_rank)
+
+    @cached_property
+    def about(self) -> str:
+        """What every caption says of the runs: base model, preset, and the seeds averaged (naming, in a warning, the
+        cells stored for fewer)."""
+        part = self.part
+        seeds = sorted(part["seed"].unique())
+        about = f"{part['base_model'].iloc[0]}, preset {part['preset'].iloc[0]}"
+        if len(seeds) > 1:
+            about += f", mean over seeds {', '.join(map(str, seeds))}"
+            short = _cells_short_of_seeds(part, seeds)
+            if short:
+                about += f" where stored ({len(short)} cells have fewer)"
+                log.warning("%d cells average fewer than the %d seeds stored (%s): %s", len(short), len(seeds),
+                            ", ".join(map(str, seeds)), "; ".join(short[:5]))  # fmt: skip
+        return about
+
+    def configs(self) -> str:
+        """Each method's main configuration, for tab:robustness's caption."""
+        mains = sorted({(r.method, r.method_config) for r in main_runs(self.part).itertuples()},
+                       key=lambda mc: method_rank(mc[0]))  # fmt: skip
+        return "; ".join(f"{m}: {c}" for m, c in mains)
 
 
-def fpr_tpr(df: pd.DataFrame) -> pd.DataFrame:
-    """tab:fpr_tpr: each method's main configuration, unaltered: TPR at 0.1/1/5/10% FPR (empirical thresholds from
-    the human texts; ``negatives`` says how many: 0.1% of 200 rests on no text at all)."""
-    part = main_runs(df)
-    part = part[unaltered(part)]
-    if part.empty:
-        return pd.DataFrame()
-    part = mean_over_seeds(part, ["method", "method_config"], [*TPRS, "n_neg"])
-    part = part.sort_values("method", key=lambda s: s.map(method_rank)).rename(columns={"n_neg": "negatives"})
-    return part.set_index("method")
-
-
-def tpr_tex(table: pd.DataFrame, caption: str, label_column: str, columns: list[str]) -> str:
-    cells = pd.DataFrame({label_column: [esc(name) for name in table.index]})
-    for c in columns:
-        cells[c] = [fmt("AUC" if c == "AUC" else "TPR", v) for v in table[c]]
-    return table_float(tabular(cells, "l" + "c" * len(columns)), caption)
-
-
-def own(df: pd.DataFrame, attack: str, ci: bool = False) -> pd.DataFrame:
-    """The table of one attack of its own (tab:dipper for DIPPER): AUC of each method's main configuration under
-    each of its settings, with how much the texts were rewritten (mean unigram overlap with the original) and kept
-    (mean MiniLM cosine), and for an edit the rate it applied (``edit_rate``: below its ``p`` where, say, few words
-    have a synonym)."""
-    part = main_runs(df)
-    part = part[part["attack_name"] == attack]
-    if part.empty:
-        return pd.DataFrame()
-    values = ["AUC", "overlap", "cosine"] + (["edit_rate"] if part["edit_rate"].notna().any() else [])
-    values += ["AUC_lo", "AUC_hi"] if ci else []
-    part = mean_over_seeds(part, ["method", "attack_config"], values)
-    table = part.pivot_table(index="method", columns="attack_config", values=values, aggfunc="first")
-    table = table.swaplevel(0, 1, axis=1)
-    configs = sorted(part["attack_config"].unique(), key=natural_key)
-    methods = sorted(part["method"].unique(), key=method_rank)
-    return table.reindex(index=methods, columns=pd.MultiIndex.from_product([configs, values]))
-
-
-def own_tex(table: pd.DataFrame, caption: str, label: str) -> str:
-    configs = list(dict.fromkeys(table.columns.get_level_values(0)))
-    cells = pd.DataFrame({"Watermark method": [esc(m) for m in table.index]})
-    for c in configs:
-        cells[f"{label} ({c})"] = [fmt("AUC", v) for v in table[(c, "AUC")]]
-    return table_float(tabular(cells, "l" + "c" * len(configs)), caption)
-
-
-def ft_steps(df: pd.DataFrame, featured: str) -> pd.DataFrame:
-    """tab:ft_steps: the ``featured`` method under each fine-tuning dataset and step (the attacks whose ``tables``
-    include "ft_steps"), with its difference to the best other method (the one with the highest mean AUC over that
-    dataset's steps) in AUC, TPR@1% and TPR@10%."""
-    part = main_runs(df)
-    part = part[in_table(part, "ft_steps")]
-    if part.empty:
-        return pd.DataFrame()
-    values = ["AUC", "TPR@1%", "TPR@10%"]
-    part = mean_over_seeds(part, ["method", "attack", "attack_config"], values)
-    rows = []
-    for dataset, d in part.groupby("attack", sort=True):
-        others = d[d["method"] != featured]
-        best = None
-        if len(others):
-            means = others.groupby("method")["AUC"].mean()
-            best = sorted(means.index, key=lambda m: (-means[m], method_rank(m)))[0]
-        for step in sorted(d["attack_config"].unique(), key=natural_key):
-            ours = d[(d["method"] == featured) & (d["attack_config"] == step)]
-            theirs = d[(d["method"] == best) & (d["attack_config"] == step)] if best else d.iloc[:0]
-            row = {"dataset": dataset, "step": step, "baseline": best or MISSING}
-            for v in values:
-                a = ours[v].iloc[0] if len(ours) else float("nan")
-                b = theirs[v].iloc[0] if len(theirs) else float("nan")
-                row[v] = a
-                row[f"{v} vs baseline"] = a - b
-            rows.append(row)
-    return pd.DataFrame(rows).set_index(["dataset", "step"])
-
-
-def ft_steps_tex(table: pd.DataFrame, caption: str) -> str:
-    cells = pd.DataFrame({"Dataset": [esc(d) for d, _ in table.index], "Step": [esc(s) for _, s in table.index]})
-    for v in ("AUC", "TPR@1%", "TPR@10%"):
-        diffs = table[f"{v} vs baseline"]
-        cells[v] = [
-            fmt(cell_kind(v), a) + ("" if pd.isna(d) else f" ({d:+.3f})") for a, d in zip(table[v], diffs, strict=True)
-        ]
-    cells["Baseline"] = [esc(b) for b in table["baseline"]]
-    return table_float(tabular(cells, "llcccl"), caption)
-
-
-def _one_setting(df: pd.DataFrame, method: str, settings: tuple[str, ...]) -> pd.DataFrame:
-    """Runs of ``method`` (a table label) whose configuration is its main one or differs from it in one of
-    ``settings`` alone."""
-    part = df[df["method"] == method]
-    return part[only_mask(part, settings)] if len(part) else part
-
-
-def ablation(df: pd.DataFrame, method: str, spec: Ablation) -> pd.DataFrame:
-    """A horizontal ablation (tab:ablation-horizontal): ``method`` with each of ``spec.settings`` varied alone (the
-    others as the preset's): AUC and PPL of the unaltered model, and the AUC under ``spec.under``."""
-    part = _one_setting(df, method, spec.settings)
-    if part.empty:
-        return pd.DataFrame()
-    attack, under = spec.under or (None, {})
-    cls = plugin_class("method", part["method_name"].iloc[0])
-    fields = cls.Params.model_fields if cls is not None else {}
-
-    def value_of(params: str, setting: str):  # a setting added later is stored only where it is not its default
-        found = param(params, setting)
-        return fields[setting].default if found is None and setting in fields else found
-
-    later = cls.Params.added_later if cls is not None else ()
-    rows = []
-    for setting in spec.settings:
-        chosen = part[only_mask(part, (setting,))]
-        values = sorted({value_of(p, setting) for p in chosen["params"]}, key=lambda v: (isinstance(v, str), v))
-        if setting in later and values == [fields[setting].default]:
-            continue  # a setting added later that no stored run varies: no block (stores made before it read as before)
-        for value in values:
-            runs = chosen[chosen["params"].map(lambda p, s=setting, v=value: value_of(p, s) == v)]
-            plain = runs[unaltered(runs)]
-            settings_match = runs["attack_params"].map(lambda p: all(param(p, k) == v for k, v in under.items()))
-            attacked = runs[(runs["attack_name"] == attack) & settings_match]
-            row = {
-                "setting": setting,
-                "value": value,
-                "AUC": plain["AUC"].mean() if len(plain) else float("nan"),
-                "PPL": plain["PPL"].mean() if len(plain) else float("nan"),
-            }
-            if attack is not None:
-                row[spec.under_column] = attacked["AUC"].mean() if len(attacked) else float("nan")
-            rows.append({**row, "main": bool(runs["main"].any())})
-    return pd.DataFrame(rows).set_index(["setting", "value"])
-
-
-def ablation_tex(table: pd.DataFrame, caption: str, spec: Ablation) -> str:
-    blocks = []
-    metrics = [c for c in table.columns if c != "main"]
-    for setting in dict.fromkeys(table.index.get_level_values(0)):
-        part = table.loc[setting]
-        head = [spec.settings_tex.get(setting, esc(setting))]
-        shown = [f"{v:g}" if isinstance(v, int | float) else esc(str(v)) for v in part.index]
-        head += [f"\\textbf{{{v}}}" if row["main"] else v for v, (_, row) in zip(shown, part.iterrows(), strict=True)]
-        blocks.append(" & ".join(head) + r" \\")
-        blocks.append(r"\midrule")
-        for metric in metrics:
-            cells = [fmt("PPL" if metric == "PPL" else "AUC", row[metric]) for _, row in part.iterrows()]
-            blocks.append(f"{metric} & " + " & ".join(cells) + r" \\")
-        blocks.append(r"\midrule")
-    width = max((len(table.loc[s]) for s in dict.fromkeys(table.index.get_level_values(0))), default=0)
-    return table_float(hand_tabular(blocks[:-1], "l" + "c" * width), caption)
-
-
-def variants(df: pd.DataFrame, method: str, spec: Ablation) -> pd.DataFrame:
-    """A vertical ablation (tab:embedding): ``method`` (unaltered) with each value of ``spec.settings`` (one, as
-    PRO's sentence encoder E): AUC, TPR@1%, TPR@10%."""
-    part = _one_setting(df, method, spec.settings)
-    part = part[unaltered(part)]
-    if part.empty:
-        return pd.DataFrame()
-    setting = spec.settings[0]
-    part = part.assign(**{setting: part["params"].map(lambda p: param(p, setting))})
-    return mean_over_seeds(part, [setting], ["AUC", "TPR@1%", "TPR@10%"]).sort_values(setting).set_index(setting)
-
-
-def watermark_config(df: pd.DataFrame) -> pd.DataFrame:
-    """tab:watermark-config with its results (the points of the AUC-PPL figure): each method's configurations that
-    differ from its main one only in the settings the paper varies (``tradeoff_settings``), unaltered."""
-    part = df[unaltered(df)]
-    part = part[only_mask(part, tradeoff_settings)]
-    if part.empty:
-        return pd.DataFrame()
-    part = mean_over_seeds(part, ["method", "method_config", "main"], ["AUC", "TPR@5", "PPL"])
-    order = sorted(range(len(part)), key=lambda i: (method_rank(part["method"].iloc[i]),
-                                                    natural_key(part["method_config"].iloc[i])))  # fmt: skip
-    return part.iloc[order].set_index(["method", "method_config"])
-
-
-def tokens_to_detect(df: pd.DataFrame) -> pd.DataFrame:
-    """Tokens to detect (MarkMyWords' "size"): for every stored configuration and attack row whose detector keeps
-    prefix scores, the median length from which a text flagged at 1% FPR on its whole text stays flagged, the share
-    flagged on the whole text, TPR at 1% FPR after a quarter, a half, three quarters and all of the text, and beside
-    each row the share of the unwatermarked base model's texts flagged on their whole text by the same detector (the
-    rate the 1% is to be read against)."""
-    part = df[df["by_length"].notna()]
-    if part.empty:
-        return pd.DataFrame()
-    curves = [json.loads(b) for b in part["by_length"]]
-    part = part.assign(**{f"TPR@1% {n} tokens": [c["tpr@0.01"][i] for c in curves]
-                          for i, n in enumerate(curves[0]["lengths"])})  # fmt: skip
-    columns = ["tokens to detect", "detected", *[c for c in part.columns if c.startswith("TPR@1% ")]]
-    part = part.rename(columns={"tokens_to_detect": "tokens to detect", "detected_by_end": "detected"})
-    keys = ["method", "method_config", "category", "attack", "attack_config"]
-    part = mean_over_seeds(part, [*keys, "attack_name"], columns)
-    base = part[part["attack_name"].isna()].groupby(["method", "method_config"], sort=False)["detected"].first()
-    part["base flagged"] = [base.get((m, c)) for m, c in zip(part["method"], part["method_config"], strict=True)]
-    # Each configuration's rows: the base (no attack), the unaltered model, then the attacks.
-    part["first"] = part["attack_name"].notna().astype(int) + (~unaltered(part)).astype(int)
-    order = sorted(
-        range(len(part)),
-        key=lambda i: (
-            method_rank(part["method"].iloc[i]),
-            natural_key(part["method_config"].iloc[i]),
-            part["first"].iloc[i],
-            natural_key(" ".join(part[k].iloc[i] for k in ("category", "attack", "attack_config"))),
-        ),
-    )
-    return part.iloc[order].drop(columns=["attack_name", "first"]).set_index(keys)
-
-
-def simple_tex(table: pd.DataFrame, caption: str, index_names: list[str]) -> str:
-    columns = [c for c in table.columns if c != "main"]
-    keys = [k if isinstance(k, tuple) else (k,) for k in table.index]
-    cells = pd.DataFrame({name: [esc(k[i]) for k in keys] for i, name in enumerate(index_names)})
-    for c in columns:
-        cells[c] = [fmt(cell_kind(c), v) for v in table[c]]
-    return table_float(tabular(cells, "l" * len(index_names) + "c" * len(columns)), caption)
-
-
-def attribution(df: pd.DataFrame) -> pd.DataFrame:
-    """Share of each model's texts (columns) that each detector (rows) flags at its 1% FPR threshold on human
-    texts: off the diagonal a false positive rate, on it the detector's own TPR."""
-    if df.empty:
-        return df
-    table = df.pivot_table(index="detector", columns="texts", values="TPR@1%", aggfunc="first", dropna=False)
-    sources = sorted(table.columns, key=lambda c: (c != BASE_ROW, method_rank(c.split(" (")[0]), c))
-    detectors = sorted(table.index, key=lambda c: (method_rank(c.split(" (")[0]), c))
-    return table.reindex(index=detectors, columns=sources)
-
-
-# --- one setup's tables, and writing them -----------------------------------------------------------------------
 def _cells_short_of_seeds(part: pd.DataFrame, seeds: list) -> list[str]:
     """The main-configuration cells (method x attack setting) stored for fewer than all of ``seeds``."""
     runs = main_runs(part)
@@ -325,82 +84,195 @@ def _cells_short_of_seeds(part: pd.DataFrame, seeds: list) -> list[str]:
             if n < len(seeds)]  # fmt: skip
 
 
-def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None) -> dict[str, tuple]:
-    """``{file name: (table, LaTeX)}`` of one setup's runs; tables with no stored run are left out."""
-    base = part["base_model"].iloc[0]
-    seeds = sorted(part["seed"].unique())
-    about = f"{base}, preset {part['preset'].iloc[0]}"
-    if len(seeds) > 1:
-        about += f", mean over seeds {', '.join(map(str, seeds))}"
-        short = _cells_short_of_seeds(part, seeds)
-        if short:
-            about += f" where stored ({len(short)} cells have fewer)"
-            log.warning("%d cells average fewer than the %d seeds stored (%s): %s", len(short), len(seeds),
-                        ", ".join(map(str, seeds)), "; ".join(short[:5]))  # fmt: skip
-    mains = {(r.method, r.method_config) for r in main_runs(part).itertuples()}
-    mains = sorted(mains, key=lambda mc: method_rank(mc[0]))
-    configs = "; ".join(f"{m}: {c}" for m, c in mains)
-    classes = {
-        label: plugin_class("method", name) for label, name in zip(part["method"], part["method_name"], strict=True)
-    }
-    out = {}
+@dataclass(frozen=True)
+class Section:
+    """A table's section of the report's page: ``heading`` over ``render(table, runs)`` (HTML; ``runs``: the setup's,
+    for links to them), at the top of the setup (``place`` "head") or after its figures ("tail")."""
 
-    def add(name: str, table: pd.DataFrame, latex, *args) -> None:
-        if not table.empty:
-            out[name] = (table, latex(table, *args))
+    heading: str
+    render: Callable[[pd.DataFrame, pd.DataFrame], str]
+    place: str
 
-    add(
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """One table: everything the CSV, the LaTeX and the report's section are made from. A declaration makes one table
+    per setup (file ``name``), or one per subject that ``each`` lists (an attack, a method's ablation)."""
+
+    name: str  # its file in the setup's folder (<name>.csv, .tex) unless ``each`` names them; how plugins join it
+    label: str  # the paper's label
+    holds: str  # what it holds, in a line
+    build: Callable[[Setup, Any], pd.DataFrame]  # its frame for a setup and subject
+    latex: Callable[[pd.DataFrame, str, Any], str]  # its LaTeX from its frame, caption and subject
+    caption: Callable[[Setup, Any], str]
+    each: Callable[[Setup], list[tuple[str, Any]]] | None = None  # (file, subject) of each of its tables in a setup
+    joined_by: str | None = None  # a key of ``JOINED_BY``: plugins name it there (``name``) to have rows in it
+    section: Section | None = None
+
+    def subjects(self, setup: Setup) -> list[tuple[str, Any]]:
+        """``(file, subject)`` of each of its tables in ``setup``."""
+        return self.each(setup) if self.each is not None else [(self.name, None)]
+
+
+# --- what each table is made of per setup, besides the setup itself ----------------------------------------------
+def _own_attacks(setup: Setup) -> list[tuple[str, str]]:
+    return [(name, name) for name in sorted(n for n in setup.part["attack_name"].dropna().unique()
+                                            if "own" in attack_tables(n))]  # fmt: skip
+
+
+def _featured(setup: Setup) -> list[tuple[str, str]]:
+    return [("ft_steps", label) for label in setup.methods() if setup.classes[label].featured]
+
+
+def _ablations(layout: str) -> Callable[[Setup], list[tuple[str, tuple]]]:
+    """Each method's ablations of ``layout``: ``(file, (method label, Ablation))``."""
+
+    def each(setup: Setup) -> list[tuple[str, tuple]]:
+        return [(spec.file, (label, spec)) for label in setup.methods() for spec in setup.classes[label].ablations
+                if spec.layout == layout]  # fmt: skip
+
+    return each
+
+
+def _attributions(setup: Setup) -> list[tuple[str, None]]:
+    return [("attribution", None)] if setup.attributions is not None and len(setup.attributions) else []
+
+
+def _own_caption(setup: Setup, attack: str) -> str:
+    cls = plugin_class("attack", attack)
+    return f"AUC under {cls.description or cls.label} ({setup.about})."
+
+
+def _steps_caption(setup: Setup, label: str) -> str:
+    steps = setup.part[in_table(setup.part, "ft_steps")]["attack_name"].dropna().unique()
+    what = " and ".join(dict.fromkeys(plugin_class("attack", n).description or n for n in steps))
+    return f"{label} under {what}, with its difference to the best other method ({setup.about})."
+
+
+TABLES: tuple[Table, ...] = (
+    Table(
         "robustness",
-        robustness(part, ci),
-        robustness_tex,
-        f"AUC, TPR at 5% FPR and median PPL under model modifications ({about}; {configs}).",
-    )
-    add(
-        "fpr_tpr", fpr_tpr(part), tpr_tex, f"TPR at fixed FPRs of the unaltered models ({about}).", "Method", list(TPRS)
-    )
-    for name in sorted(n for n in part["attack_name"].dropna().unique() if "own" in attack_tables(n)):
-        cls = plugin_class("attack", name)
-        label = cls.label if cls is not None else name
-        add(name, own(part, name, ci), own_tex, f"AUC under {cls.description or label} ({about}).", label)
-    for label in sorted((m for m, c in classes.items() if c is not None and c.featured), key=method_rank):
-        steps = part[in_table(part, "ft_steps")]["attack_name"].dropna().unique()
-        what = " and ".join(dict.fromkeys(plugin_class("attack", n).description or n for n in steps))
-        caption = f"{label} under {what}, with its difference to the best other method ({about})."
-        add("ft_steps", ft_steps(part, label), ft_steps_tex, caption)
-    for label in sorted((m for m, c in classes.items() if c is not None), key=method_rank):
-        for spec in classes[label].ablations:
-            if spec.layout == "horizontal":
-                add(spec.file, ablation(part, label, spec), ablation_tex, f"{spec.caption} ({about}).", spec)
-            else:
-                add(spec.file, variants(part, label, spec), simple_tex, f"{spec.caption} ({about}).",
-                    [spec.index_name])  # fmt: skip
-    add(
+        "tab:robustness",
+        "AUC, TPR at 5% FPR and median PPL of each method's main configuration under the model modifications of the "
+        "attacks that join it, in row groups by category",
+        build=lambda setup, _: frames.robustness(setup.part, setup.ci, every_row=setup.page),
+        latex=lambda table, caption, _: latex.robustness_tex(table, caption),
+        caption=lambda setup, _: (
+            f"AUC, TPR at 5% FPR and median PPL under model modifications ({setup.about}; {setup.configs()})."
+        ),
+        joined_by="Attack.tables",
+        # On the page, every row stored for a main configuration (the base's reference rows and other tables'
+        # attacks too), as a heatmap whose cells link to their runs.
+        section=Section("AUC and TPR at 5% FPR of each method's main configuration", html.heatmap, "head"),
+    ),
+    Table(
+        "fpr_tpr",
+        "tab:fpr_tpr",
+        "TPR at 0.1/1/5/10% FPR of each method's main configuration, unaltered",
+        build=lambda setup, _: frames.fpr_tpr(setup.part),
+        latex=lambda table, caption, _: latex.tpr_tex(table, caption, "Method", list(TPRS)),
+        caption=lambda setup, _: f"TPR at fixed FPRs of the unaltered models ({setup.about}).",
+    ),
+    Table(
+        "own",
+        "tab:dipper for DIPPER",
+        "a table of its own per attack that joins it, named after it: AUC under each of its settings, with how much "
+        "the texts were rewritten and kept",
+        build=lambda setup, attack: frames.own(setup.part, attack, setup.ci),
+        latex=lambda table, caption, attack: latex.own_tex(table, caption, plugin_class("attack", attack).label),
+        caption=_own_caption,
+        each=_own_attacks,
+        joined_by="Attack.tables",
+    ),
+    Table(
+        "ft_steps",
+        "tab:ft_steps",
+        "the featured method (``WatermarkMethod.featured``) at each output of the attacks that join it, against the "
+        "best other method",
+        build=lambda setup, label: frames.ft_steps(setup.part, label),
+        latex=lambda table, caption, _: latex.ft_steps_tex(table, caption),
+        caption=_steps_caption,
+        each=_featured,
+        joined_by="Attack.tables",
+    ),
+    Table(
+        "horizontal",
+        "tab:ablation-horizontal",
+        "each method's horizontal ablations (``WatermarkMethod.ablations``), a file each",
+        build=lambda setup, ablation: frames.ablation(setup.part, *ablation),
+        latex=lambda table, caption, ablation: latex.ablation_tex(table, caption, ablation[1]),
+        caption=lambda setup, ablation: f"{ablation[1].caption} ({setup.about}).",
+        each=_ablations("horizontal"),
+        joined_by="Ablation.layout",
+    ),
+    Table(
+        "vertical",
+        "tab:embedding",
+        "each method's vertical ablations (``WatermarkMethod.ablations``), a file each",
+        build=lambda setup, ablation: frames.variants(setup.part, *ablation),
+        latex=lambda table, caption, ablation: latex.simple_tex(table, caption, [ablation[1].index_name]),
+        caption=lambda setup, ablation: f"{ablation[1].caption} ({setup.about}).",
+        each=_ablations("vertical"),
+        joined_by="Ablation.layout",
+    ),
+    Table(
         "watermark_config",
-        watermark_config(part),
-        simple_tex,
-        f"Watermark configurations and their detection and quality ({about}).",
-        ["Method", "Config"],
-    )
-    add(
+        "tab:watermark-config",
+        "each method's configurations that vary the settings it trades detection for quality by, unaltered",
+        build=lambda setup, _: frames.watermark_config(setup.part),
+        latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Method", "Config"]),
+        caption=lambda setup, _: f"Watermark configurations and their detection and quality ({setup.about}).",
+    ),
+    Table(
         "tokens_to_detect",
-        tokens_to_detect(part),
-        simple_tex,
-        f"Tokens to detect (MarkMyWords' size): the median length from which a text flagged at 1% FPR on its whole "
-        f"text stays flagged, the share flagged on the whole text, TPR at 1% FPR by text length, and the share of "
-        f"the unwatermarked base's texts flagged on the whole text ({about}).",
-        ["Method", "Config", "Category", "Attack", "Setting"],
-    )
-    if attributions is not None and len(attributions):
-        table = attribution(attributions)
-        add(
-            "attribution",
-            table,
-            tpr_tex,
-            f"Attribution: share of each model's texts (columns) flagged by each detector (rows) at its 1% FPR "
-            f"threshold on human texts ({about}).",
-            "Detector",
-            list(table.columns),
-        )
+        "tokens to detect",
+        "MarkMyWords' size, with TPR at 1% FPR by text length, of every row whose detector keeps prefix scores",
+        build=lambda setup, _: frames.tokens_to_detect(setup.part),
+        latex=lambda table, caption, _: latex.simple_tex(
+            table, caption, ["Method", "Config", "Category", "Attack", "Setting"]
+        ),
+        caption=lambda setup, _: (
+            "Tokens to detect (MarkMyWords' size): the median length from which a text flagged "
+            "at 1% FPR on its whole text stays flagged, the share flagged on the whole text, TPR at 1% FPR by text "
+            f"length, and the share of the unwatermarked base's texts flagged on the whole text ({setup.about})."
+        ),
+        section=Section("Tokens to detect (1% FPR)", lambda table, _: html.frame(table), "tail"),
+    ),
+    Table(
+        "attribution",
+        "the appendix's attribution",
+        "the share of each model's texts that each detector flags at its 1% FPR, where the store holds attribution "
+        "stages",
+        build=lambda setup, _: frames.attribution(setup.attributions),
+        latex=lambda table, caption, _: latex.tpr_tex(table, caption, "Detector", list(table.columns)),
+        caption=lambda setup, _: (
+            "Attribution: share of each model's texts (columns) flagged by each detector (rows) "
+            f"at its 1% FPR threshold on human texts ({setup.about})."
+        ),
+        each=_attributions,
+        section=Section(
+            "Attribution (share of each model's texts flagged at 1% FPR)", lambda table, _: html.frame(table), "tail"
+        ),
+    ),
+)
+__doc__ += "".join(
+    f"  {t.label} ({t.name}): {t.holds}"
+    + (f"; a plugin joins it by naming {t.name!r} in its {t.joined_by}" if t.joined_by else "")
+    + ".\n"
+    for t in TABLES
+)
+
+
+def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None) -> dict[str, tuple]:
+    """``{file name: (table, LaTeX)}`` of one setup's runs, every declared table; tables with no stored run are left
+    out."""
+    setup = Setup(part, ci, attributions)
+    out = {}
+    for table in TABLES:
+        for name, subject in table.subjects(setup):
+            frame = table.build(setup, subject)
+            if not frame.empty:
+                out[name] = (frame, table.latex(frame, table.caption(setup, subject), subject))
     return out
 
 

@@ -43,8 +43,11 @@ def test_every_stored_cell_is_on_the_page(store, cli, tmp_path):
         assert float(cell.group(2)) == pytest.approx(auc, abs=5e-4)
         want = "#b9e3b2" if auc >= 0.8 else "#f2b8b5" if auc < 0.7 else "#fbefa8"
         assert cell.group(1) == want, (run, auc)
+        tpr = json.loads((store.root / run / "metrics.json").read_text())["tpr@0.05"]  # tab:robustness's TPR@5%
+        assert f'<a href="#run-{run}">{auc:.3f}</a></td><td>{tpr:.3f}</td>' in page, run
         assert f'<details id="run-{run}">' in page  # its spec, versions and timings
     assert page.count('<td class="missing" colspan="2">missing</td>') == 1  # PRO x INT8
+    assert "<th>AUC</th><th>TPR@5%</th>" in page
     assert "<img" in page and "data:image/png;base64," in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched
 

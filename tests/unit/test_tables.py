@@ -8,8 +8,7 @@ import pytest
 from harness.cli.main import main
 from harness.config.errors import HarnessError
 from harness.config.presets import TINY, apply_overrides
-from harness.report import collect, tables
-from harness.report.latex import colour
+from harness.report import collect, frames, latex, tables
 from harness.store.stages import Store
 from methods.pro import PRO
 
@@ -59,35 +58,35 @@ def test_tables_are_byte_identical_when_rebuilt_and_show_missing_cells(store, tm
 
 def test_robustness_layout_and_colour_rule(store):
     df = collect.collect(store)
-    table = tables.robustness(df)
+    table = frames.robustness(df)
     assert list(dict.fromkeys(table.columns.get_level_values(0))) == ["Gu-KTH", "Gu-KGW", "Gloaguen-KGW", "PRO"]
     assert [r[0] for r in table.index] == ["Unaltered", "Quantization", "Merging", "Finetuning", "Finetuning"]
     assert [r[2] for r in table.index][-2:] == ["s=9", "s=18"]
     assert "Paraphrase" not in table.index.get_level_values(0)  # DIPPER has its own table
-    tex = tables.robustness_tex(table, "caption")
+    tex = latex.robustness_tex(table, "caption")
     for value in table.xs("AUC", axis=1, level=1).stack().dropna():
-        assert f"\\cellcolor{{{colour(value)}!25}}${value:.3f}$" in tex
-    assert colour(0.8) == "green" and colour(0.7) == "yellow" and colour(0.6999) == "red"
+        assert f"\\cellcolor{{{latex.colour(value)}!25}}${value:.3f}$" in tex
+    assert latex.colour(0.8) == "green" and latex.colour(0.7) == "yellow" and latex.colour(0.6999) == "red"
 
 
 def test_each_table_takes_the_configurations_it_varies(store):
     df = collect.collect(store)
     # The main configurations only, in tab:robustness and tab:fpr_tpr.
-    assert len(tables.fpr_tpr(df)) == 4
-    config = tables.watermark_config(df)
+    assert len(frames.fpr_tpr(df)) == 4
+    config = frames.watermark_config(df)
     assert list(config.loc["Gu-KGW"].index) == ["k=0, delta=1", "k=1, delta=2"]
     assert list(config.loc["PRO"].index) == ["delta=0.5, n=1, alpha=0.005, beta=5", "delta=1, n=1, alpha=0.005, beta=5"]
     ablation_spec, embedding_spec = PRO.ablations
-    ablation = tables.ablation(df, "PRO", ablation_spec)
+    ablation = frames.ablation(df, "PRO", ablation_spec)
     assert list(ablation.loc["alpha"].index) == [0, 0.005, 0.05]
     assert list(ablation.loc["beta"].index) == [5, 10]
     assert ablation.loc[("alpha", 0.005), "main"] and not ablation.loc[("alpha", 0), "main"]
     assert ablation["Merge AUC"].isna().tolist() == [False, True, False, True, True]  # the main PRO was not merged
-    steps = tables.ft_steps(df, "PRO")
+    steps = frames.ft_steps(df, "PRO")
     assert steps["baseline"].iloc[0] != "PRO"
     assert steps.loc[(steps.index[1]), "AUC vs baseline"] > 0
-    assert len(tables.own(df, "dipper")) == 4 and len(tables.variants(df, "PRO", embedding_spec)) == 1
-    assert tables.own(df, "dipper").notna().all().all()  # AUC and how much was rewritten and kept, for every method
+    assert len(frames.own(df, "dipper")) == 4 and len(frames.variants(df, "PRO", embedding_spec)) == 1
+    assert frames.own(df, "dipper").notna().all().all()  # AUC and how much was rewritten and kept, for every method
 
 
 def test_another_setup_gets_its_own_tables(fake_run, tmp_path):
@@ -102,7 +101,7 @@ def test_another_setup_gets_its_own_tables(fake_run, tmp_path):
         assert part["setup"].nunique() == 1
     assert sorted(parts) == sorted(f"tiny-{key}" for key in df["setup"].unique())
     main_setup = next(p for p in parts.values() if (p["category"] == "Unaltered").any())
-    assert ("Merging", "SLERP", "t=0.5") not in tables.robustness(main_setup).index  # not carried over
+    assert ("Merging", "SLERP", "t=0.5") not in frames.robustness(main_setup).index  # not carried over
 
 
 def test_seeds_are_averaged(tmp_path, fake_run):
@@ -112,7 +111,7 @@ def test_seeds_are_averaged(tmp_path, fake_run):
     import json
 
     aucs = [json.loads((p / "metrics.json").read_text())["auc"] for p in (a, b)]
-    table = tables.robustness(collect.collect(store))
+    table = frames.robustness(collect.collect(store))
     assert table.loc[("Unaltered", "", ""), ("Gu-KGW", "AUC")] == pytest.approx(sum(aucs) / 2)
 
 
@@ -177,7 +176,7 @@ def test_two_main_configurations_in_one_setup_are_never_averaged(tmp_path, fake_
     fake_run(store, "gu-kgw", {}, "none", {}, 0.6, preset=other)
     df = collect.collect(store)
     assert df["main"].sum() == 1 and df["setup"].nunique() == 1  # one setup, one main configuration
-    table = tables.robustness(df)
+    table = frames.robustness(df)
     auc = json.loads((own / "metrics.json").read_text())["auc"]
     assert table.loc[("Unaltered", "", ""), ("Gu-KGW", "AUC")] == auc
     assert "another main configuration (k=1, delta=1) share a setup with tiny's k=1, delta=2" in caplog.text
@@ -245,7 +244,7 @@ def test_an_ablation_holds_only_the_setups_main_configuration_and_its_variations
         fake_run(store, "pro", {}, "slerp", {"t": 0.5}, merged, preset=preset)
     fake_run(store, "pro", {"alpha": 0.05}, "none", {}, 0.7)
     df = collect.collect(store)
-    table = tables.ablation(df, "PRO", PRO.ablations[0])
+    table = frames.ablation(df, "PRO", PRO.ablations[0])
     main = df[df["main"] & (df["attack_name"] == "none")]
     assert table.loc[("alpha", 0.005), "AUC"] == pytest.approx(main["AUC"].iloc[0], abs=1e-12)
     assert table.loc[("alpha", 0.005), "AUC"] > 0.8 and table.loc[("alpha", 0.005), "Merge AUC"] > 0.7
@@ -253,3 +252,50 @@ def test_an_ablation_holds_only_the_setups_main_configuration_and_its_variations
         df[df["params"].str.contains('"alpha": 0.05')]["AUC"].iloc[0]
     )
     assert set(table.index) == {("alpha", 0.005), ("alpha", 0.05), ("beta", 5.0)}
+
+
+def test_every_table_name_a_plugin_may_join_is_declared_once():
+    """The names plugins join tables by (harness/config, checked as each plugin class is defined) and the tables the
+    report declares agree: none a plugin may name is missing, none declared is unreachable."""
+    assert len({t.name for t in tables.TABLES}) == len(tables.TABLES)
+    assert {t.joined_by for t in tables.TABLES} - {None} == set(tables.JOINED_BY)
+    for field, names in tables.JOINED_BY.items():
+        assert {t.name for t in tables.TABLES if t.joined_by == field} == set(names), field
+    for table in tables.TABLES:  # the module's docstring lists every declaration
+        assert f"{table.label} ({table.name}): " in tables.__doc__
+
+
+def test_an_attack_or_ablation_that_names_an_unknown_table_is_an_error_naming_the_valid_ones():
+    from attacks.base import ModelAttack, TextAttack
+    from harness.config.plugins import Ablation
+
+    valid = "valid tables: robustness, ft_steps, own"
+    with pytest.raises(HarnessError, match=rf"attack class .*<locals>\.Typo: unknown table 'robustnes'; {valid}$"):
+
+        class Typo(ModelAttack):
+            tables = ("robustness", "robustnes")
+
+    with pytest.raises(HarnessError, match=r"its tables must be a tuple of names, e\.g\. \('own',\), not 'own'"):
+
+        class OneName(TextAttack):
+            tables = "own"
+
+    with pytest.raises(HarnessError, match=r"ablation 'grid': unknown layout 'diagonal'; valid layouts: horizontal, "):
+        Ablation("grid", ("alpha",), "caption", "diagonal")
+
+
+def test_an_outside_plugin_with_an_unknown_table_fails_where_it_is_loaded(tmp_path, monkeypatch):
+    """An attack registered through the entry points fails when the registry loads it (a run, the tables) instead of
+    its rows going to no table."""
+    from harness.config import registry
+
+    (tmp_path / "typo_plugin.py").write_text(
+        "from attacks.base import ModelAttack\n\n\nclass Typo(ModelAttack):\n    name = 'typo-tables'\n"
+        "    category = 'Other'\n    label = 'Typo'\n    tables = ('robustnes',)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_installed", lambda group: (("typo-tables", "typo_plugin:Typo"),) * (
+        group == "harness.attacks"))  # fmt: skip
+    for load in (registry.attacks.load, lambda name: collect.plugin_class("attack", name)):
+        with pytest.raises(HarnessError, match="unknown table 'robustnes'; valid tables: robustness, ft_steps, own"):
+            load("typo-tables")

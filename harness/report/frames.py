@@ -1,0 +1,227 @@
+"""The frames of the paper's tables, built from stored runs only (``collect.collect``; no model is loaded): one
+function per table, its rows and columns. ``harness.report.tables`` declares which of them each setup gets, with
+their captions, and writes them; ``harness.report.latex`` and ``harness.report.html`` render them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from harness.config.plugins import Ablation
+from harness.report.collect import (
+    METRICS,
+    MISSING,
+    TPRS,
+    category_rank,
+    in_table,
+    main_runs,
+    mean_over_seeds,
+    method_rank,
+    natural_key,
+    only_mask,
+    param,
+    plugin_class,
+    tradeoff_settings,
+    unaltered,
+)
+from harness.run.scoring import BASE_ROW
+
+
+def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> pd.DataFrame:
+    """tab:robustness: rows are the model modifications (category, attack, setting) of the attacks that join it,
+    columns each method's main configuration x (AUC, TPR@5, PPL[, AUC_lo, AUC_hi]). With ``every_row`` (the report's
+    page, where every stored cell belongs) every row stored for a main configuration: the other tables' attacks and
+    the unwatermarked base model's reference rows too."""
+    metrics = list(METRICS) + (["AUC_lo", "AUC_hi"] if ci else [])
+    part = main_runs(df)
+    if not every_row:
+        part = part[in_table(part, "robustness")]
+    if part.empty:
+        return pd.DataFrame()
+    part = mean_over_seeds(part, ["method", "category", "attack", "attack_config"], metrics)
+    table = part.pivot_table(index=["category", "attack", "attack_config"], columns="method", values=metrics,
+                             aggfunc="first")  # fmt: skip
+    table = table.swaplevel(0, 1, axis=1)
+    methods = sorted(part["method"].unique(), key=method_rank)
+    stored = set(zip(part["category"], part["attack"], part["attack_config"], strict=True))
+    rows = sorted(stored, key=lambda r: (category_rank(r[0]), natural_key(r[1]), natural_key(r[2])))
+    return table.reindex(
+        index=pd.MultiIndex.from_tuples(rows, names=table.index.names),
+        columns=pd.MultiIndex.from_product([methods, metrics], names=["method", "metric"]),
+    )
+
+
+def fpr_tpr(df: pd.DataFrame) -> pd.DataFrame:
+    """tab:fpr_tpr: each method's main configuration, unaltered: TPR at 0.1/1/5/10% FPR (empirical thresholds from
+    the human texts; ``negatives`` says how many: 0.1% of 200 rests on no text at all)."""
+    part = main_runs(df)
+    part = part[unaltered(part)]
+    if part.empty:
+        return pd.DataFrame()
+    part = mean_over_seeds(part, ["method", "method_config"], [*TPRS, "n_neg"])
+    part = part.sort_values("method", key=lambda s: s.map(method_rank)).rename(columns={"n_neg": "negatives"})
+    return part.set_index("method")
+
+
+def own(df: pd.DataFrame, attack: str, ci: bool = False) -> pd.DataFrame:
+    """The table of one attack of its own (tab:dipper for DIPPER): AUC of each method's main configuration under
+    each of its settings, with how much the texts were rewritten (mean unigram overlap with the original) and kept
+    (mean MiniLM cosine), and for an edit the rate it applied (``edit_rate``: below its ``p`` where, say, few words
+    have a synonym)."""
+    part = main_runs(df)
+    part = part[part["attack_name"] == attack]
+    if part.empty:
+        return pd.DataFrame()
+    values = ["AUC", "overlap", "cosine"] + (["edit_rate"] if part["edit_rate"].notna().any() else [])
+    values += ["AUC_lo", "AUC_hi"] if ci else []
+    part = mean_over_seeds(part, ["method", "attack_config"], values)
+    table = part.pivot_table(index="method", columns="attack_config", values=values, aggfunc="first")
+    table = table.swaplevel(0, 1, axis=1)
+    configs = sorted(part["attack_config"].unique(), key=natural_key)
+    methods = sorted(part["method"].unique(), key=method_rank)
+    return table.reindex(index=methods, columns=pd.MultiIndex.from_product([configs, values]))
+
+
+def ft_steps(df: pd.DataFrame, featured: str) -> pd.DataFrame:
+    """tab:ft_steps: the ``featured`` method under each fine-tuning dataset and step (the attacks whose ``tables``
+    include "ft_steps"), with its difference to the best other method (the one with the highest mean AUC over that
+    dataset's steps) in AUC, TPR@1% and TPR@10%."""
+    part = main_runs(df)
+    part = part[in_table(part, "ft_steps")]
+    if part.empty:
+        return pd.DataFrame()
+    values = ["AUC", "TPR@1%", "TPR@10%"]
+    part = mean_over_seeds(part, ["method", "attack", "attack_config"], values)
+    rows = []
+    for dataset, d in part.groupby("attack", sort=True):
+        others = d[d["method"] != featured]
+        best = None
+        if len(others):
+            means = others.groupby("method")["AUC"].mean()
+            best = sorted(means.index, key=lambda m: (-means[m], method_rank(m)))[0]
+        for step in sorted(d["attack_config"].unique(), key=natural_key):
+            ours = d[(d["method"] == featured) & (d["attack_config"] == step)]
+            theirs = d[(d["method"] == best) & (d["attack_config"] == step)] if best else d.iloc[:0]
+            row = {"dataset": dataset, "step": step, "baseline": best or MISSING}
+            for v in values:
+                a = ours[v].iloc[0] if len(ours) else float("nan")
+                b = theirs[v].iloc[0] if len(theirs) else float("nan")
+                row[v] = a
+                row[f"{v} vs baseline"] = a - b
+            rows.append(row)
+    return pd.DataFrame(rows).set_index(["dataset", "step"])
+
+
+def _one_setting(df: pd.DataFrame, method: str, settings: tuple[str, ...]) -> pd.DataFrame:
+    """Runs of ``method`` (a table label) whose configuration is its main one or differs from it in one of
+    ``settings`` alone."""
+    part = df[df["method"] == method]
+    return part[only_mask(part, settings)] if len(part) else part
+
+
+def ablation(df: pd.DataFrame, method: str, spec: Ablation) -> pd.DataFrame:
+    """A horizontal ablation (tab:ablation-horizontal): ``method`` with each of ``spec.settings`` varied alone (the
+    others as the preset's): AUC and PPL of the unaltered model, and the AUC under ``spec.under``."""
+    part = _one_setting(df, method, spec.settings)
+    if part.empty:
+        return pd.DataFrame()
+    attack, under = spec.under or (None, {})
+    cls = plugin_class("method", part["method_name"].iloc[0])
+    fields = cls.Params.model_fields if cls is not None else {}
+
+    def value_of(params: str, setting: str):  # a setting added later is stored only where it is not its default
+        found = param(params, setting)
+        return fields[setting].default if found is None and setting in fields else found
+
+    later = cls.Params.added_later if cls is not None else ()
+    rows = []
+    for setting in spec.settings:
+        chosen = part[only_mask(part, (setting,))]
+        values = sorted({value_of(p, setting) for p in chosen["params"]}, key=lambda v: (isinstance(v, str), v))
+        if setting in later and values == [fields[setting].default]:
+            continue  # a setting added later that no stored run varies: no block (stores made before it read as before)
+        for value in values:
+            runs = chosen[chosen["params"].map(lambda p, s=setting, v=value: value_of(p, s) == v)]
+            plain = runs[unaltered(runs)]
+            settings_match = runs["attack_params"].map(lambda p: all(param(p, k) == v for k, v in under.items()))
+            attacked = runs[(runs["attack_name"] == attack) & settings_match]
+            row = {
+                "setting": setting,
+                "value": value,
+                "AUC": plain["AUC"].mean() if len(plain) else float("nan"),
+                "PPL": plain["PPL"].mean() if len(plain) else float("nan"),
+            }
+            if attack is not None:
+                row[spec.under_column] = attacked["AUC"].mean() if len(attacked) else float("nan")
+            rows.append({**row, "main": bool(runs["main"].any())})
+    return pd.DataFrame(rows).set_index(["setting", "value"])
+
+
+def variants(df: pd.DataFrame, method: str, spec: Ablation) -> pd.DataFrame:
+    """A vertical ablation (tab:embedding): ``method`` (unaltered) with each value of ``spec.settings`` (one, as
+    PRO's sentence encoder E): AUC, TPR@1%, TPR@10%."""
+    part = _one_setting(df, method, spec.settings)
+    part = part[unaltered(part)]
+    if part.empty:
+        return pd.DataFrame()
+    setting = spec.settings[0]
+    part = part.assign(**{setting: part["params"].map(lambda p: param(p, setting))})
+    return mean_over_seeds(part, [setting], ["AUC", "TPR@1%", "TPR@10%"]).sort_values(setting).set_index(setting)
+
+
+def watermark_config(df: pd.DataFrame) -> pd.DataFrame:
+    """tab:watermark-config with its results (the points of the AUC-PPL figure): each method's configurations that
+    differ from its main one only in the settings the paper varies (``tradeoff_settings``), unaltered."""
+    part = df[unaltered(df)]
+    part = part[only_mask(part, tradeoff_settings)]
+    if part.empty:
+        return pd.DataFrame()
+    part = mean_over_seeds(part, ["method", "method_config", "main"], ["AUC", "TPR@5", "PPL"])
+    order = sorted(range(len(part)), key=lambda i: (method_rank(part["method"].iloc[i]),
+                                                    natural_key(part["method_config"].iloc[i])))  # fmt: skip
+    return part.iloc[order].set_index(["method", "method_config"])
+
+
+def tokens_to_detect(df: pd.DataFrame) -> pd.DataFrame:
+    """Tokens to detect (MarkMyWords' "size"): for every stored configuration and attack row whose detector keeps
+    prefix scores, the median length from which a text flagged at 1% FPR on its whole text stays flagged, the share
+    flagged on the whole text, TPR at 1% FPR after a quarter, a half, three quarters and all of the text, and beside
+    each row the share of the unwatermarked base model's texts flagged on their whole text by the same detector (the
+    rate the 1% is to be read against)."""
+    part = df[df["by_length"].notna()]
+    if part.empty:
+        return pd.DataFrame()
+    curves = [json.loads(b) for b in part["by_length"]]
+    part = part.assign(**{f"TPR@1% {n} tokens": [c["tpr@0.01"][i] for c in curves]
+                          for i, n in enumerate(curves[0]["lengths"])})  # fmt: skip
+    columns = ["tokens to detect", "detected", *[c for c in part.columns if c.startswith("TPR@1% ")]]
+    part = part.rename(columns={"tokens_to_detect": "tokens to detect", "detected_by_end": "detected"})
+    keys = ["method", "method_config", "category", "attack", "attack_config"]
+    part = mean_over_seeds(part, [*keys, "attack_name"], columns)
+    base = part[part["attack_name"].isna()].groupby(["method", "method_config"], sort=False)["detected"].first()
+    part["base flagged"] = [base.get((m, c)) for m, c in zip(part["method"], part["method_config"], strict=True)]
+    # Each configuration's rows: the base (no attack), the unaltered model, then the attacks.
+    part["first"] = part["attack_name"].notna().astype(int) + (~unaltered(part)).astype(int)
+    order = sorted(
+        range(len(part)),
+        key=lambda i: (
+            method_rank(part["method"].iloc[i]),
+            natural_key(part["method_config"].iloc[i]),
+            part["first"].iloc[i],
+            natural_key(" ".join(part[k].iloc[i] for k in ("category", "attack", "attack_config"))),
+        ),
+    )
+    return part.iloc[order].drop(columns=["attack_name", "first"]).set_index(keys)
+
+
+def attribution(df: pd.DataFrame) -> pd.DataFrame:
+    """Share of each model's texts (columns) that each detector (rows) flags at its 1% FPR threshold on human
+    texts: off the diagonal a false positive rate, on it the detector's own TPR."""
+    if df.empty:
+        return df
+    table = df.pivot_table(index="detector", columns="texts", values="TPR@1%", aggfunc="first", dropna=False)
+    sources = sorted(table.columns, key=lambda c: (c != BASE_ROW, method_rank(c.split(" (")[0]), c))
+    detectors = sorted(table.index, key=lambda c: (method_rank(c.split(" (")[0]), c))
+    return table.reindex(index=detectors, columns=sources)
