@@ -25,7 +25,8 @@ import pandas as pd
 
 from harness.config.errors import HarnessError
 from harness.run import metrics
-from harness.store.stages import Stage, Store
+from harness.store import kinds
+from harness.store.stages import Store
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def collect(store: Store) -> pd.DataFrame:
     rows = []
     for run in store.runs():
         try:
-            problem = Stage("run", {}, run.name, run, store.root).problem()
+            problem = store.at(kinds.RUN, run.name).problem()
             if problem is None:
                 rows.append(_row(run))
         except HarnessError as err:  # edited after it was published
@@ -157,7 +158,7 @@ def collect_attribution(store: Store) -> pd.DataFrame:
     rows = []
     for folder in store.attributions():
         try:
-            stage = Stage("attribution", {}, folder.name, folder, store.root)
+            stage = store.at(kinds.ATTRIBUTION, folder.name)
             problem = stage.problem()
             if problem is not None:
                 log.warning("skipping attribution %s: %s", folder, problem)

@@ -68,3 +68,22 @@ def test_only_the_store_spells_its_folder_layout():
                     spelled.append(f"{file.relative_to(ROOT)}:{node.lineno}: {node.value[:60]!r}")
     assert not spelled, spelled
     assert len(_python_files()) > 50  # the walk saw the tree
+
+
+def test_stage_kinds_are_named_only_through_the_stores_vocabulary():
+    """Where a stage is made or looked up (``Stage(kind, ...)``, ``store.stage(kind, ...)``, ``store.at(kind, ...)``)
+    outside harness/store/, its kind is one of ``kinds``' names, never a string literal that could drift from them."""
+    from harness.store import kinds
+
+    literal = []
+    for file in _python_files():
+        for node in ast.walk(ast.parse(file.read_text())):
+            if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+                continue
+            if isinstance(node.func, ast.Attribute):  # store.stage(...), store.at(...), store.folder(...)
+                name, names = node.func.attr, ("Stage", "stage", "at", "folder")
+            else:
+                name, names = getattr(node.func, "id", ""), ("Stage",)
+            if name in names and node.args[0].value in kinds.RESERVED:
+                literal.append(f"{file.relative_to(ROOT)}:{node.lineno}: {name}({node.args[0].value!r}, ...)")
+    assert not literal, literal
