@@ -149,9 +149,10 @@ def cmd_tables(args) -> None:
         table = robustness(part)
         if table.empty:
             continue
-        print(f"tab:robustness ({name}, {part['base_model'].iloc[0]}), AUC:")
+        # (labels come from the store, which may be someone else's: shown with their control characters escaped)
+        print(printable(f"tab:robustness ({name}, {part['base_model'].iloc[0]}), AUC:"))
         auc = table.xs("AUC", axis=1, level=1)
-        print(auc.to_string(na_rep="missing", float_format=lambda v: f"{v:.3f}"), end="\n\n")
+        print(printable(auc.to_string(na_rep="missing", float_format=lambda v: f"{v:.3f}"), keep="\n"), end="\n\n")
     folders = sorted({p.parent for p in written if p.parent != args.out})
     print(f"wrote {len(written)} files: {args.out / 'runs.csv'}, and in " + ", ".join(str(f) for f in folders))
 

@@ -20,6 +20,7 @@ IMG = '"><img src=x onerror=document.title="pwned">'
 SCRIPT = '</script><script>document.title="pwned"</script>'
 JS = "javascript:document.title='pwned'"
 TEX = r"$\foo$ {_} % & # ^ ~"
+TERM = "\x1b]0;pwned\x07\x1b[2J\r\u202e"  # a terminal title, a screen clear, a carriage return, a bidi override
 # Run folder names cannot hold "/", so the closing tags of SCRIPT go in labels and texts only.
 FOLDERS = [IMG, JS, TEX, "a&b%c_d{e}"]
 
@@ -45,7 +46,7 @@ def hostile(tmp_path, fake_run):
         if config["attack"].get("name") == "slerp":
             config["attack"]["label"] = JS
             config["attack"]["config_label"] = f"t=0.5 {TEX}"
-            config["attack"]["category"] = f"Merging {SCRIPT} {TEX}"
+            config["attack"]["category"] = f"Merging {SCRIPT} {TEX} {TERM}"
         spec["preset"] = f"tiny{IMG}"
         settings = config["preset"]
         manifest = json.loads((path / "manifest.json").read_text())
@@ -118,6 +119,8 @@ def test_a_hostile_store_makes_tables_and_figures(hostile, cli, tmp_path):
     assert r"\$\textbackslash{}foo\$ \{\_\} \% \& \# \textasciicircum{} \textasciitilde{}" in tex
     assert r"$\foo$" not in tex and "{_}" not in tex
     assert "javascript:document.title='pwned'" in tex  # (no special of LaTeX's in it: as it is)
+    # What it prints of the store's labels is shown, never obeyed by the terminal.
+    assert not any(c in out.stdout for c in "\x1b\x07\r\u202e") and "\\x1b]0;pwned" in out.stdout, out.stdout
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
