@@ -36,6 +36,7 @@ ATTACKS: dict[str, str | None] = {
     "sparsegpt": "attacks.prune:SparseGPT",
     "slerp": "attacks.merge:Slerp",
     "finetune": "attacks.finetune:FineTune",
+    "weight-noise": "attacks.noise:WeightNoise",
     "dipper": "attacks.paraphrase:Dipper",
     "token-edit": "attacks.edits:TokenEdit",
     "token-insert": "attacks.edits:TokenInsert",
