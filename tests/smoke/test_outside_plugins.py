@@ -1,7 +1,8 @@
-"""A method and two attacks from a package outside the harness (tests/smoke/outside/outside_plugins.py), installed in
-a folder of their own and registered only through entry points, run through `harness run` and `harness grid` and
-appear in every table they belong in, with no edit to harness/: a new attack category becomes a row group of
-tab:robustness, a new text attack gets a table of its own, and a new method becomes a column."""
+"""Two methods (one that trains nothing) and two attacks from a package outside the harness
+(tests/smoke/outside/outside_plugins.py), installed in a folder of their own and registered only through entry points,
+run through `harness run` and `harness grid` and appear in every table they belong in, the report and `harness
+detect`, with no edit to harness/: a new attack category becomes a row group of tab:robustness, a new text attack gets
+a table of its own, and a new method becomes a column."""
 
 import csv
 import json
@@ -27,6 +28,7 @@ SETTINGS = {
 ENTRY_POINTS = """\
 [harness.methods]
 unigram = outside_plugins:Unigram
+untrained-kgw = outside_plugins:Untrained
 
 [harness.attacks]
 noise = outside_plugins:Noise
@@ -65,7 +67,8 @@ def outside(tmp_path_factory, random_llamas, script):
 
 def test_outside_plugins_run_and_fill_the_tables(outside):
     run, root, settings = outside
-    assert {"unigram", "noise", "truncate"} <= {line.split()[0] for line in run("list").stdout.splitlines()[1:]}
+    listed = {line.split()[0] for line in run("list").stdout.splitlines()[1:] if line.strip()}
+    assert {"unigram", "untrained-kgw", "noise", "truncate"} <= listed
     store = root / "runs"
     sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
     out = run("run", "--method", "unigram", "--attack", "truncate", "--attack-arg", "keep=0.5", *sets,
@@ -74,24 +77,35 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     spec = root / "grid.yaml"
     overrides = "".join(f"  {k}: {v}\n" for k, v in settings.items())
     groups = (
-        "groups:\n  g:\n    methods: {unigram: [{}], gu-kgw: [{}]}\n"
+        "groups:\n  g:\n    methods: {unigram: [{}], gu-kgw: [{}], untrained-kgw: [{}]}\n"
         "    attacks: {none: [{}], noise: [{sigma: 0.05}], truncate: [{keep: 0.5}]}\n"
     )
     spec.write_text(f"preset: tiny\noverrides:\n{overrides}{groups}")
     out = run("grid", str(spec), "--results", str(store))
-    assert "6 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
+    assert "9 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
     tables = root / "tables"
     run("tables", "--results", str(store), "--out", str(tables))
     with open(tables / "tiny" / "robustness.csv") as fh:
         rows = list(csv.reader(fh))
     methods = set(rows[0][3:])
-    assert {"Unigram", "Gu-KGW"} <= methods, rows[0]  # the new method is a column
+    assert {"Unigram", "Gu-KGW", "Untrained KGW"} <= methods, rows[0]  # the new methods are columns
     noise = [r for r in rows if r[0] == "Perturbation"]
     assert [r[1:3] for r in noise] == [["Gaussian noise", "sigma=0.05"]]  # the new category is a row group
     assert "missing" not in noise[0][3:], noise  # with a number for both methods
     assert not [r for r in rows if r[0] == "Editing"]  # a text attack has a table of its own, not these rows
     own = pd.read_csv(tables / "tiny" / "truncate.csv", header=[0, 1], index_col=0)
-    assert list(own.index) == ["Gu-KGW", "Unigram"]  # registered methods first, then outside ones
+    assert list(own.index) == ["Gu-KGW", "Unigram", "Untrained KGW"]  # registered methods first, then outside ones
     assert own[("keep=0.5", "AUC")].notna().all()
     tex = (tables / "tiny" / "truncate.tex").read_text()
     assert "AUC under truncation of each text" in tex and "Truncation (keep=0.5)" in tex
+    # The method that trains nothing: its rows in tokens to detect and the report, and its key in harness detect.
+    tokens = pd.read_csv(tables / "tiny" / "tokens_to_detect.csv")
+    assert "Untrained KGW" in set(tokens["method"]), tokens["method"].unique()
+    page = root / "report.html"
+    run("report", "--results", str(store), "--out", str(page))
+    assert "Untrained KGW" in page.read_text() and "Perturbation" in page.read_text()
+    specs = [json.loads(p.read_text()) for p in store.glob("*/spec.json")]
+    key = next(s["detector"]["key_from"] for s in specs if s["detector"]["method"] == "untrained-kgw")
+    out = run("detect", "--results", str(store), "--key", key, "--model", settings["base_model"], "--json")
+    decision = json.loads(out.stdout)["decision"]
+    assert not decision["watermarked"] and decision["p_value"] > 0.01, decision  # its key on the model it left alone

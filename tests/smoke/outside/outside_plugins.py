@@ -1,6 +1,7 @@
 """Plugins written outside the harness, as a third party would: one module, registered only through the entry-point
 groups ``harness.methods`` and ``harness.attacks`` (tests/smoke/test_outside_plugins.py installs it in a folder of its
-own). A method, a model attack of a category the harness has never seen, and a text attack."""
+own). Two methods (one that trains nothing), a model attack of a category the harness has never seen, and a text
+attack."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pydantic import Field
 
 from attacks.base import MODEL, AttackContext, ModelAttack, TextAttack
 from harness.config.plugins import Params
+from methods.base import TrainContext, save_trained
 from methods.gu_kgw import GuKGW, GuKGWParams
 
 
@@ -21,6 +23,25 @@ class Unigram(GuKGW):
     name = "unigram"
     label = "Unigram"
     Params = UnigramParams
+
+
+class Untrained(GuKGW):
+    """A method that trains nothing: its released model is the base as it is, beside a KGW key (a control, whose key
+    finds nothing to detect). To the pipeline a training-free method (GaussMark's keyed noise, say) is this: a train
+    stage that writes a model and a key without an optimiser step."""
+
+    name = "untrained-kgw"
+    label = "Untrained KGW"
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        tokenizer = ctx.load_tokenizer()
+        key = {
+            "method": self.name,
+            "detector": self.key(tokenizer, self.params.detector_drop_special).to_dict(),
+            "ignore_repeated_ngrams": self.params.ignore_repeated_ngrams,
+        }
+        save_trained(out, ctx.load_student(), tokenizer, key)
+        return {"steps": 0}
 
 
 class NoiseParams(Params):
