@@ -98,8 +98,8 @@ class PRODetector(Detector):
         from harness.compute.progress import Progress
         from methods.pro_policy import centred_detection_scores, detection_scores
 
-        def batch(seqs: list[list[int]], bar, contexts=None) -> list[dict]:
-            if self.base is None:
+        def batch(seqs: list[list[int]], contexts: list[list[int]] | None = None) -> list[dict]:
+            if self.base is None:  # (the paper's score reads no prompt)
                 return detection_scores(self.policy, self.embedder, self.tokenizer, seqs, self.n, progress=bar)
             return centred_detection_scores(
                 self.policy, self.embedder, self.tokenizer, self.base, seqs, self.n, progress=bar, prompts=contexts
@@ -109,9 +109,9 @@ class PRODetector(Detector):
             return score_long_enough(
                 sequences,
                 self.n + 1,
-                lambda seqs, contexts=None: batch(seqs, bar, contexts),
+                batch,
                 {"score": 0.0, "prefix_scores": []},  # M's logits lie in [-1, 1] around 0: no position, no evidence
-                prompts if self.base is not None else None,
+                prompts,
             )
 
 

@@ -135,7 +135,7 @@ def detection_scores(
     sequence of n tokens or fewer has nothing to score: ValueError."""
     import torch
 
-    def values(part: list[list[int]]):
+    def values(part: list[list[int]], _start: int):
         ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
         embedded = embedder.embed_ngrams(ngrams, tokenizer)
         targets = torch.tensor([t for ids in part for t in ids[n:]], device=embedded.device)
@@ -169,14 +169,13 @@ def centred_detection_scores(
     device = next(base.parameters()).device
     if prompts is not None and len(prompts) != len(sequences):
         raise ValueError(f"PRO detection: {len(prompts)} prompts for {len(sequences)} sequences")
-    contexts = iter([list(p) for p in prompts] if prompts is not None else [bos] * len(sequences))
 
-    def values(part: list[list[int]]):
+    def values(part: list[list[int]], start: int):
         ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
         rows = policy(embedder.embed_ngrams(ngrams, tokenizer))  # (positions, V): M_i for every scored position
         expected = []
-        for ids in part:  # the base's next-token distribution at the positions that predict x_n .. x_end
-            context = next(contexts)
+        for k, ids in enumerate(part, start):  # the base's next-token distribution where it predicts x_n .. x_end
+            context = list(prompts[k]) if prompts is not None else bos
             logits = base(input_ids=torch.tensor([context + ids], device=device)).logits[0].float()
             expected.append(torch.softmax(logits[len(context) + n - 1 : len(context) + len(ids) - 1], -1))
         probs = torch.cat(expected).to(rows.device)
@@ -188,9 +187,9 @@ def centred_detection_scores(
 
 
 def _running_means(policy, sequences: list[list[int]], n: int, values: Callable, progress, chunk: int) -> list[dict]:
-    """Each text's mean of ``values(texts)`` (one value per scored position i >= n of each text, flat) and its running
-    mean over the first 1, 2, ..., len tokens (0 before the first scored one), ``chunk`` texts at a time, with M in
-    eval mode and no gradient."""
+    """Each text's mean of ``values(texts, start)`` (one value per scored position i >= n of each text, flat;
+    ``start``: the index of the chunk's first text in ``sequences``) and its running mean over the first 1, 2, ...,
+    len tokens (0 before the first scored one), ``chunk`` texts at a time, with M in eval mode and no gradient."""
     import torch
 
     for idx, seq in enumerate(sequences):
@@ -205,7 +204,7 @@ def _running_means(policy, sequences: list[list[int]], n: int, values: Callable,
     with torch.no_grad():
         for start in range(0, len(sequences), chunk):
             part = [list(seq) for seq in sequences[start : start + chunk]]
-            for ids, got in zip(part, values(part).split([len(ids) - n for ids in part]), strict=True):
+            for ids, got in zip(part, values(part, start).split([len(ids) - n for ids in part]), strict=True):
                 running = torch.cumsum(got.double(), 0) / torch.arange(1, len(got) + 1, device=got.device)
                 prefix = [0.0] * n + [round(v, 4) for v in running.tolist()]  # the score of the first 1..len tokens
                 results.append({"score": float(got.mean()), "scored": len(ids) - n, "prefix_scores": prefix})

@@ -13,7 +13,7 @@ then tested together for one decision about their source:
   which an unwatermarked model meets and human text need not (PRO's paper score rewards predictable text: the
   SmolLM2 base's most predictable texts reach AUC 0.59 against human text). A method may score differently for an
   audit (``WatermarkMethod.audit_settings``: PRO's centred score, given the prompts a suspect model continued;
-texts from a file continue no known prompt). Human texts' scores are shown beside it.
+  texts from a file continue no known prompt). Human texts' scores are shown beside it.
 
 The scores are a ``detect`` stage of the store, so the same audit is computed once.
 """
@@ -258,7 +258,10 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
     e = pipe.preset.eval
     source: dict
     generated = reference = None  # generate stages: the suspect model's, and the base model's to calibrate against
-    if suspect.kind == "model":
+    # A model continues the evaluation prompts: a detector that reads prompts is given them, for its texts, the human
+    # continuations and the base's (texts from a file continue no known prompt: none for any of them).
+    prompted = suspect.kind == "model"
+    if prompted:
         model_id = f"model:{models.fingerprint(suspect.resolved)}"
         generated = pipe.generate(suspect.resolved, model_id, f"suspect {suspect.ref}")
         source = {"model": {"ref": suspect.ref, "fingerprint": model_id}, "generate": generated.key}
@@ -269,7 +272,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         "stage": kinds.DETECT,
         "scoring_version": scoring.SCORING_VERSION,
         "decision_version": DECISION_VERSION,
-        "detector": {**scoring.detector_spec(method, trained.key, e.score_on, prompted=generated is not None),
+        "detector": {**scoring.detector_spec(method, trained.key, e.score_on, prompted),
                      "settings": method.params.model_dump()},
         "source": source,
         "human": {"eval_data": source_spec(pipe.preset.eval_data), "prompts": e.num_prompts,
@@ -284,9 +287,6 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         detector = method.detector(trained.path, pipe.tokenizer, detection.detect_context(pipe))
         prompts = pipe.prompts
         human_texts = [pipe.tokenizer.decode(p["human_ids"], skip_special_tokens=True) for p in prompts]
-        # A model continued the evaluation prompts: a detector that reads prompts is given them, for its texts, the
-        # human continuations and the base's (texts from a file continue no known prompt: none for any of them).
-        prompted = generated is not None
         if prompted:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
             sequences = detection.detector_input(pipe, gens, "completion")
