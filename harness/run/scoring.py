@@ -27,7 +27,11 @@ BASE_ROW = "Unwatermarked base"  # the control row: the base model's texts under
 def preset_settings(preset: Preset) -> dict:
     """The preset as runs store it: without the settings that cannot change a result (scoring's batch size,
     ``TrainSettings.unhashed``)."""
-    return preset.model_dump(exclude={"eval": {"ppl_batch_size"}, "train": preset.train.unhashed()})
+    data = preset.hashed()
+    data["eval"].pop("ppl_batch_size")
+    for name in preset.train.unhashed():
+        data["train"].pop(name)
+    return data
 
 
 def detector_spec(method, trained_key: str, reads: str, prompted: bool = True) -> dict:

@@ -1,0 +1,148 @@
+"""Merges with donors (attacks/donor_merge.py): mergekit's own CLI on the configuration the attack wrote gives the same
+tensors, the donors are checked against the base before any work, and bad settings are one line."""
+
+import json
+import subprocess
+
+import pytest
+
+from attacks.base import AttackContext
+from harness.config.errors import HarnessError
+from harness.config.presets import TINY
+from harness.config.registry import attacks
+
+
+def merge(**settings):
+    return attacks.build("merge", settings, TINY)
+
+
+@pytest.fixture(scope="module")
+def three(random_llamas, llama_builder, tmp_path_factory):
+    """(watermarked stand-in, base stand-in, a donor): three random Llamas of one tokenizer."""
+    from harness.assets.models import load_tokenizer
+
+    watermarked, base = random_llamas
+    donor = llama_builder(tmp_path_factory.mktemp("donor"), 7, load_tokenizer(str(base)))
+    return watermarked, base, donor
+
+
+def tensors(folder):
+    from safetensors.torch import load_file
+
+    found = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        found.update(load_file(str(file)))
+    return found
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"method": "ties", "density": 0.4}, {"method": "dare_ties", "seed": 3},
+     # (each CLI run costs about 10 s on 2 cores: the others of the five methods under -m slow)
+     *(pytest.param(s, marks=pytest.mark.slow) for s in ({"method": "dare_linear", "density": 0.7},
+                                                         {"method": "task_arithmetic", "weight": 0.8},
+                                                         {"method": "linear", "donor_weight": 0.25}))],
+)  # fmt: skip
+def test_the_merge_is_mergekits_own_cli_on_its_configuration(settings, three, tmp_path, script):
+    watermarked, base, donor = three
+    attack = merge(donors=str(donor), **settings)
+    out = tmp_path / "stage"
+    out.mkdir()
+    report = attack.apply(watermarked, out, AttackContext(str(base), "cpu", {"donor1": str(donor)}))
+    assert report["mergekit_config"]["merge_method"] == settings["method"]
+    assert ("base_model" in report["mergekit_config"]) == (settings["method"] != "linear")
+    cli = tmp_path / "cli"
+    seed = str(attack.params.seed)
+    done = subprocess.run([script("mergekit-yaml"), str(out / "mergekit.yaml"), str(cli), "--random-seed", seed],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    ours, theirs = tensors(out / "model"), tensors(cli)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert ours[name].equal(theirs[name]), name
+    merged, original = ours, tensors(watermarked)
+    assert any(not merged[n].equal(original[n]) for n in original)  # the merge changed the model
+
+
+def test_dare_draws_by_its_seed(three, tmp_path):
+    watermarked, base, donor = three
+    outs = []
+    for seed in (1, 1, 2):
+        out = tmp_path / f"s{seed}-{len(outs)}"
+        out.mkdir()
+        merge(method="dare_ties", donors=str(donor), seed=seed).apply(
+            watermarked, out, AttackContext(str(base), "cpu", {"donor1": str(donor)})
+        )
+        outs.append(tensors(out / "model"))
+    same = lambda a, b: all(a[n].equal(b[n]) for n in a)  # noqa: E731
+    assert same(outs[0], outs[1]) and not same(outs[0], outs[2])
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"method": "tiez"}, "mergekit does not know the merge method 'tiez'"),
+        ({"method": "slerp"}, "slerp attack"),
+        ({"method": "model_stock"}, "not a merge with donors"),
+        ({"density": 0}, "density"),
+        ({"density": 1.5}, "density"),
+        ({"density": -0.2}, "density"),
+        ({"density": "nan"}, "density"),
+        ({"method": "linear", "density": 0.5}, "density applies to ties"),
+        ({"method": "task_arithmetic", "density": 0.5}, "density applies to ties"),
+        ({"method": "ties", "seed": 4}, "seed applies to dare"),
+        ({"seed": -1}, "seed"),
+        ({"weight": 0}, "weight"),
+        ({"weight": "inf"}, "weight"),
+        ({"donor_weight": -1}, "donor_weight"),
+        ({"donors": ""}, "at least one donor"),
+        ({"donors": "a,a"}, "named twice"),
+        ({"donors": ",".join(f"d{i}" for i in range(9))}, "at most 8 donors"),
+        ({"nonsense": 1}, "nonsense"),
+    ],
+)
+def test_bad_settings_are_one_line(settings, message):
+    with pytest.raises(HarnessError, match=message) as err:
+        merge(**{"donors": "builtin:tiny-donor-code", **settings})
+    assert "\n" not in str(err.value)
+
+
+def test_a_donor_of_another_shape_or_vocabulary_or_base_is_refused(
+    random_llamas, llama_builder, other_tokenizer_llama, tmp_path
+):
+    from harness.assets.models import load_tokenizer
+
+    _, base = random_llamas
+    wider = llama_builder(tmp_path / "wider", 8, load_tokenizer(str(base)), hidden_size=40)
+    with pytest.raises(HarnessError, match="differs from the base model in hidden_size"):
+        merge(donors=str(wider)).validate(str(base))
+    with pytest.raises(HarnessError, match="(vocab_size|another vocabulary)"):
+        merge(donors=str(other_tokenizer_llama)).validate(str(base))
+    with pytest.raises(HarnessError, match="is a fine-tune of builtin:smollm2-135m, not of the base model"):
+        merge(donors="builtin:smollm2-135m-donor-code").validate("builtin:tiny-lm")
+    merge(donors="builtin:tiny-donor-code,builtin:tiny-donor-prose").validate("builtin:tiny-lm")  # the preset's
+
+
+def test_every_preset_names_donors_and_the_cli_refuses_bad_ones_before_work(cli, tmp_path):
+    from harness.config.presets import PRESETS
+
+    for preset in PRESETS.values():
+        assert attacks.build("merge", {}, preset).params.donors, preset.name
+    out = cli("run", "--method", "gu-kgw", "--attack", "merge", "--attack-arg", "method=tiez", "--dry-run",
+              "--results", str(tmp_path / "runs"))  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "runs").exists()
+    listing = cli("list")
+    assert "merge" in listing.stdout and "donor_weight" in listing.stdout, listing.stdout
+
+
+def test_the_merge_stage_records_its_donors(three, tmp_path):
+    watermarked, base, donor = three
+    out = tmp_path / "stage"
+    out.mkdir()
+    report = merge(method="ties", donors=str(donor)).apply(
+        watermarked, out, AttackContext(str(base), "cpu", {"donor1": str(donor)})
+    )
+    assert report["donors"] == [str(donor)] and json.dumps(report)
+    assert merge(method="ties", donors="a,b").model_refs() == {"donor1": "a", "donor2": "b"}
+    assert merge(method="dare_ties", donors="a").config_label() == "w=0.5, 1 donor x 0.5, density=0.5, seed=0"
