@@ -76,6 +76,10 @@ def cmd_run(args) -> None:
     preset = presets.apply_overrides(presets.get_preset(args.preset), parse_assignments(args.overrides, "setting"))
     method = methods.build(args.method, parse_assignments(args.method_arg, "method setting"), preset)
     attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"), preset)
+    if args.then:  # a chain: --attack is its first link
+        links = [(args.attack, args.attack_arg), *args.then]
+        settings = [{"attack": name, "settings": parse_assignments(given, f"{name} setting")} for name, given in links]
+        attack = attacks.build("chain", {"links": settings}, preset)
     if not args.verbose:  # (after the checks above, which import no model library)
         _quiet_transformers()
     updates = {f: getattr(args, f) for f in ("base_model", "oracle_model") if getattr(args, f)}
@@ -92,7 +96,8 @@ def cmd_run(args) -> None:
     cells = Pipeline(preset, store, args.device).run(method, attack)
     if not distributed.is_main():
         return  # one report per launch
-    print(f"\n{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model})")
+    what = attack.table_label() if args.then else attack.name
+    print(f"\n{args.method} x {what} on preset '{preset.name}' (base model {preset.base_model})")
     print(format_cells(cells))
     print(f"\nruns stored in {store.root}/<run>; 'harness tables' rebuilds tab:robustness from them")
 
@@ -105,7 +110,9 @@ def _dry_run(args, preset, plugins) -> None:
     from harness.run.checks import check_inputs
 
     check_inputs(preset, plugins, build=False)
-    print(f"{args.method} x {args.attack} on preset '{preset.name}' (base model {preset.base_model}): inputs checked")
+    attack = plugins[1]
+    print(f"{args.method} x {attack.table_label() if args.then else attack.name} on preset '{preset.name}' "
+          f"(base model {preset.base_model}): inputs checked")  # fmt: skip
     missing = jobs.unbuilt_models(preset, plugins)
     if missing:
         for ref in missing:

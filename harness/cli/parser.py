@@ -24,6 +24,21 @@ def count(text: str) -> int:
     return int(text)
 
 
+class ThenLink(argparse.Action):
+    """``--then ATTACK`` starts another link of a chain; ``--then-arg KEY=VALUE`` gives the latest one a setting. Both
+    fill one list, ``[(attack, [settings...]), ...]``, in the order given."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        links = list(getattr(namespace, self.dest, None) or [])
+        if option_string == "--then":
+            links.append((value, []))
+        elif not links:
+            parser.error("--then-arg sets a setting of the latest --then attack: give --then ATTACK before it")
+        else:
+            links[-1] = (links[-1][0], [*links[-1][1], value])
+        setattr(namespace, self.dest, links)
+
+
 def build_parser() -> Parser:
     from harness.config.presets import PRESETS
     from harness.config.registry import attacks, methods
@@ -53,6 +68,22 @@ def build_parser() -> Parser:
         default=[],
         metavar="KEY=VALUE",
         help="attack setting, repeatable, e.g. --attack-arg t=0.5",
+    )
+    run.add_argument(
+        "--then",
+        action=ThenLink,
+        default=[],
+        metavar="ATTACK",
+        dest="then",
+        help="another attack on what the one before made, repeatable: a chain (attacks/chain.py), e.g. --attack "
+        "finetune --then slerp --then-arg t=0.5 --then gguf",
+    )
+    run.add_argument(
+        "--then-arg",
+        action=ThenLink,
+        metavar="KEY=VALUE",
+        dest="then",
+        help="a setting of the latest --then attack, repeatable",
     )
     run.add_argument(
         "--method-arg",

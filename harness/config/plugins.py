@@ -43,6 +43,12 @@ class Plugin:
     def __init__(self, params: Params):
         self.params = params
 
+    @classmethod
+    def with_preset(cls, settings: dict[str, Any], preset) -> dict[str, Any]:
+        """``settings`` completed from ``preset`` where they hold other plugins' settings (a chain's links take their
+        attacks' preset settings); the registry has put the preset's own settings for this plugin under them."""
+        return settings
+
     def model_refs(self) -> dict[str, str]:
         """Models this plugin loads besides the base (e.g. PRO's embedding model, a paraphraser): name -> reference.
         The pipeline checks them before any work and puts their content fingerprints into the stage hashes."""

@@ -162,16 +162,19 @@ class Pipeline:
             spec["data"] = {name: source_spec(src) for name, src in sources.items()}
         return resolved
 
-    def attack(self, attack, trained: Stage) -> list[Output]:
-        """The attacked model(s): one per entry of ``attack.outputs()``, all from one attack stage."""
+    def attack(self, attack, trained: Stage | Output) -> list[Output]:
+        """The attacked model(s): one per entry of ``attack.outputs()``, all from one attack stage. Its input is the
+        watermarked model (``trained``: its train stage) or another attack's output (a chain's next link), keyed by
+        that model's id, so that a link is the same stage as the attack run alone on the same model."""
+        model, model_id = (trained.path, trained.model_id) if isinstance(trained, Output) else model_of(trained)
         if attack.identity:
-            return [Output(attack_row(attack), attack.config_label(), trained.path / "model", trained.key, None)]
+            return [Output(attack_row(attack), attack.config_label(), model, model_id, None)]
         spec = {
             "stage": kinds.ATTACK,
             "attack": attack.name,
             "attack_version": attack.version,
             "params": attack.params.model_dump(),
-            "input": trained.key,
+            "input": model_id,
             "base_model": self.base["fingerprint"],
         }
         extra = self.refs(attack, spec)
@@ -182,7 +185,7 @@ class Pipeline:
 
         def build(out: Path) -> dict:
             ctx = AttackContext(self.base["path"], self.device, extra)
-            report = attack.apply(trained.path / "model", out, ctx)
+            report = attack.apply(model, out, ctx)
             if distributed.is_main():  # (the others of a collective attack may write nothing)
                 missing = [sub for _, sub in attack.outputs() if not (out / sub / "config.json").is_file()]
                 if missing:
@@ -365,6 +368,11 @@ class Pipeline:
             spec = run_spec(a, out.config_label, gen, out.spec)
             cells.append(self.score(method, trained, gen, spec, artefacts, out.spec))
         return cells
+
+
+def model_of(trained: Stage) -> tuple[Path, str]:
+    """The watermarked model a train stage holds, and the id downstream stages key it by."""
+    return trained.path / MODEL, trained.key
 
 
 def source_spec(src) -> dict:

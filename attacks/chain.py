@@ -1,0 +1,152 @@
+"""Attacks in a chain: what a release usually is (fine-tune, then merge, then quantize to GGUF), one link after another.
+
+Each link is an attack of the registry with its settings (the preset's for it, overridden). Every model link is its
+own stored stage keyed by the model it read (``Pipeline.attack``), so a chain reuses whatever its prefix shares with
+another chain or with the attack run alone, and a re-run reuses every link. A link that writes several models
+(fine-tuning's checkpoints) hands each to the next link: the chain has a row per path. A text attack may end a chain
+(it rewrites what the last model wrote); it may not come before a model attack. Rows are named by the whole chain
+(``Fine-tuning → SLERP → GGUF`` with ``s=9 → t=0.5 → Q4_K_M``) in the "Chains" group of tab:robustness.
+
+On the command line: ``--attack finetune --attack-arg steps=9 --then slerp --then-arg t=0.5 --then gguf``; in a grid
+file, ``chain: [{links: [{attack: finetune, settings: {steps: 9}}, {attack: slerp, settings: {t: 0.5}}]}]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cached_property
+from typing import Any
+
+from pydantic import field_validator
+
+from attacks.base import Attack, TextAttack
+from harness.config.plugins import Params
+
+MAX_LINKS = 4  # a release rarely takes more; each link is a stage (a model on disk) and a chain's row names them all
+ARROW = " → "
+
+
+class Link(Params):
+    attack: str
+    settings: dict[str, Any] = {}
+
+
+class ChainParams(Params):
+    links: tuple[Link, ...]
+
+    @field_validator("links")
+    @classmethod
+    def _links_follow(cls, links: tuple[Link, ...]) -> tuple[Link, ...]:
+        if not 2 <= len(links) <= MAX_LINKS:
+            raise ValueError(f"a chain has 2 to {MAX_LINKS} links, not {len(links)}")
+        built = [build_link(link, i + 1) for i, link in enumerate(links)]
+        for i, attack in enumerate(built[:-1]):
+            if isinstance(attack, TextAttack):
+                raise ValueError(
+                    f"link {i + 1} ({links[i].attack}) rewrites texts, so no link can follow it: a text attack may "
+                    "only end a chain"
+                )
+        # Each link's complete settings, as its attack holds them: one chain, one record, whatever was left default.
+        return tuple(
+            Link(attack=link.attack, settings=a.params.model_dump(mode="json"))
+            for link, a in zip(links, built, strict=True)
+        )
+
+
+def build_link(link: Link, number: int):
+    """The attack of link ``number``, from its resolved settings; a chain, ``none`` or an unknown name is refused."""
+    from harness.config.errors import HarnessError
+    from harness.config.registry import attacks
+
+    if link.attack in ("chain", "none"):
+        raise ValueError(f"link {number} cannot be '{link.attack}'")
+    try:
+        return attacks.build(link.attack, link.settings)
+    except HarnessError as err:
+        raise ValueError(f"link {number}: {err}") from None
+
+
+class Chain(Attack):
+    name = "chain"
+    category = "Chains"
+    label = "Chain"
+    description = "attacks in a chain"
+    version = "1"
+    Params = ChainParams
+
+    @classmethod
+    def parse_params(cls, kind: str, values: dict) -> ChainParams:
+        """A bad chain is one line that says which link is wrong and why (not pydantic's nesting)."""
+        from pydantic import ValidationError
+
+        from harness.config.errors import HarnessError
+
+        try:
+            return cls.Params(**values)
+        except ValidationError as err:
+            problems = "; ".join(f"{e['msg'].removeprefix('Value error, ')}" for e in err.errors())
+            raise HarnessError(f"bad chain of attacks: {problems}") from None
+
+    @classmethod
+    def with_preset(cls, settings: dict, preset) -> dict:
+        """Each link's settings over the preset's for its attack, as that attack alone would take them."""
+        links = settings.get("links")
+        if preset is None or not isinstance(links, list | tuple):
+            return settings
+        resolved = []
+        for link in links:
+            if isinstance(link, dict) and isinstance(link.get("attack"), str):
+                own = link.get("settings") or {}
+                link = {**link, "settings": {**preset.attacks.get(link["attack"], {}), **own}}
+            resolved.append(link)
+        return {**settings, "links": resolved}
+
+    @cached_property
+    def links(self) -> list[Attack]:
+        return [build_link(link, i + 1) for i, link in enumerate(self.params.links)]
+
+    def table_label(self) -> str:
+        return ARROW.join(link.table_label() for link in self.links)
+
+    def config_label(self) -> str:
+        return ARROW.join(link.config_label() for link in self.links)
+
+    def model_refs(self) -> dict[str, str]:
+        return {f"link{i + 1}.{k}": ref for i, link in enumerate(self.links) for k, ref in link.model_refs().items()}
+
+    def data_refs(self) -> dict:
+        return {f"link{i + 1}.{k}": src for i, link in enumerate(self.links) for k, src in link.data_refs().items()}
+
+    def token_lengths(self) -> dict[str, int]:
+        return {f"link{i + 1}.{k}": n for i, link in enumerate(self.links) for k, n in link.token_lengths().items()}
+
+    def validate(self, base_model: str | None = None) -> None:
+        for link in self.links:
+            link.validate(base_model)
+
+    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+        """The last link's models (each with its generations), every link a stage keyed by the one before; a text
+        attack at the end rewrites what those models wrote."""
+        *models, last = self.links
+        text = last if isinstance(last, TextAttack) else None
+        if text is None:
+            models.append(last)
+        paths = [(trained, ())]  # (the model a link reads: the train stage or an output, the labels so far)
+        for link in models:
+            paths = [
+                (out, (*labels, out.config_label)) for source, labels in paths for out in graph.attack(link, source)
+            ]
+        rows = []
+        for out, labels in paths:
+            labels = (*labels, text.config_label()) if text else labels
+            named = replace(out, row=self.row(labels), config_label=ARROW.join(labels), spec=out.spec)
+            generated = graph.generate(out.path, out.model_id, named.row)
+            if text:
+                rewritten, stage = graph.attack_texts(text, (named, generated))
+                rows.append((replace(rewritten, row=named.row, config_label=named.config_label), stage))
+            else:
+                rows.append((named, generated))
+        return rows
+
+    def row(self, labels: tuple[str, ...]) -> str:
+        return f"{self.table_label()} {ARROW.join(labels)}"
