@@ -181,6 +181,22 @@ def collect_attribution(store: Store) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def heldout_ppl(store: Store) -> dict[str, float]:
+    """Model id -> its perplexity on held-out human text, from the store's utility stages (harness/run/utility.py)."""
+    found = {}
+    for stage in store.finished():
+        if stage.kind == kinds.UTILITY:
+            spec = json.loads((stage.path / "spec.json").read_text())
+            found[spec["model"]] = json.loads((stage.path / kinds.UTILITY_FILE).read_text())["heldout_ppl"]
+    return found
+
+
+def model_of_run(store: Store, run: str) -> str | None:
+    """The id of the model whose generations a run scored (None: a text attack's rewrites)."""
+    spec = json.loads((store.root / run / "spec.json").read_text())
+    return (spec.get("upstream", {}).get("generate") or {}).get("model")
+
+
 def scores(store: Store, run: str) -> list[dict]:
     """A run's stored per-text scores."""
     return [json.loads(line) for line in (store.root / run / "scores.jsonl").read_text().splitlines() if line]

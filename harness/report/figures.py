@@ -205,6 +205,37 @@ def tpr_by_length(part: pd.DataFrame, plt):
     return fig
 
 
+def auc_utility(part: pd.DataFrame, store: Store, plt):
+    """Per method, the AUC of every attacked model against its retained utility (perplexity on held-out human text),
+    weight noise as the reference curve: an attack below the curve removes more watermark than noise of the same
+    utility cost. Drawn where the store holds utility stages (runs made before them have none)."""
+    ppl = collect.heldout_ppl(store)
+    if not ppl:
+        return None
+    runs = part[part["attack_name"].notna()].copy()
+    runs["utility"] = [ppl.get(collect.model_of_run(store, run)) for run in runs["run"]]
+    runs = runs[runs["utility"].notna()]
+    if runs.empty or (runs["attack_name"] == "none").all():
+        return None
+    names = _methods(runs)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
+    for ax, method in zip(axes[0], names, strict=True):
+        mine = runs[runs["method"] == method]
+        noise = mine[mine["attack_name"] == "weight-noise"].sort_values("utility")
+        unaltered_ = mine[mine["attack_name"] == "none"]
+        others = mine[~mine["attack_name"].isin(("none", "weight-noise"))]
+        if len(noise):
+            line = pd.concat([unaltered_, noise]).sort_values("utility")
+            ax.plot(line["utility"], line["AUC"], color="0.5", marker=".", label="weight noise (reference)")
+        for attack, points in others.groupby("attack", sort=True):
+            ax.scatter(points["utility"], points["AUC"], s=14, label=attack)
+        ax.scatter(unaltered_["utility"], unaltered_["AUC"], marker="*", s=90, color="black", label="unaltered")
+        ax.set(xscale="log", xlabel="held-out perplexity of the model", ylabel="AUC", title=method)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
 def setup_figures(part: pd.DataFrame, store: Store) -> dict:
     """``{name: matplotlib figure}`` of one setup's runs (figures with nothing to plot left out); close them after."""
     plt = _pyplot()
@@ -215,6 +246,7 @@ def setup_figures(part: pd.DataFrame, store: Store) -> dict:
             figures[plain_name(f"auc_vs_{attack}")] = auc_vs(part, attack, sweep, plt)
     figures["green_ratio"] = green_ratio(part, store, plt)
     figures["tpr_by_length"] = tpr_by_length(part, plt)
+    figures["auc_utility"] = auc_utility(part, store, plt)
     return {name: fig for name, fig in figures.items() if fig is not None}
 
 

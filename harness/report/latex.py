@@ -23,6 +23,7 @@ SPECIALS = {
     "^": r"\textasciicircum{}",
     "~": r"\textasciitilde{}",
     **{c: "\\" + c for c in "_%&$#{}"},
+    "→": r"$\rightarrow$",  # between the links of a chain of attacks (attacks/chain.py)
 }
 
 

@@ -20,6 +20,7 @@ from harness.config.presets import Preset
 from harness.config.registry import attacks
 from harness.run import detection, metrics, rewrites, scoring, textsim
 from harness.run.scoring import attack_row
+from harness.run.utility import utility
 from harness.store import files, kinds
 from harness.store.stages import EditedStage, Stage, Store
 from methods.base import TrainContext
@@ -363,7 +364,10 @@ class Pipeline:
         rows = [(none, unaltered_out, unaltered)]  # (attack, output, generations)
         # The attack says what it adds (attacks/base.py): models of its own, or rewrites of the unaltered texts.
         rows += [(attack, out, gen) for out, gen in attack.evaluated(self, trained, (unaltered_out, unaltered))]
+        utility(self, self.base["path"], f"base:{self.base['fingerprint']}", "base model")
         for a, out, gen in rows:
+            if out.model_id:  # a model (a text attack's row reads the unaltered model's texts)
+                utility(self, out.path, out.model_id, out.row)
             artefacts = {"model": str(out.path), "key": str(trained.path / "key.json")}
             spec = run_spec(a, out.config_label, gen, out.spec)
             cells.append(self.score(method, trained, gen, spec, artefacts, out.spec))

@@ -1,0 +1,48 @@
+"""Retained utility (harness/run/utility.py): every model a run evaluates gets its perplexity on the held-out human
+continuations, once per model, and the AUC-utility figure draws it with weight noise as the reference curve."""
+
+import json
+import math
+
+from harness.config.registry import attacks, methods
+from harness.run.pipeline import Pipeline
+from harness.store import kinds
+from harness.store.stages import Store
+
+SMALL = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", "eval.num_prompts": "6",
+         "eval.prompt_tokens": "4", "eval.new_tokens": "8", "eval.batch_size": "3"}  # fmt: skip
+
+
+def test_every_model_gets_its_heldout_perplexity_once(random_llamas, small_preset, tmp_path):
+    from harness.assets.models import load_causal_lm
+    from harness.compute.generation import completion_perplexity
+    from harness.report import collect, figures
+
+    _, base = random_llamas
+    preset = small_preset(tmp_path, base, **SMALL)
+    store = Store(tmp_path / "runs")
+    method = methods.build("gu-kgw", {"k": "1"})
+    pipe = Pipeline(preset, store, "cpu")
+    for attack in (attacks.build("weight-noise", {"sigma": "0.5"}), attacks.build("typo", {"p": "0.2"})):
+        cells = pipe.run(method, attack)
+    utilities = [s for s in store.finished() if s.kind == kinds.UTILITY]
+    assert len(utilities) == 3  # base, unaltered, noised: the typo row reads the unaltered model's texts
+    found = collect.heldout_ppl(store)
+    unaltered = collect.model_of_run(store, cells[1].run.key)
+    assert collect.model_of_run(store, cells[2].run.key) is None  # the typo row
+    # the unaltered model's held-out perplexity, computed here by hand from the same prompts and human tokens
+    trained = store.at(kinds.TRAIN, unaltered)
+    model = load_causal_lm(str(trained.path / "model"), "cpu")
+    ppl = completion_perplexity(
+        model, [p["prompt_ids"] for p in pipe.prompts], [p["human_ids"] for p in pipe.prompts], 4
+    )
+    assert math.isclose(found[unaltered], math.exp(sum(map(math.log, ppl)) / len(ppl)), rel_tol=1e-9)
+    base_ppl = found[f"base:{pipe.base['fingerprint']}"]
+    assert base_ppl > 1 and len(set(found.values())) == 3
+    record = json.loads((utilities[0].path / kinds.UTILITY_FILE).read_text())
+    assert record["texts"] == 6 and record["tokens_per_text"] == 8
+    df = collect.collect(store)
+    drawn = figures.setup_figures(df, store)
+    assert "auc_utility" in drawn
+    again = Pipeline(preset, store, "cpu").run(method, attacks.build("weight-noise", {"sigma": "0.5"}))
+    assert all(c.reused for c in again) and len([s for s in store.finished() if s.kind == kinds.UTILITY]) == 3
