@@ -25,7 +25,9 @@ def cmd_list() -> None:
                 print(f"  {name:14s} planned (not implemented yet)")
                 continue
             cls = registry.load(name)
-            settings = ", ".join(f"{k}={f.default!r}" for k, f in cls.Params.model_fields.items()) or "-"
+            fields = cls.Params.model_fields.items()
+            settings = ", ".join(f"{k}=(required)" if f.is_required() else f"{k}={f.default!r}" for k, f in fields)
+            settings = settings or "-"
             needs = ", ".join([f"pip extra [{e}]" for e in cls.requires.values()] + ["CUDA"] * cls.needs_cuda)
             print(f"  {name:14s} {settings}" + (f"   (needs {needs})" if needs else ""))
     print("presets:")
