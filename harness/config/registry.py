@@ -24,6 +24,7 @@ METHODS: dict[str, str | None] = {
     "gu-kgw": "methods.gu_kgw:GuKGW",
     "gloaguen-kgw": "methods.gloaguen_kgw:GloaguenKGW",
     "pro": "methods.pro:PRO",
+    "gaussmark": "methods.gaussmark:GaussMark",
 }
 
 ATTACKS: dict[str, str | None] = {
