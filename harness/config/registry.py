@@ -25,6 +25,7 @@ METHODS: dict[str, str | None] = {
     "gloaguen-kgw": "methods.gloaguen_kgw:GloaguenKGW",
     "pro": "methods.pro:PRO",
     "gaussmark": "methods.gaussmark:GaussMark",
+    "gaussian-bias": "methods.gaussian_bias:GaussianBias",
 }
 
 ATTACKS: dict[str, str | None] = {
