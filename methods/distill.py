@@ -66,3 +66,20 @@ def logit_distill(
         return kl_per_token(model(input_ids=input_ids).logits, target)
 
     return train(student, loss_step(loss_fn), batches, settings, desc=desc, device=device, masks=masks, on_step=on_step)
+
+
+def teacher_prompts(ctx, tokenizer, prompt_tokens: int, count: int) -> list[list[int]]:
+    """Sampling distillation's prompts (Gu et al.): the first ``prompt_tokens`` tokens of the training documents that
+    have as many, ``count`` of them, the corpus cycled through where it holds fewer."""
+    from harness.assets import data
+    from harness.config.errors import HarnessError
+
+    prompts = []
+    for ids in (tokenizer(t, add_special_tokens=True)["input_ids"] for t in data.iter_texts(ctx.train_data)):
+        if len(ids) >= prompt_tokens:
+            prompts.append(ids[:prompt_tokens])
+            if len(prompts) == count:
+                break
+    if not prompts:
+        raise HarnessError(f"no training document has {prompt_tokens} tokens for a teacher prompt")
+    return [prompts[i % len(prompts)] for i in range(count)]

@@ -21,6 +21,7 @@ from harness.config.errors import HarnessError
 # appear here; plugins from entry points follow.
 METHODS: dict[str, str | None] = {
     "gu-kth": "methods.gu_kth:GuKTH",
+    "gu-aar": "methods.gu_aar:GuAAR",
     "gu-kgw": "methods.gu_kgw:GuKGW",
     "gloaguen-kgw": "methods.gloaguen_kgw:GloaguenKGW",
     "pro": "methods.pro:PRO",
