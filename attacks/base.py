@@ -47,6 +47,10 @@ class Attack(Plugin):
         owner = f"attack class {cls.__module__}.{cls.__qualname__}"
         check_table_names(owner, "table", cls.tables, ATTACK_TABLES)
 
+    def edits_weights(self) -> bool:
+        """Whether the attack changes the model (a model attack but ``none``), rather than what it wrote."""
+        return isinstance(self, ModelAttack) and not self.identity
+
     def token_lengths(self) -> dict[str, int]:
         lengths = getattr(self.params, "token_lengths", None)  # calibration settings say theirs
         return lengths() if lengths is not None else {}

@@ -120,6 +120,9 @@ class Chain(Attack):
     def token_lengths(self) -> dict[str, int]:
         return {f"link{i + 1}.{k}": n for i, link in enumerate(self.links) for k, n in link.token_lengths().items()}
 
+    def edits_weights(self) -> bool:
+        return any(link.edits_weights() for link in self.links)
+
     def validate(self, base_model: str | None = None) -> None:
         for link in self.links:
             link.validate(base_model)

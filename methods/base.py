@@ -146,6 +146,25 @@ class WatermarkMethod(Plugin, ABC):
     # which): None where the method has one score.
     score_setting: ClassVar[tuple[str, dict[str, str]] | None] = None
 
+    # A decoding-time watermark (the closed-source upper bound a learned one is measured against): its "trained" model
+    # is the base as it is, and the watermark is in the sampler (``logits_processors``), so no model attack applies.
+    decoding_time: ClassVar[bool] = False
+
+    def logits_processors(self, key_dir: Path, tokenizer) -> list:
+        """What the sampler applies to the logits when this method's model writes (decoding-time methods): none for
+        a watermark in the weights."""
+        return []
+
+    def refuses(self, attack) -> str | None:
+        """Why this method cannot be evaluated under ``attack`` (None: it can). A decoding-time watermark is not in the
+        weights, so an attack that changes them has nothing to act on."""
+        if self.decoding_time and attack.edits_weights():
+            return (
+                f"{self.name} watermarks at decoding time, not in the weights: model attacks ({attack.name}) do not "
+                "apply to it (text attacks do)"
+            )
+        return None
+
     def detector_reads_prompt(self) -> bool:
         """Whether this configuration's detector reads the prompt each text continues (``Detector.score``'s
         ``prompts``): its runs then record it (``scoring.detector_spec``), as the same texts score differently."""

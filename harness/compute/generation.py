@@ -27,6 +27,7 @@ def sample(
     desc: str,
     first_index: int = 0,
     used: dict | None = None,
+    processors: tuple = (),
 ) -> list[list[int]]:
     """Exactly ``new_tokens`` sampled tokens per prompt: multinomial at ``temperature``, no top-k/top-p (Gu et al.).
 
@@ -36,6 +37,8 @@ def sample(
     ``softmax(logits / temperature)``. A prompt thus gets the same text in any batch and in any process of a
     multi-process run, up to the last bits of its logits (which a kernel may compute differently at another batch
     size, so the batch size stays part of the hash).
+
+    ``processors`` act on the logits before the draw (a decoding-time watermark's).
 
     ``settings.batch_size`` ``"auto"``: batches of up to 1,024 prompts on a GPU, halved whenever one does not fit
     (the prompts already drawn are kept); 256 on a CPU (``AUTO_BATCH``). The batch size used last goes into
@@ -54,7 +57,9 @@ def sample(
             ids = torch.tensor(prompts[start : start + size], device=model.device)
             rows = torch.arange(len(ids), device=model.device) + first_index + start
             try:
-                gen = draw(model, ids, rows, settings.seed, settings.temperature, settings.new_tokens, eos_id)
+                gen = draw(
+                    model, ids, rows, settings.seed, settings.temperature, settings.new_tokens, eos_id, processors
+                )
             except torch.OutOfMemoryError:
                 if not auto or size == 1:
                     raise

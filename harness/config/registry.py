@@ -27,6 +27,9 @@ METHODS: dict[str, str | None] = {
     "pro": "methods.pro:PRO",
     "gaussmark": "methods.gaussmark:GaussMark",
     "gaussian-bias": "methods.gaussian_bias:GaussianBias",
+    "kgw-decoding": "methods.decoding_time:KGWDecoding",
+    "kth-decoding": "methods.decoding_time:KTHDecoding",
+    "aar-decoding": "methods.decoding_time:AARDecoding",
 }
 
 ATTACKS: dict[str, str | None] = {

@@ -70,10 +70,17 @@ class Setup:
         return about
 
     def configs(self) -> str:
-        """Each method's main configuration, for tab:robustness's caption."""
+        """Each method's main configuration, for tab:robustness's caption; and why the cells of decoding-time methods
+        under model modifications are empty, where the setup has one."""
         mains = sorted({(r.method, r.method_config) for r in main_runs(self.part).itertuples()},
                        key=lambda mc: method_rank(mc[0]))  # fmt: skip
-        return "; ".join(f"{m}: {c}" for m, c in mains)
+        text = "; ".join(f"{m}: {c}" for m, c in mains)
+        decoding = [m for m, name in sorted(set(zip(self.part["method"], self.part["method_name"], strict=True)))
+                    if getattr(plugin_class("method", name), "decoding_time", False)]  # fmt: skip
+        if decoding:
+            text += (f". {', '.join(decoding)} watermark at decoding time, not in the weights: model modifications do "
+                     "not apply to them, so their cells under those rows are empty by design")  # fmt: skip
+        return text
 
 
 def _cells_short_of_seeds(part: pd.DataFrame, seeds: list) -> list[str]:

@@ -4,10 +4,13 @@ against the base model's length. Nothing here builds a stage."""
 
 from __future__ import annotations
 
+from attacks.base import Attack
 from harness.assets import data, models
 from harness.compute import training
+from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.store import files
+from methods.base import WatermarkMethod
 
 
 def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
@@ -17,6 +20,11 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     by its recipe's where it has one, else built first, hence last). ``build=False`` (a dry run) builds no built-in
     model: the checks that would need one built are left to the run."""
     files.check_cache()  # (where built models and file hashes are kept: a file there fails every build, late)
+    for method in (p for p in plugins if isinstance(p, WatermarkMethod)):
+        for attack in (p for p in plugins if isinstance(p, Attack)):
+            refused = method.refuses(attack)  # (a decoding-time watermark under a model attack)
+            if refused:
+                raise HarnessError(refused)
     training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):

@@ -265,7 +265,9 @@ class Pipeline:
         texts = data.load_texts(self.preset.eval_data, limit=max(4 * e.num_prompts, 1000))
         return data.eval_prompts(self.tokenizer, texts, e.num_prompts, e.prompt_tokens, e.new_tokens)
 
-    def generate(self, model_path: str | Path, model_id: str, name: str) -> Stage:
+    def generate(self, model_path: str | Path, model_id: str, name: str, watermark: tuple | None = None) -> Stage:
+        """The model's continuations of the evaluation prompts. ``watermark``: a decoding-time watermark's ``(spec,
+        tokenizer -> logits processors)``, applied by the sampler (recorded in the spec only then)."""
         e = self.preset.eval
         spec = {
             "stage": kinds.GENERATE,
@@ -275,6 +277,8 @@ class Pipeline:
             "tokenizer": self.base["fingerprint"],
             "sampler": SAMPLER,
         }
+        if watermark is not None:
+            spec["watermark"] = watermark[0]
         stage = self.store.stage(kinds.GENERATE, spec)
 
         def build(out: Path) -> dict:
@@ -283,8 +287,11 @@ class Pipeline:
             model = models.load_causal_lm(str(model_path), self.device)
             prompt_ids = [p["prompt_ids"] for p in prompts]
             used: dict = {}
+            processors = tuple(watermark[1](tokenizer)) if watermark is not None else ()
             completions = distributed.map_shards(
-                lambda part, first: sample(model, part, e, tokenizer.eos_token_id, f"generate ({name})", first, used),
+                lambda part, first: sample(
+                    model, part, e, tokenizer.eos_token_id, f"generate ({name})", first, used, processors
+                ),
                 prompt_ids,
             )
             rows = [
@@ -344,6 +351,9 @@ class Pipeline:
     def run(self, method, attack) -> list[ScoredRun]:
         """Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model (one table)."""
         none = attacks.build("none", {})
+        refused = method.refuses(attack)
+        if refused:
+            raise HarnessError(refused)
         if not self.plan:
             if distributed.is_main():
                 self.store.sweep()
@@ -360,7 +370,11 @@ class Pipeline:
         base_spec = run_spec(None, None, base_gen, None)
         cells = [self.score(method, trained, base_gen, base_spec, {"model": self.base["path"]})]
         (unaltered_out,) = self.attack(none, trained)
-        unaltered = self.generate(unaltered_out.path, unaltered_out.model_id, unaltered_out.row)
+        sampler = None  # a decoding-time watermark is the sampler's: its key's processors
+        if method.decoding_time:
+            sampler = ({"method": method.name, "key_from": trained.key},
+                       lambda tokenizer: method.logits_processors(trained.path, tokenizer))  # fmt: skip
+        unaltered = self.generate(unaltered_out.path, unaltered_out.model_id, unaltered_out.row, sampler)
         rows = [(none, unaltered_out, unaltered)]  # (attack, output, generations)
         # The attack says what it adds (attacks/base.py): models of its own, or rewrites of the unaltered texts.
         rows += [(attack, out, gen) for out, gen in attack.evaluated(self, trained, (unaltered_out, unaltered))]

@@ -1,0 +1,123 @@
+"""Decoding-time reference rows: KGW, KTH and AAR applied by the sampler to the unwatermarked base, no training. They
+are the closed-source upper bound each learned method is measured against (the paper's motivation figure): the same
+key and detector as Gu-KGW, Gu-KTH and Gu-AAR, whose teachers they are, so a learned method's shortfall is what
+distillation loses. Their "trained" model is the base as it is, with the key beside it; the watermark is in the
+sampler (``logits_processors``), so model attacks do not apply to them (``WatermarkMethod.refuses``: one line before
+any work; the tables say why their cells under model modifications are empty). Text attacks do.
+
+KGW adds delta to the green list of each context and the sampler draws from the result. KTH and AAR decide the next
+token themselves (exponential-minimum sampling from the key's uniforms): their processors leave only that token
+possible, so the sampler's own noise changes nothing. A KTH text takes one of the key's ``s`` shifts, chosen by its
+prompt (the sum of the prompt's ids, modulo s: the same text in any batch); Gu et al. draw it at random.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from methods.base import TrainContext, read_key, save_trained
+from methods.gu_aar import GuAAR
+from methods.gu_kgw import GuKGW
+from methods.gu_kth import GuKTH
+
+
+class OnlyArgmax:
+    """A processor that leaves only ``inner``'s argmax possible (the rest -inf), so that later noise cannot move it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, input_ids, scores):
+        chosen = self.inner(input_ids, scores).argmax(-1, keepdim=True)
+        return torch.full_like(scores, -torch.inf).scatter_(-1, chosen, 0.0)
+
+
+class KGWProcessor:
+    """KGW decoding: ``logits + delta`` on the green list of the context that ends the sequence."""
+
+    def __init__(self, key):
+        from methods.kgw import green_lists
+
+        self.greens = green_lists(key)
+
+    def __call__(self, input_ids, scores):
+        width = self.greens.key.context_width
+        if input_ids.shape[1] < width:
+            return scores
+        masks = self.greens.masks(input_ids[:, -width:].cpu(), width=scores.shape[-1])[:, -1].to(scores.device)
+        return scores + self.greens.key.delta * masks.to(scores.dtype)
+
+
+class KTHByPrompt:
+    """KTH decoding, each row at the key shift its prompt picks (``prompt_len`` ids: the first call's length)."""
+
+    def __init__(self, key):
+        from methods.kth import key_gumbel, shifts
+
+        self.key, self.gumbel, self.shifts = key, key_gumbel(key), shifts(key)
+        self.prompt_len = None
+
+    def __call__(self, input_ids, scores):
+        from methods.kth import KTHLogitsProcessor
+
+        if self.prompt_len is None:
+            self.prompt_len = input_ids.shape[1]
+        picks = input_ids[:, : self.prompt_len].sum(-1).cpu() % len(self.shifts)
+        shift = [self.shifts[int(i)] for i in picks]
+        return KTHLogitsProcessor(self.key, shift, gumbel=self.gumbel)(input_ids, scores)
+
+
+def _untrained(method, ctx: TrainContext, out: Path, key: dict) -> dict:
+    """What a decoding-time method's train stage holds: the base as it is, and the key."""
+    save_trained(out, ctx.load_student(), ctx.load_tokenizer(), {"method": method.name, **key})
+    return {"steps": 0, "decoding_time": True}
+
+
+class KGWDecoding(GuKGW):
+    name = "kgw-decoding"
+    label = "KGW (decoding-time)"
+    decoding_time = True
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        tokenizer = ctx.load_tokenizer()
+        p = self.params
+        return _untrained(self, ctx, out, {"teacher": self.key(tokenizer, p.teacher_drop_special).to_dict(),
+                                           "detector": self.key(tokenizer, p.detector_drop_special).to_dict(),
+                                           "ignore_repeated_ngrams": p.ignore_repeated_ngrams})  # fmt: skip
+
+    def logits_processors(self, key_dir: Path, tokenizer) -> list:
+        from methods.kgw import KGWKey
+
+        return [KGWProcessor(KGWKey.from_dict(read_key(key_dir)["teacher"]))]
+
+
+class KTHDecoding(GuKTH):
+    name = "kth-decoding"
+    label = "KTH (decoding-time)"
+    decoding_time = True
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        p = self.params
+        return _untrained(self, ctx, out, {"key": self.key(ctx.load_tokenizer()).to_dict(), "statistic": p.statistic,
+                                           "gamma": p.gamma, "reference_texts": p.reference_texts})  # fmt: skip
+
+    def logits_processors(self, key_dir: Path, tokenizer) -> list:
+        from methods.kth import KTHKey
+
+        return [OnlyArgmax(KTHByPrompt(KTHKey.from_dict(read_key(key_dir)["key"])))]
+
+
+class AARDecoding(GuAAR):
+    name = "aar-decoding"
+    label = "AAR (decoding-time)"
+    decoding_time = True
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        return _untrained(self, ctx, out, {"key": self.key(ctx.load_tokenizer()).to_dict()})
+
+    def logits_processors(self, key_dir: Path, tokenizer) -> list:
+        from methods.aar import AARKey, AARLogitsProcessor
+
+        return [OnlyArgmax(AARLogitsProcessor(AARKey.from_dict(read_key(key_dir)["key"])))]

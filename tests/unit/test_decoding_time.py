@@ -1,0 +1,59 @@
+"""Decoding-time reference rows (methods/decoding_time.py) through the pipeline on small random Llamas: the base as it
+is with a key, the watermark applied by the sampler (its generations keyed by it), detected by the learned methods'
+detectors; model attacks refused in one line before any work, text attacks run."""
+
+import json
+
+import pytest
+
+from harness.config.registry import attacks, methods
+from harness.run.pipeline import Pipeline
+from harness.store.stages import Store
+
+SETTINGS = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", "eval.num_prompts": "24",
+            "eval.prompt_tokens": "4", "eval.new_tokens": "24", "eval.batch_size": "8",
+            # the sampled ids: a random model's text does not survive decoding and tokenizing again (AAR and KTH at
+            # k = 1 cycle through a few tokens whose decoded text tokenizes otherwise)
+            "eval.score_on": "ids"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, settings",
+    [("kgw-decoding", {"k": "1", "delta": "4"}), ("aar-decoding", {"k": "1"}),
+     ("kth-decoding", {"s": "2", "m": "64", "reference_texts": "20"})],
+)  # fmt: skip
+def test_the_sampler_writes_the_watermark_and_its_detector_finds_it(name, settings, random_llamas, small_preset,
+                                                                     tmp_path):  # fmt: skip
+    _, base = random_llamas
+    import random
+
+    words = "the quick brown fox jumps over a lazy dog and returns the number of items in the list".split()
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(words) for _ in range(40)) for _ in range(60)]
+    preset = small_preset(tmp_path, base, texts=texts, **SETTINGS)
+    store = Store(tmp_path / "runs")
+    method = methods.build(name, settings)
+    cells = Pipeline(preset, store, "cpu").run(method, attacks.build("typo", {"p": "0.05"}))
+    assert [c.row for c in cells][:2] == ["Unwatermarked base", "Unaltered"]
+    base_row, unaltered, typo = (c.metrics for c in cells)
+    assert unaltered["auc"] > 0.9 and unaltered["auc"] >= base_row["auc"], (unaltered["auc"], base_row["auc"])
+    assert typo["auc"] > 0.5
+    spec = json.loads((cells[1].run.path / "spec.json").read_text())
+    assert spec["upstream"]["generate"]["watermark"]["method"] == name  # the generations are the sampler's
+    model = json.loads((cells[1].run.path / "artefacts.json").read_text())["model"]
+    from safetensors.torch import load_file
+
+    trained, original = load_file(f"{model}/model.safetensors"), load_file(str(base / "model.safetensors"))
+    assert all(trained[k].equal(original[k]) for k in original)  # the "trained" model is the base as it is
+
+
+@pytest.mark.parametrize("attack", ["slerp", "gptq", "weight-noise"])
+def test_model_attacks_are_refused_before_any_work(cli, tmp_path, attack):
+    out = cli("run", "--method", "kgw-decoding", "--attack", attack, "--dry-run", "--results", str(tmp_path / "r"))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "at decoding time, not in the weights" in out.stderr
+    chained = cli("run", "--method", "aar-decoding", "--attack", "weight-noise", "--then", "typo", "--dry-run")
+    assert chained.returncode == 2 and "model attacks (chain) do not apply" in chained.stderr
+    assert "do not apply" in methods.build("kth-decoding", {}).refuses(attacks.build("slerp", {}))
+    assert methods.build("kgw-decoding", {}).refuses(attacks.build("typo", {})) is None
+    assert methods.build("gu-kgw", {}).refuses(attacks.build("slerp", {})) is None
