@@ -1,4 +1,4 @@
-"""Quantization of the watermarked model: GPTQ (gptqmodel), LLM.int8 (bitsandbytes) and HQQ (hqq).
+"""Quantization of the watermarked model: GPTQ (gptqmodel), LLM.int8 and 4-bit (bitsandbytes) and HQQ (hqq).
 
 GPTQ goes through gptqmodel, auto-gptq's maintained successor: auto-gptq 0.7.1 (the design card's library) does not
 import with transformers 5 and refuses to quantize without CUDA. HQQ goes through the ``hqq`` package directly
@@ -14,6 +14,9 @@ What is evaluated (``out_dir/model``, also named in the report under ``"evaluate
 * LLM.int8 also decomposes activations at run time (outlier columns above ``threshold`` stay in 16 bit), which a
   dequantized copy would not reproduce, so the evaluated model is the bitsandbytes 8-bit model itself (int8 weights
   and their scales in safetensors), which transformers reloads as ``Linear8bitLt`` layers on CPU or GPU.
+* bitsandbytes' 4-bit (NF4, FP4) runs on the CPU too (bitsandbytes 0.46 and later), so as LLM.int8 the evaluated
+  model is the 4-bit model itself, reloaded as ``Linear4bit`` layers: what its users run. On a CPU with AVX512-BF16
+  bitsandbytes computes those layers in bfloat16 whatever ``compute_dtype`` says (the report says which it was).
 """
 
 from __future__ import annotations
@@ -92,26 +95,40 @@ _LINEAR_SHAPES: dict[str, list[tuple[str, int, int]]] = {}  # config JSON -> its
 # --- GPTQ ----------------------------------------------------------------------------------------------------------
 
 # What gptqmodel's CPU kernel (TorchLinear) packs, as the pinned gptqmodel 7.6.0 declares it. Importing gptqmodel
-# takes about 8 s on 2 cores (it loads its whole model zoo), most of a grid's dry run for a lookup in a table; another
-# installed version is asked directly, and tests/unit/test_quant.py checks this copy against the library.
+# takes about 8 s on 2 cores (it loads its whole model zoo), most of a grid's dry run (and every settings check) for
+# a lookup in a table; another installed version is asked directly, and tests/unit/test_quant.py checks this copy
+# against the library.
 GPTQ_KERNEL_LIMITS = {
-    "7.6.0": {"group_size": (-1, 16, 32, 64, 128, 256, 512, 1024), "in_features": (1,), "out_features": (1,)}
+    "7.6.0": {
+        "bits": (2, 3, 4, 5, 6, 7, 8),
+        "group_size": (-1, 16, 32, 64, 128, 256, 512, 1024),
+        "in_features": (1,),
+        "out_features": (1,),
+        "whole_words_bits": (3, 5, 6, 7),
+    }
 }
+GPTQ_WORD = 32  # codes per packed block of the bit widths that do not divide a 32-bit word
 
 
 def gptq_kernel_limits(ask_library: bool = False) -> dict[str, tuple[int, ...]]:
-    """The group sizes gptqmodel's TorchLinear packs, and the numbers a layer's in/out features must be a multiple of
-    (one of)."""
+    """The bits and group sizes gptqmodel's TorchLinear packs, the numbers a layer's in/out features must be a
+    multiple of (one of), and the bits (``whole_words_bits``) whose packing needs both a multiple of ``GPTQ_WORD``:
+    5, 6 and 7 bits pack planar blocks of 32 codes (the library says which), and 3 bits, packed 32 codes to three
+    words, fails on a layer of another width only as it packs (gptqmodel's ``pack_original``: not declared in its
+    limits, so named here)."""
     from importlib.metadata import version
 
     known = GPTQ_KERNEL_LIMITS.get(version("gptqmodel"))
     if known is not None and not ask_library:
         return known
     from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.planar_packing import PLANAR_BITS
 
-    return {"group_size": tuple(TorchLinear.SUPPORTS_GROUP_SIZE),
+    return {"bits": tuple(TorchLinear.SUPPORTS_BITS),
+            "group_size": tuple(TorchLinear.SUPPORTS_GROUP_SIZE),
             "in_features": tuple(TorchLinear.SUPPORTS_IN_FEATURES_DIVISIBLE_BY),
-            "out_features": tuple(TorchLinear.SUPPORTS_OUT_FEATURES_DIVISIBLE_BY)}  # fmt: skip
+            "out_features": tuple(TorchLinear.SUPPORTS_OUT_FEATURES_DIVISIBLE_BY),
+            "whole_words_bits": tuple(sorted({3, *PLANAR_BITS}))}  # fmt: skip
 
 
 class GPTQParams(CalibrationParams):
@@ -131,9 +148,12 @@ class GPTQParams(CalibrationParams):
 
     @field_validator("bits")
     @classmethod
-    def _paper_bits(cls, value: int) -> int:
-        if value not in (4, 8):
-            raise ValueError(f"GPTQ bits must be 4 or 8 (the paper's settings), not {value}")
+    def _packed_bits(cls, value: int) -> int:
+        """The bits gptqmodel's CPU kernel packs (the paper's are 4 and 8); gptqmodel itself refuses others only when
+        it packs the model, after training and calibration."""
+        packed = gptq_kernel_limits()["bits"]
+        if value not in packed:
+            raise ValueError(f"GPTQ bits must be one gptqmodel packs ({', '.join(map(str, packed))}), not {value}")
         return value
 
     @field_validator("group_size")
@@ -169,13 +189,16 @@ class GPTQ(ModelAttack):
         if base_model is None:
             return
         divisors = {"in_features": limits["in_features"], "out_features": limits["out_features"]}
+        if p.bits in limits["whole_words_bits"]:
+            divisors = {what: (GPTQ_WORD,) for what in divisors}
         if divisors == {"in_features": (1,), "out_features": (1,)}:
             return  # every shape packs: no need to build the model's skeleton to look
         for name, columns, rows in linear_shapes(base_model):
             for what, size in (("in_features", columns), ("out_features", rows)):
                 if not any(size % d == 0 for d in divisors[what]):
+                    multiple = " or ".join(map(str, divisors[what]))
                     raise HarnessError(
-                        f"GPTQ cannot pack {name}: its {what} ({size}) is not a multiple of {divisors[what]}"
+                        f"GPTQ {p.bits}-bit cannot pack {name}: its {what} ({size}) is not a multiple of {multiple}"
                     )
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
@@ -301,6 +324,121 @@ class Int8(ModelAttack):
             "evaluated": (
                 f"the bitsandbytes LLM.int8 model itself ({int8_layers} Linear8bitLt layers, int8 weights in "
                 f"safetensors, outlier threshold {self.params.threshold:g}), run by bitsandbytes at evaluation"
+            ),
+        }
+
+
+# --- bitsandbytes 4-bit --------------------------------------------------------------------------------------------
+
+# bitsandbytes' CPU kernel for 4-bit layers (used on a CPU with AVX512-BF16, when a layer runs without gradients)
+# repacks each weight into whole tiles on its first forward: out_features in tiles of 32 rows, in_features in whole
+# quantization blocks (transformers' BitsAndBytesConfig quantizes in blocks of 64). Another shape fails there, after
+# training and quantization, so it is checked before (bitsandbytes/functional.py, _convert_weight_packed_for_cpu).
+BNB_BLOCKSIZE = 64
+BNB_CPU_TILE_ROWS = 32
+
+
+class BnB4Params(Params):
+    """bitsandbytes' 4-bit settings, as transformers' ``BitsAndBytesConfig(load_in_4bit=True, ...)`` takes them:
+    ``quant_type`` nf4 (QLoRA's NormalFloat, what most 4-bit loads use) or fp4 (bitsandbytes' default), double
+    quantization of the blocks' scales (``double_quant``), and the dtype the 4-bit layers compute in (``auto``: the
+    model's own dtype, e.g. float32 for the tiny model, bfloat16 for LLaMA-3-8B)."""
+
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = False
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+class BnB4(ModelAttack):
+    name = "bnb-4bit"
+    category = "Quantization"
+    label = "bnb 4-bit"
+    description = "bitsandbytes 4-bit quantization"
+    version = "1"
+    Params = BnB4Params
+    requires = {"bitsandbytes": "quant"}
+
+    def config_label(self) -> str:
+        p = self.params
+        label = p.quant_type.upper() + (", double quant" if p.double_quant else "")
+        return label if p.compute_dtype == "auto" else f"{label}, {p.compute_dtype}"
+
+    def validate(self, base_model: str | None = None) -> None:
+        """Where no GPU is visible, the 4-bit layers run on the CPU: bitsandbytes must quantize there (asked of the
+        library on a small tensor), and on a CPU with AVX512-BF16 every quantized layer must fit its CPU kernel's
+        tiles. Both are checked before any work: bitsandbytes fails on either only when the model first runs."""
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        import bitsandbytes.functional as bnb_functional
+
+        from harness.store.versions import package_versions
+
+        try:
+            bnb_functional.quantize_4bit(torch.ones(BNB_BLOCKSIZE, BNB_BLOCKSIZE), quant_type=self.params.quant_type)
+        except Exception as err:  # what a bitsandbytes without a CPU backend raises varies by version
+            version = package_versions(("bitsandbytes",))["bitsandbytes"]
+            first = (str(err).splitlines() or [""])[0]
+            raise HarnessError(
+                f"bnb-4bit needs a CUDA GPU or a bitsandbytes that quantizes to 4 bits on the CPU (0.46 or later); "
+                f"bitsandbytes {version} cannot here: {type(err).__name__}: {first}"
+            ) from None
+        if base_model is None or not bnb_functional.has_avx512bf16():
+            return
+        for name, columns, rows in linear_shapes(base_model):
+            if columns % BNB_BLOCKSIZE or rows % BNB_CPU_TILE_ROWS:
+                raise HarnessError(
+                    f"bnb-4bit on this CPU (AVX512-BF16) needs every layer's in_features a multiple of "
+                    f"{BNB_BLOCKSIZE} and out_features of {BNB_CPU_TILE_ROWS}: {name} is {columns} -> {rows} "
+                    "(use a GPU)"
+                )
+
+    def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
+        import torch
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        from harness.assets.models import load_tokenizer
+
+        p = self.params
+        compute = _config_dtype(model_dir) if p.compute_dtype == "auto" else getattr(torch, p.compute_dtype)
+        config = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=p.quant_type,
+            bnb_4bit_use_double_quant=p.double_quant,
+            bnb_4bit_compute_dtype=compute,
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), quantization_config=config, device_map=ctx.device, dtype="auto", use_safetensors=True
+        )
+        layers = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
+        if not layers:
+            raise HarnessError(f"bitsandbytes quantized no layer of '{model_dir}' to 4 bits")
+        state = layers[0].weight.quant_state
+        if (state.quant_type, state.nested) != (p.quant_type, p.double_quant):
+            raise HarnessError(
+                f"bitsandbytes quantized to {state.quant_type} (double quantization {state.nested}), not what was asked"
+            )
+        model.save_pretrained(out_dir / MODEL, safe_serialization=True)
+        load_tokenizer(str(model_dir)).save_pretrained(out_dir / MODEL)
+        stored = json.loads((out_dir / MODEL / "config.json").read_text())["quantization_config"]
+        runs_as = f"in {str(compute).removeprefix('torch.')}"
+        if str(ctx.device).startswith("cpu"):
+            from bitsandbytes.functional import has_avx512bf16
+
+            if has_avx512bf16():  # (its CPU kernel casts inputs and scales to bfloat16, whatever compute_dtype says)
+                runs_as = "in bfloat16 by its AVX512-BF16 CPU kernel on this machine (compute_dtype is not used there)"
+        return {
+            "quant_type": p.quant_type,
+            "double_quant": p.double_quant,
+            "compute_dtype": str(compute).removeprefix("torch."),
+            "blocksize": state.blocksize,
+            "quantized_layers": len(layers),
+            "quantization_config": stored,
+            "versions": library_versions("bitsandbytes"),
+            "evaluated": (
+                f"the bitsandbytes 4-bit model itself ({len(layers)} Linear4bit layers, {p.quant_type} codes in blocks "
+                f"of {state.blocksize} in safetensors), run by bitsandbytes at evaluation {runs_as}"
             ),
         }
 

