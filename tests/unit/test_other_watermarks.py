@@ -1,4 +1,4 @@
-"""Decoding-time reference rows (methods/decoding_time.py) through the pipeline on small random Llamas: the base as it
+"""The field's other watermarks through the pipeline on small random Llamas. Decoding-time reference rows
 is with a key, the watermark applied by the sampler (its generations keyed by it), detected by the learned methods'
 detectors; model attacks refused in one line before any work, text attacks run."""
 
@@ -57,3 +57,27 @@ def test_model_attacks_are_refused_before_any_work(cli, tmp_path, attack):
     assert "do not apply" in methods.build("kth-decoding", {}).refuses(attacks.build("slerp", {}))
     assert methods.build("kgw-decoding", {}).refuses(attacks.build("typo", {})) is None
     assert methods.build("gu-kgw", {}).refuses(attacks.build("slerp", {})) is None
+
+
+@pytest.mark.parametrize(
+    "name, settings",
+    [
+        ("gaussmark", {"sigma": "0.05", "layers": "0,1"}),
+        ("gaussian-bias", {"std": "2"}),
+        ("gu-aar", {"k": "1", "prompt_tokens": "4"}),
+    ],
+)
+def test_the_other_weight_watermarks_run_through_the_pipeline(name, settings, random_llamas, small_preset, tmp_path):
+    """Plumbing of the field's other learned methods on a random model (their detection is measured on the tiny
+    preset, README): a trained stage, a row each, p-values in [0, 1], a SLERP cell reusing the training."""
+    _, base = random_llamas
+    preset = small_preset(tmp_path, base, **{**SETTINGS, "eval.num_prompts": "6", "eval.new_tokens": "8"})
+    store = Store(tmp_path / "runs")
+    method = methods.build(name, settings)
+    cells = Pipeline(preset, store, "cpu").run(method, attacks.build("slerp", {"t": "0.5"}))
+    assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered", "SLERP t=0.5"]
+    for cell in cells:
+        rows = [json.loads(line) for line in (cell.run.path / "scores.jsonl").read_text().splitlines()]
+        assert len(rows) == 12 and all(0 <= r["p_value"] <= 1 for r in rows), rows[:2]
+    again = Pipeline(preset, store, "cpu").run(method, attacks.build("none", {}))
+    assert all(c.reused for c in again)
