@@ -1,6 +1,7 @@
-"""The field's other watermarks through the pipeline on small random Llamas. Decoding-time reference rows
-is with a key, the watermark applied by the sampler (its generations keyed by it), detected by the learned methods'
-detectors; model attacks refused in one line before any work, text attacks run."""
+"""The field's other watermarks through the pipeline on small random Llamas. Decoding-time reference rows: the base
+as it is with a key, the watermark applied by the sampler (its generations keyed by it), detected by the learned
+methods' detectors; model attacks refused in one line before any work, text attacks run. GaussMark, the Gaussian bias
+and Gu-AAR: a trained stage and rows, reused."""
 
 import json
 
