@@ -162,6 +162,16 @@ def _open_dataset(src: DataSource):
         raise HarnessError(f"cannot load dataset '{src.path}': {first_line(err)}") from None
 
 
+def same_documents(a: DataSource, b: DataSource) -> bool:
+    """Whether two sources read the same documents (whatever field each reads of them): one local file or folder
+    (a folder also holds the files under it), or one built-in or hub dataset, configuration and split."""
+    here, there = Path(a.path).expanduser(), Path(b.path).expanduser()
+    if here.exists() and there.exists():
+        here, there = here.resolve(), there.resolve()
+        return here == there or here in there.parents or there in here.parents
+    return (a.path, a.name, a.split) == (b.path, b.name, b.split)
+
+
 def fingerprint(src: DataSource) -> str:
     """Content hash for bundled or local data (file hashes cached as for models); the id and split for hub data."""
     if src.path in BUILTIN_DATA:

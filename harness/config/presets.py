@@ -136,6 +136,9 @@ TINY_CALIBRATION = {"calib_data": "builtin:tiny-corpus", "calib_name": None, "ca
 # ones cut.
 TINY_PARAPHRASER = {"model": "builtin:tiny-paraphraser", "tokenizer": None, "sent_interval": 1, "max_window_words": 40}
 
+TINY_FINETUNE = {"dataset": "tiny-code-instruct", "steps": finetune_steps(150), "lr": 2e-3, "batch_size": 8,
+                 "seq_len": 128}  # fmt: skip
+
 TINY = Preset(
     name="tiny",
     # A 3-layer Llama and a 4,096-token BPE trained here on the bundled corpus (harness/assets/tiny.py), cached per
@@ -183,13 +186,11 @@ TINY = Preset(
         "awq": {**TINY_CALIBRATION, "group_size": 64},
         # Scaled from the paper by the ratio of the watermark trainings: it fine-tunes for 300..1,500 steps (6% to 30%
         # of 5,000 training steps) at 2x the watermark lr; here 9..45 of 150 steps at 2x 1e-3.
-        "finetune": {
-            "dataset": "tiny-code-instruct",
-            "steps": finetune_steps(150),
-            "lr": 2e-3,
-            "batch_size": 8,
-            "seq_len": 128,
-        },
+        "finetune": TINY_FINETUNE,
+        # LoRA: the fine-tune's data, checkpoints and batches at 5x its lr (adapters start at zero and move the model
+        # less per step). Measured on the tiny LM (README): at 1e-2 the held-out NLL after 9 steps rose 4.84 -> 6.03
+        # (the full fine-tune's: 6.59) with the training loss falling 5.36 -> 4.76; at 3e-2 the loss climbed to 6.3.
+        "lora": {**TINY_FINETUNE, "lr": 1e-2},
         "merge": {"donors": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
@@ -227,6 +228,9 @@ PAPER = Preset(
 
 SMALL_CALIBRATION = {"calib_data": "builtin:small-corpus", "calib_name": None, "calib_split": "train"}
 
+SMALL_FINETUNE = {"dataset": "tiny-code-instruct", "steps": finetune_steps(500), "lr": 1e-3, "batch_size": 16,
+                  "seq_len": 256}  # fmt: skip
+
 SMALL = Preset(
     name="small",
     # A 17M-parameter Llama and an 88M oracle with an 8,192-token BPE, trained here on one GPU from pydoc topics and
@@ -257,13 +261,8 @@ SMALL = Preset(
         **{a: dict(SMALL_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt", "awq")},
         # The paper's 300..1,500 fine-tuning steps are 6%..30% of its 5,000 training steps: here 30..150 of 500, at
         # 2x the watermark lr.
-        "finetune": {
-            "dataset": "tiny-code-instruct",
-            "steps": finetune_steps(500),
-            "lr": 1e-3,
-            "batch_size": 16,
-            "seq_len": 256,
-        },
+        "finetune": SMALL_FINETUNE,
+        "lora": {**SMALL_FINETUNE, "lr": 5e-3},  # 5x the fine-tune's lr, as in the tiny preset (not tuned here)
         "merge": {"donors": "builtin:small-donor-code,builtin:small-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
@@ -271,6 +270,9 @@ SMALL = Preset(
 )
 
 SMOL_STEPS = 80
+
+SMOL_FINETUNE = {"dataset": "tiny-code-instruct", "steps": finetune_steps(SMOL_STEPS), "lr": 6e-4, "batch_size": 8,
+                 "seq_len": 128}  # fmt: skip
 
 SMOL = Preset(
     name="smol",
@@ -308,13 +310,8 @@ SMOL = Preset(
     attacks={
         **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
         "awq": {**TINY_CALIBRATION, "group_size": 64},  # (SmolLM2's width, 576, is 4.5 groups of 128)
-        "finetune": {
-            "dataset": "tiny-code-instruct",
-            "steps": finetune_steps(SMOL_STEPS),
-            "lr": 6e-4,
-            "batch_size": 8,
-            "seq_len": 128,
-        },
+        "finetune": SMOL_FINETUNE,
+        "lora": {**SMOL_FINETUNE, "lr": 3e-3},  # 5x the fine-tune's lr, as in the tiny preset (not tuned here)
         "merge": {"donors": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },

@@ -31,6 +31,7 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
         models.check(ref)
     for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
         data.check(source)
+    check_held_out(preset, plugins)
     # What follows is judged against the base model: a built-in one this machine lacks is judged by the config its
     # recipe gives (models.planned), or else built here by a first run (last, for that).
     base_ready = build or models.built(preset.base_model) or models.planned(preset.base_model)
@@ -40,6 +41,21 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
         lengths = {"train.seq_len": preset.train.seq_len, **eval_lengths(preset)}
         lengths |= {f"{p.name} {k}": v for p in plugins for k, v in p.token_lengths().items()}
         models.check_lengths(preset.base_model, lengths)
+
+
+def check_held_out(preset: Preset, plugins) -> None:
+    """Refuse a plugin dataset (fine-tuning, scrubbing, calibration) that holds the evaluation's own documents: the
+    prompts and the human texts scored as negatives come from ``eval_data``, and a model tuned on them would be
+    measured on what it was trained on. Another split of the same corpus is held out from them (the built-in corpora
+    split by the rule in harness/assets/data.py)."""
+    for plugin in plugins:
+        for what, source in plugin.data_refs().items():
+            if data.same_documents(source, preset.eval_data):
+                where = source.path + (f" ({source.name})" if source.name else "") + f", split {source.split}"
+                raise HarnessError(
+                    f"{plugin.name}: its {what} data ({where}) is the evaluation's own texts (eval_data: the prompts "
+                    "and the human negatives); use documents held out from them, e.g. another split"
+                )
 
 
 def eval_lengths(preset: Preset) -> dict[str, int]:

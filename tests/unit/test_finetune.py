@@ -113,3 +113,122 @@ def test_a_chat_model_is_fine_tuned_through_its_chat_template(random_llamas):
     prompt, trained = tokenizer.decode(ids[:head]), tokenizer.decode(ids[head:])
     assert prompt == "<|im_start|>user\nAdd two numbers.<|im_end|>\n<|im_start|>assistant\n"
     assert trained.startswith("def add(a, b):") and end in ids[head:] and start not in ids[head:]
+
+
+# --- scrubbing: fine-tuning on plain human text of the evaluation's domain, never its own texts ----------------------
+
+
+def test_a_plain_text_dataset_is_trained_on_every_token(random_llamas, tmp_path):
+    """A local file of plain text (``text_field``) gives each document's tokens in windows of seq_len that overlap by
+    one token, all trained on; the checkpoints move as with instruction pairs."""
+    from attacks.finetune import example_stream, text_windows
+    from harness.assets.models import load_tokenizer
+
+    marked, _ = random_llamas
+    tokenizer = load_tokenizer(str(marked))
+    text = " ".join(f"{p} {r}" for p, r in PAIRS[:3])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    windows = text_windows(tokenizer, text, 16)
+    assert all(head == 0 and len(w) <= 16 for w, head in windows)
+    bos = [] if tokenizer.bos_token_id in (None, tokenizer.eos_token_id) else [tokenizer.bos_token_id]
+    # Consecutive windows share one token, so every token after the first is predicted once.
+    assert windows[0][0] + [t for w, _ in windows[1:] for t in w[1:]] == [*bos, *ids, tokenizer.eos_token_id]
+    assert len(windows) > 1 and all(len(w) == 16 for w, _ in windows[:-1])
+    path = tmp_path / "human.jsonl"
+    path.write_text("".join(json.dumps({"body": f"{p} {r}"}) + "\n" for p, r in PAIRS))
+    attack = attacks.build("finetune", {"dataset": str(path), "text_field": "body", "steps": "2", "lr": "1e-2",
+                                        "batch_size": "2", "seq_len": "16"})  # fmt: skip
+    assert attack.table_label() == "human (scrub)" and attack.data_refs()["finetune"].text_field == "body"
+    stats = {"read": 0, "epochs": 0}
+    first = next(example_stream(tokenizer, attack.data, attack.params, stats))
+    assert first[1] == 0
+    out = tmp_path / "scrub"
+    out.mkdir()
+    report = attack.apply(marked, out, AttackContext(str(marked), "cpu"))
+    assert report["loss_on"] == "every token" and report["format"].startswith("plain text")
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(weights(marked)[name], weights(out / "checkpoints/step-2")[name])
+
+
+def test_the_named_human_text_sets_are_held_out_from_what_evaluations_read():
+    """Each named plain-text set is the train split of its corpus; the presets evaluate on another split, and the
+    built-in corpora's splits share no document."""
+    from attacks.finetune import DATASETS
+    from harness.assets import data
+    from harness.config.presets import PRESETS
+
+    plain = {name: d for name, d in DATASETS.items() if d.plain_text}
+    assert set(plain) == {"tiny-corpus", "small-corpus", "c4-realnewslike", "openwebtext"}
+    assert all(d.source.split == "train" for d in plain.values())
+    for preset in PRESETS.values():
+        assert not any(data.same_documents(d.source, preset.eval_data) for d in plain.values()), preset.name
+    train, heldout = (
+        set(data.iter_texts(DATASETS["tiny-corpus"].source)),
+        set(data.iter_texts(PRESETS["tiny"].eval_data)),
+    )
+    assert train and heldout and not train & heldout
+
+
+def test_the_evaluations_own_texts_are_refused(random_llamas, tmp_path, small_preset):
+    """A dataset that holds the evaluation's documents (the same file, a folder around it, the same hub split) is one
+    line before any work; another file is not."""
+    from harness.config.presets import TINY, apply_overrides
+    from harness.run.checks import check_held_out
+
+    base, _ = random_llamas
+    preset = small_preset(tmp_path, base)
+    corpus = tmp_path / "corpus.jsonl"
+    for dataset in (corpus, tmp_path):
+        attack = attacks.build("finetune", {"dataset": str(dataset), "text_field": "text"})
+        with pytest.raises(HarnessError, match="is the evaluation's own texts") as err:
+            check_held_out(preset, [attack])
+        assert "\n" not in str(err.value)
+    check_held_out(preset, [attacks.build("finetune", {"dataset": str(instruct_file(tmp_path))})])
+    c4 = apply_overrides(TINY, {"eval_data.path": "allenai/c4", "eval_data.name": "realnewslike",
+                                "eval_data.split": "train"})  # fmt: skip
+    with pytest.raises(HarnessError, match=r"allenai/c4 \(realnewslike\), split train"):
+        check_held_out(c4, [attacks.build("lora", {"dataset": "c4-realnewslike"})])
+    check_held_out(TINY, [attacks.build("finetune", {"dataset": "tiny-corpus"})])
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"dataset": "tiny-corpus", "text_field": "text"}, "text_field is for a local dataset; 'tiny-corpus' names"),
+        ({"text_field": "text"}, "text_field is for a local dataset; 'openmathinstruct' names"),
+        ({"prompt_field": "q"}, None),
+    ],
+)
+def test_bad_plain_text_settings_are_one_line(tmp_path, settings, message):
+    path = instruct_file(tmp_path)
+    if message is None:  # a local file with text_field and a pair field
+        settings, message = {"dataset": str(path), "text_field": "prompt", **settings}, "give one or the other"
+    with pytest.raises(HarnessError, match=message) as err:
+        attacks.build("finetune", settings)
+    assert "\n" not in str(err.value)
+
+
+def test_the_finetune_record_keeps_its_shape():
+    """``text_field`` came later: at its default it stays out of the record, so every stored fine-tuning stage keeps
+    its hash."""
+    params = attacks.build("finetune", {"dataset": "alpaca"}).params
+    assert "text_field" not in params.model_dump()
+    assert "text_field" in attacks.build("finetune", {"dataset": "/tmp", "text_field": "t"}).params.model_dump()
+
+
+def test_the_cli_refuses_the_evaluations_own_texts(cli, tmp_path):
+    corpus = tmp_path / "eval.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"{p} {r}"}) + "\n" for p, r in PAIRS))
+    for dry in ([], ["--dry-run"]):
+        args = [
+            "--attack-arg",
+            f"dataset={corpus}",
+            "--attack-arg",
+            "text_field=text",
+            "--set",
+            f"eval_data.path={corpus}",
+        ]
+        out = cli("run", "--method", "gu-kgw", "--attack", "finetune", *args, "--results", "store", *dry)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "is the evaluation's own texts" in out.stderr
+        assert not (tmp_path / "store" / "stages").exists()
