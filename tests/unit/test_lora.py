@@ -281,13 +281,12 @@ def test_the_presets_give_lora_defaults_that_build():
 def test_the_preset_defaults_move_no_stored_run():
     """The presets' LoRA defaults came after their runs were stored: the preset as runs store (and hash) it leaves
     them out, and holds the fine-tuning defaults as before."""
-    from harness.config.presets import TINY
+    from harness.config.presets import HASHED_ATTACK_DEFAULTS, HASHED_METHOD_DEFAULTS, PRESETS, TINY
     from harness.run.scoring import preset_settings
-
-    from harness.config.presets import HASHED_ATTACK_DEFAULTS, HASHED_METHOD_DEFAULTS, PRESETS
 
     stored = preset_settings(TINY)["attacks"]
     assert "lora" in TINY.attacks and "lora" not in stored and stored["finetune"] == TINY.attacks["finetune"]
     for preset in PRESETS.values():  # every plugin that came later (merges, quantizers, methods) the same way
         kept = preset_settings(preset)
-        assert set(kept["attacks"]) <= set(HASHED_ATTACK_DEFAULTS) and set(kept["methods"]) <= set(HASHED_METHOD_DEFAULTS)
+        assert set(kept["attacks"]) <= set(HASHED_ATTACK_DEFAULTS)
+        assert set(kept["methods"]) <= set(HASHED_METHOD_DEFAULTS)
