@@ -75,8 +75,8 @@ class Cell:
         """The method and attack plugins of this cell (validated)."""
         from harness.config.registry import attacks, methods
 
-        m = methods.build(self.method, dict(self.method_settings), self.preset)
-        a = attacks.build(self.attack, dict(self.attack_settings), self.preset)
+        m = methods.build(self.method, _thawed(self.method_settings), self.preset)
+        a = attacks.build(self.attack, _thawed(self.attack_settings), self.preset)
         return m, a
 
     @property
@@ -311,12 +311,27 @@ def _frozen(settings: dict) -> tuple:
     return tuple(sorted((str(k), _hashable(v)) for k, v in settings.items()))
 
 
+class _Mapping(tuple):
+    """A setting's mapping, frozen (sorted (key, value) pairs) so that a cell hashes, and told apart from a list."""
+
+
 def _hashable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+        return _Mapping(sorted((k, _hashable(v)) for k, v in value.items()))
     return value
+
+
+def _thawed(settings: tuple) -> dict:
+    """``_frozen``'s settings as the plugin takes them again (nested mappings and lists included: a chain's links)."""
+
+    def thaw(value: Any) -> Any:
+        if isinstance(value, _Mapping):
+            return {k: thaw(v) for k, v in value}
+        return [thaw(v) for v in value] if isinstance(value, tuple) else value
+
+    return {k: thaw(v) for k, v in settings}
 
 
 def _plugin(kind: str, preset: presets.Preset, name: str, settings: Any, where: str):

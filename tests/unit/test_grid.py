@@ -80,9 +80,9 @@ BOMB = (  # 10 entries, then 10 aliases of each of those, 9 levels deep
         ("preset: tiny\ngroups:\n  a:\n    methods:\n      gu-kgx: [{}]\n", 5, "unknown method 'gu-kgx'"),
         (
             "preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    attacks:\n      slerp: [{t: 0.5}]\n"
-            "      merge: [{}]\n",
+            "      mergee: [{}]\n",
             7,
-            "unknown attack 'merge'",
+            "unknown attack 'mergee'",
         ),
         (
             "preset: tiny\ngroups:\n  a:\n    methods:\n      gu-kgw:\n        - {}\n        - {kk: 1}\n",
