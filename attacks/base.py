@@ -40,6 +40,8 @@ class Attack(Plugin):
     tables: ClassVar[tuple[str, ...]] = ("robustness",)
     sweep: ClassVar[Sweep | None] = None  # a figure of AUC against its strength
     identity: ClassVar[bool] = False  # True only for ``none``: the pipeline then uses the input model as is
+    # The uninformed attack others are read against (weight noise): the AUC-utility figure draws it as a curve.
+    reference_curve: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Check the table names of every attack class as it is defined, built-in or an outside plugin's."""

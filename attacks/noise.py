@@ -30,6 +30,7 @@ class WeightNoise(ModelAttack):
                   error_bars=True)  # fmt: skip
     version = "1"
     Params = WeightNoiseParams
+    reference_curve = True  # the AUC-utility figure's reference
 
     def config_label(self) -> str:
         return f"sigma={self.params.sigma:g}"

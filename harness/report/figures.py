@@ -207,27 +207,31 @@ def tpr_by_length(part: pd.DataFrame, plt):
 
 def auc_utility(part: pd.DataFrame, store: Store, plt):
     """Per method, the AUC of every attacked model against its retained utility (perplexity on held-out human text),
-    weight noise as the reference curve: an attack below the curve removes more watermark than noise of the same
-    utility cost. Drawn where the store holds utility stages (runs made before them have none)."""
+    the attack that declares itself the reference (``Attack.reference_curve``: weight noise) as a curve: an attack
+    below it removes more watermark than that of the same utility cost. Drawn where the store holds utility stages
+    (runs made before them have none)."""
     ppl = collect.heldout_ppl(store)
     if not ppl:
         return None
     runs = part[part["attack_name"].notna()].copy()
     runs["utility"] = [ppl.get(collect.model_of_run(store, run)) for run in runs["run"]]
     runs = runs[runs["utility"].notna()]
-    if runs.empty or (runs["attack_name"] == "none").all():
+    declares = lambda attribute: runs["attack_name"].map(  # noqa: E731
+        lambda name: bool(getattr(collect.plugin_class("attack", name), attribute, False))
+    )
+    runs["reference"], runs["unaltered"] = declares("reference_curve"), declares("identity")
+    if runs.empty or runs["unaltered"].all():
         return None
     names = _methods(runs)
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
     for ax, method in zip(axes[0], names, strict=True):
         mine = runs[runs["method"] == method]
-        noise = mine[mine["attack_name"] == "weight-noise"].sort_values("utility")
-        unaltered_ = mine[mine["attack_name"] == "none"]
-        others = mine[~mine["attack_name"].isin(("none", "weight-noise"))]
-        if len(noise):
-            line = pd.concat([unaltered_, noise]).sort_values("utility")
-            ax.plot(line["utility"], line["AUC"], color="0.5", marker=".", label="weight noise (reference)")
-        for attack, points in others.groupby("attack", sort=True):
+        unaltered_, reference = mine[mine["unaltered"]], mine[mine["reference"]]
+        if len(reference):
+            line = pd.concat([unaltered_, reference]).sort_values("utility")
+            label = f"{reference['attack'].iloc[0]} (reference)"
+            ax.plot(line["utility"], line["AUC"], color="0.5", marker=".", label=label)
+        for attack, points in mine[~mine["unaltered"] & ~mine["reference"]].groupby("attack", sort=True):
             ax.scatter(points["utility"], points["AUC"], s=14, label=attack)
         ax.scatter(unaltered_["utility"], unaltered_["AUC"], marker="*", s=90, color="black", label="unaltered")
         ax.set(xscale="log", xlabel="held-out perplexity of the model", ylabel="AUC", title=method)
