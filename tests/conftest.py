@@ -180,6 +180,95 @@ def other_tokenizer_llama(tmp_path_factory):
     return make_random_llama(tmp_path_factory.mktemp("oracle"), 3, tokenizer)
 
 
+ROW_TEXTS = 300  # the random texts each configuration's detector scores, the rows fake runs draw from
+
+
+@functools.cache
+def _row_tokenizer():
+    """The small tokenizer of the random texts that detectors score for fake runs (a few hundred tokens)."""
+    from harness.assets.tiny import build_tokenizer
+
+    return build_tokenizer(SENTENCES)
+
+
+def _detect_context(folder: Path, prompt_tokens: int, new_tokens: int, tokenizer, rng, base_model: str | None = None):
+    """A ``DetectContext`` as the pipeline gives detectors, for the random texts of ``_detector_rows``: stages are
+    built into ``folder`` (Gu-KTH's reference statistics), and its reference texts are random token texts long enough
+    for a window of a prompt and a completion."""
+    import hashlib
+
+    from methods.base import DetectContext
+
+    def stage(kind: str, spec: dict, build, what: str, collective: bool = False) -> Path:
+        key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        out = folder / kind / key
+        if not out.is_dir():
+            out.mkdir(parents=True)
+            build(out)
+        return out
+
+    length = 2 * (prompt_tokens + new_tokens)  # more than a window, however the text re-tokenizes
+    ids = rng.integers(0, len(tokenizer), size=(100, length)).tolist()
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return DetectContext(stage, lambda n: texts[:n], prompt_tokens, new_tokens, "cpu", base_model)
+
+
+def _write_key(method, tokenizer, folder: Path, seed: int) -> None:
+    """The detection key ``method`` writes when it trains on a base model with ``tokenizer``, made by its own key code
+    (PRO's with a random, untrained policy M of its own class: a real detector of an unlearned key). Every registered
+    method needs a way here, so that its table rows are what its detector writes."""
+    from methods.base import save_key
+
+    if method.name in ("gu-kgw", "gloaguen-kgw", "gu-kth"):
+        save_key(folder, method.detection_key(tokenizer))
+    elif method.name == "pro":
+        import torch
+
+        from harness.assets.encoder import shared_embedder
+        from harness.assets.models import resolve
+        from methods.pro import save_policy
+        from methods.pro_policy import PolicyMLP
+
+        p = method.params
+        emb_folder = resolve(p.embedding_model)
+        embedder = shared_embedder(emb_folder, "cpu", cache_size=p.embed_cache, batch_size=p.embed_batch)
+        torch.manual_seed(seed)
+        policy = PolicyMLP(embedder.dim, len(tokenizer), hidden=p.policy_hidden).eval()
+        save_key(folder, method.detection_key(emb_folder, embedder, policy))
+        save_policy(folder, policy)
+    else:
+        raise NotImplementedError(f"tests/conftest.py has no way to write a detection key of method '{method.name}'")
+
+
+@functools.cache
+def _detector_rows(method_name: str, params_json: str, prompt_tokens: int, new_tokens: int) -> tuple[dict, ...]:
+    """The per-text score rows that the real detector of one method configuration (``params_json``: all its settings;
+    its key from ``_write_key``) writes for ``ROW_TEXTS`` random token sequences of ``new_tokens`` tokens, each with a
+    random prompt of ``prompt_tokens``: the rows fake runs draw from. Cached per process (the arguments hash)."""
+    import tempfile
+
+    import numpy as np
+
+    from harness.config.registry import methods
+    from methods.base import score_texts
+
+    method = methods.build(method_name, json.loads(params_json))
+    tokenizer = _row_tokenizer()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="detector-rows-") as tmp:
+        folder = Path(tmp)
+        (folder / "key").mkdir()
+        _write_key(method, tokenizer, folder / "key", seed=0)
+        base = None
+        if method.detector_reads_prompt():  # (PRO's centred score: a random base model of the same tokenizer)
+            base = str(make_random_llama(folder / "base", 0, tokenizer))
+        ctx = _detect_context(folder / "stages", prompt_tokens, new_tokens, tokenizer, rng, base)
+        detector = method.detector(folder / "key", tokenizer, ctx)
+        sequences = rng.integers(0, len(tokenizer), size=(ROW_TEXTS, new_tokens)).tolist()
+        prompts = rng.integers(0, len(tokenizer), size=(ROW_TEXTS, prompt_tokens)).tolist()
+        return tuple(score_texts(method, detector, sequences, prompts))
+
+
 def _fake_run(
     store,
     method: str,
@@ -193,13 +282,14 @@ def _fake_run(
     n: int = 60,
 ) -> Path:
     """A finished run as the pipeline records it (``scoring.run_spec`` with the real plugins, made-up upstream keys),
-    with per-text scores drawn so that the AUC is about ``auc``, published by the pipeline's own ``publish_scores``:
-    for tests of what reads the store, with no model. ``attack`` ``"base"`` is the unwatermarked base's row;
-    ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is."""
+    published by the pipeline's own ``publish_scores``: for tests of what reads the store, with no model. Its per-text
+    score rows are rows the configuration's real detector wrote (``_detector_rows``), left as written: ``n`` human
+    texts drawn uniformly among them and ``n`` generated ones drawn by an exponential tilt on their rank, so that the
+    AUC is ``auc`` in expectation (as far as the rows' ties allow). ``attack`` ``"base"`` is the unwatermarked base's
+    row; ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is."""
     import hashlib
 
     import numpy as np
-    from scipy.stats import norm
 
     from attacks.base import TextAttack
     from harness.config.presets import TINY
@@ -217,10 +307,12 @@ def _fake_run(
     digest = hashlib.sha256(what.encode()).hexdigest()
     spec = scoring.run_spec(preset, m, a, label, trained_key=digest[:16], generate_key=digest[16:32],
                             oracle={"ref": preset.oracle_model, "fingerprint": "fake"}, upstream={})  # fmt: skip
+    params = json.dumps(m.params.model_dump(), sort_keys=True)
+    rows = _detector_rows(method, params, preset.eval.prompt_tokens, preset.eval.new_tokens)
     rng = np.random.default_rng(int(digest[:8], 16))
-    shift = np.sqrt(2) * norm.ppf(min(max(auc, 1e-3), 1 - 1e-3))
-    pos = [{**_fake_score(method, rng.normal(shift), rng), "ppl": float(rng.uniform(5, 9))} for _ in range(n)]
-    neg = [_fake_score(method, rng.normal(), rng) for _ in range(n)]
+    pos_at, neg_at = _draw_for_auc([r["score"] for r in rows], auc, n, rng)
+    pos = [{**rows[i], "ppl": float(rng.uniform(5, 9))} for i in pos_at]
+    neg = [rows[i] for i in neg_at]
     rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if isinstance(a, TextAttack) else {}
     gens = [{"i": i, **rewritten} for i in range(n)]
     stage = store.stage("run", spec)
@@ -235,24 +327,39 @@ def _fake_run(
     return stage.path
 
 
-def _fake_score(method: str, score: float, rng) -> dict:
-    """A per-text score row of the shape ``method``'s detector writes (KGW counts green tokens, KTH has a statistic,
-    PRO the positions it scored), so that what reads the store sees what real runs hold."""
-    from scipy.stats import norm
+def _draw_for_auc(scores: list[float], auc: float, n: int, rng):
+    """Indices of ``n`` positives and ``n`` negatives among ``scores`` whose AUC is ``auc`` in expectation: negatives
+    uniformly, positives with weights ``exp(beta * q)`` on each score's mid-rank quantile ``q``, the AUC of one such
+    draw against a uniform one being the weighted mean of ``q``; ``beta`` is found by bisection (an AUC beyond what
+    the scores' ties allow gets the nearest one they do)."""
+    import numpy as np
+    from scipy.stats import rankdata
 
-    score = float(score)
-    if method in ("gu-kgw", "gloaguen-kgw"):
-        p = float(norm.sf(score))
-        return {"score": score, "p_value": p, "p_value_gu": p, "green": int(16 + 4 * score), "scored": 63}
-    if method == "gu-kth":
-        return {"score": score, "statistic": -score, "p_value": float(norm.sf(score))}
-    return {"score": score, "scored": 63}
+    q = (rankdata(scores) - 0.5) / len(scores)
+
+    def weights(beta: float):
+        w = np.exp(beta * (q - q.max() if beta > 0 else q - q.min()))
+        return w / w.sum()
+
+    lo, hi = -1e3, 1e3
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if weights(mid) @ q < auc else (lo, mid)
+    return rng.choice(len(scores), n, p=weights((lo + hi) / 2)), rng.choice(len(scores), n)
+
+
+@pytest.fixture(scope="session")
+def detector_rows():
+    """``detector_rows(method, params_json, prompt_tokens, new_tokens)``: the rows fake runs draw from (see
+    ``_detector_rows``)."""
+    return _detector_rows
 
 
 @pytest.fixture(scope="session")
 def fake_run():
     """``fake_run(store, method, method_settings, attack, attack_settings, auc, seed=0, preset=None, output=0)``: a
-    finished run with made-up scores; attack ``"base"`` is the unwatermarked base's row."""
+    finished run of no model, its score rows drawn from what the real detector wrote for random texts so that the AUC
+    is about ``auc``; attack ``"base"`` is the unwatermarked base's row."""
     return _fake_run
 
 
