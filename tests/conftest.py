@@ -13,51 +13,18 @@ from pathlib import Path
 
 import pytest
 
-FIRST_WORKER = "gw0"  # the pytest-xdist worker that runs the tiny store's files, at full priority
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """How ``pytest -n 2`` (pytest-xdist, in the default options) shares the tests out on this project's 2 cores: a test
-    file at a time, so that a module-scoped fixture (a trained model) is built once, and every file that uses the
-    shared ``tiny_store`` on the first worker, so that the tiny preset is trained once, on the worker that has the
-    cores first (``pytest_configure``). xdist's own ``loadgroup`` marks would say the grouping, but they do not take
-    under pytest 9 (xdist rewrites ``item._nodeid``, which pytest 9 no longer reads). Any ``--dist`` but ``loadscope``
-    keeps xdist's own scheduler."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    root = config.rootpath
-
-    class ByFileAndSharedStore(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return "tiny_store" if _uses_tiny_store(root / file) else file
-
-        def _assign_work_unit(self, node) -> None:
-            if "tiny_store" in self.workqueue:  # the longest unit (over half the suite's time): the first worker's
-                self.workqueue.move_to_end("tiny_store", last=node.gateway.id != FIRST_WORKER)
-            super()._assign_work_unit(node)
-
-    return ByFileAndSharedStore(config, log)
+FIRST_WORKER = "gw0"  # the pytest-xdist worker at full priority (``pytest_configure``)
 
 
 def pytest_configure(config):
     """Under pytest-xdist every worker but the first runs at a lower priority (and so do the processes it starts). Two
     torch processes that each take every core slow each other several-fold, as OpenMP's threads spin while they wait
-    for each other: the tiny LM's build takes 590 s beside another against 128 s alone on 2 cores, and 153 s beside
-    one niced by 10. So the first worker's tests (the tiny store's) run about as fast as alone, and the others fill
-    the time it leaves (process starts, imports, files)."""
+    for each other: the tiny LM's build took 590 s beside another against 128 s alone on 2 cores, and 153 s beside
+    one niced by 10. So the first worker's processes run about as fast as alone, and the others fill the time it
+    leaves (process starts, imports, a stage another process is building)."""
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker not in (None, FIRST_WORKER):
         os.nice(10)
-
-
-@functools.cache
-def _uses_tiny_store(test_file: Path) -> bool:
-    """Whether a test file names the ``tiny_store`` fixture (a test or a fixture of its own asks for it by name)."""
-    return test_file.is_file() and "tiny_store" in test_file.read_text()
 
 
 def console_script(name: str) -> str:
@@ -377,17 +344,18 @@ def two_method_store(tmp_path, fake_run):
     return store
 
 
-GU_KGW_SLERP = ("run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.5")
-
-
 @pytest.fixture(scope="session")
-def tiny_store(tmp_path_factory, harness):
-    """One run store of the tiny preset shared by the smoke tests: Gu-KGW trained once under SLERP t=0.5, so every
-    attack's cell reuses the trained model and the base and unaltered rows. Returns (root, the CLI's output)."""
-    root = tmp_path_factory.mktemp("tiny-store") / "runs"
-    out = harness(*GU_KGW_SLERP, "--results", str(root), timeout=1800)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return root, out
+def shared_store(tmp_path_factory) -> Path:
+    """The run store of the tiny preset that the smoke tests share, one per test session: under pytest-xdist a folder
+    beside the workers' own temporary folders (their parent is the session's), so every worker's tests write into the
+    same one. Nothing is computed here: each test asks ``harness run`` or ``harness grid`` for the cells it needs, and
+    the harness builds each stage once (under the stage's lock, while another process that asks for it waits) and
+    reuses it afterwards, so the Gu-KGW student is trained once for all of them, by whichever test asks first. The
+    store is the cache."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-tiny-store" / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 
 def _runs_by_row(root, attack: str | None = None, method: str = "gu-kgw") -> dict:
