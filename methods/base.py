@@ -60,6 +60,12 @@ def save_trained(out: Path, student, tokenizer, key: dict) -> None:
     from harness.compute.training import save_model
 
     save_model(student, out / "model", tokenizer)
+    save_key(out, key)
+
+
+def save_key(out: Path, key: dict) -> None:
+    """Write the detection key ``key`` as ``out/key.json``, as ``save_trained`` leaves it beside the model: a detector
+    needs the key alone (tests score texts with real detectors from keys written so, with no trained model)."""
     (out / KEY_FILE).write_text(json.dumps(key, indent=2))
 
 

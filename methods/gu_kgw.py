@@ -101,14 +101,19 @@ class GuKGW(WatermarkMethod):
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
         teacher, student = ctx.load_teacher(), ctx.load_student()
         report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gu-KGW")
-        key = {
-            "method": self.name,
-            "teacher": teacher_key.to_dict(),
-            "detector": self.key(tokenizer, self.params.detector_drop_special).to_dict(),
-            "ignore_repeated_ngrams": self.params.ignore_repeated_ngrams,
-        }
-        save_trained(out, student, tokenizer, key)
+        save_trained(out, student, tokenizer, self.detection_key(tokenizer))
         return report
+
+    def detection_key(self, tokenizer) -> dict:
+        """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the teacher's KGW key (the green lists it
+        distils), the detector's, and whether the detector skips repeated n-grams."""
+        p = self.params
+        return {
+            "method": self.name,
+            "teacher": self.key(tokenizer, p.teacher_drop_special).to_dict(),
+            "detector": self.key(tokenizer, p.detector_drop_special).to_dict(),
+            "ignore_repeated_ngrams": p.ignore_repeated_ngrams,
+        }
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         key = read_key(key_dir)

@@ -146,10 +146,15 @@ class GuKTH(WatermarkMethod):
         student = ctx.load_student()
         step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
         report = train(student, step, batches, s, desc="train Gu-KTH (sampling distillation)", device=ctx.device)
-        detector = {"statistic": p.statistic, "gamma": p.gamma, "reference_texts": p.reference_texts}
-        save_trained(out, student, tokenizer, {"method": self.name, "key": key.to_dict(), **detector})
+        save_trained(out, student, tokenizer, self.detection_key(tokenizer))
         report["teacher_texts"] = teacher.name
         return report
+
+    def detection_key(self, tokenizer) -> dict:
+        """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the KTH key and the detector's settings."""
+        p = self.params
+        detector = {"statistic": p.statistic, "gamma": p.gamma, "reference_texts": p.reference_texts}
+        return {"method": self.name, "key": self.key(tokenizer).to_dict(), **detector}
 
     def detector(self, key_dir: Path, tokenizer=None, ctx: DetectContext | None = None) -> Detector:
         from methods.kth import KTHKey

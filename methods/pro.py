@@ -196,10 +196,9 @@ class PRO(WatermarkMethod):
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         import torch
-        from safetensors.torch import save_file
 
         from harness.assets.encoder import Embedder
-        from harness.assets.models import fingerprint, resolve
+        from harness.assets.models import resolve
         from harness.compute.training import train
         from methods.pro_policy import PolicyMLP
 
@@ -219,7 +218,18 @@ class PRO(WatermarkMethod):
         report = train(student, step, batches, s, desc="train PRO", device=ctx.device, lr=p.student_lr)
 
         policy = policy.cpu().eval()
-        key = {
+        save_trained(out, student, tokenizer, self.detection_key(emb_folder, embedder, policy))
+        save_policy(out, policy)
+        report.update(step.report())
+        return report
+
+    def detection_key(self, emb_folder: str, embedder, policy) -> dict:
+        """What ``train`` writes as ``key.json``: E (its reference, fingerprint of ``emb_folder`` and how ``embedder``
+        pools), the n-gram length and M's sizes (``policy``, whose weights ``save_policy`` writes beside the key)."""
+        from harness.assets.models import fingerprint
+
+        p = self.params
+        return {
             "method": self.name,
             "version": self.version,
             "embedding_model": p.embedding_model,
@@ -228,14 +238,10 @@ class PRO(WatermarkMethod):
             "embedding_normalize": embedder.normalize,
             "n": p.n,
             "delta": p.delta,
-            "vocab_size": vocab,
+            "vocab_size": policy.sizes["vocab"],
             "policy": dict(policy.sizes),
             "policy_file": POLICY_FILE,
         }
-        save_trained(out, student, tokenizer, key)
-        save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))
-        report.update(step.report())
-        return report
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         from safetensors.torch import load_file
@@ -271,6 +277,13 @@ class PRO(WatermarkMethod):
 
             base = load_causal_lm(ctx.base_model, device)
         return PRODetector(policy, embedder, tokenizer, key["n"], base)
+
+
+def save_policy(out: Path, policy) -> None:
+    """M's weights beside the key in ``out`` (``POLICY_FILE``, which the key names)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(out / POLICY_FILE))
 
 
 class PROStep:

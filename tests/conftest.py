@@ -13,51 +13,18 @@ from pathlib import Path
 
 import pytest
 
-FIRST_WORKER = "gw0"  # the pytest-xdist worker that runs the tiny store's files, at full priority
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """How ``pytest -n 2`` (pytest-xdist, in the default options) shares the tests out on this project's 2 cores: a test
-    file at a time, so that a module-scoped fixture (a trained model) is built once, and every file that uses the
-    shared ``tiny_store`` on the first worker, so that the tiny preset is trained once, on the worker that has the
-    cores first (``pytest_configure``). xdist's own ``loadgroup`` marks would say the grouping, but they do not take
-    under pytest 9 (xdist rewrites ``item._nodeid``, which pytest 9 no longer reads). Any ``--dist`` but ``loadscope``
-    keeps xdist's own scheduler."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    root = config.rootpath
-
-    class ByFileAndSharedStore(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return "tiny_store" if _uses_tiny_store(root / file) else file
-
-        def _assign_work_unit(self, node) -> None:
-            if "tiny_store" in self.workqueue:  # the longest unit (over half the suite's time): the first worker's
-                self.workqueue.move_to_end("tiny_store", last=node.gateway.id != FIRST_WORKER)
-            super()._assign_work_unit(node)
-
-    return ByFileAndSharedStore(config, log)
+FIRST_WORKER = "gw0"  # the pytest-xdist worker at full priority (``pytest_configure``)
 
 
 def pytest_configure(config):
     """Under pytest-xdist every worker but the first runs at a lower priority (and so do the processes it starts). Two
     torch processes that each take every core slow each other several-fold, as OpenMP's threads spin while they wait
-    for each other: the tiny LM's build takes 590 s beside another against 128 s alone on 2 cores, and 153 s beside
-    one niced by 10. So the first worker's tests (the tiny store's) run about as fast as alone, and the others fill
-    the time it leaves (process starts, imports, files)."""
+    for each other: the tiny LM's build took 590 s beside another against 128 s alone on 2 cores, and 153 s beside
+    one niced by 10. So the first worker's processes run about as fast as alone, and the others fill the time it
+    leaves (process starts, imports, a stage another process is building)."""
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker not in (None, FIRST_WORKER):
         os.nice(10)
-
-
-@functools.cache
-def _uses_tiny_store(test_file: Path) -> bool:
-    """Whether a test file names the ``tiny_store`` fixture (a test or a fixture of its own asks for it by name)."""
-    return test_file.is_file() and "tiny_store" in test_file.read_text()
 
 
 def console_script(name: str) -> str:
@@ -180,6 +147,95 @@ def other_tokenizer_llama(tmp_path_factory):
     return make_random_llama(tmp_path_factory.mktemp("oracle"), 3, tokenizer)
 
 
+ROW_TEXTS = 300  # the random texts each configuration's detector scores, the rows fake runs draw from
+
+
+@functools.cache
+def _row_tokenizer():
+    """The small tokenizer of the random texts that detectors score for fake runs (a few hundred tokens)."""
+    from harness.assets.tiny import build_tokenizer
+
+    return build_tokenizer(SENTENCES)
+
+
+def _detect_context(folder: Path, prompt_tokens: int, new_tokens: int, tokenizer, rng, base_model: str | None = None):
+    """A ``DetectContext`` as the pipeline gives detectors, for the random texts of ``_detector_rows``: stages are
+    built into ``folder`` (Gu-KTH's reference statistics), and its reference texts are random token texts long enough
+    for a window of a prompt and a completion."""
+    import hashlib
+
+    from methods.base import DetectContext
+
+    def stage(kind: str, spec: dict, build, what: str, collective: bool = False) -> Path:
+        key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        out = folder / kind / key
+        if not out.is_dir():
+            out.mkdir(parents=True)
+            build(out)
+        return out
+
+    length = 2 * (prompt_tokens + new_tokens)  # more than a window, however the text re-tokenizes
+    ids = rng.integers(0, len(tokenizer), size=(100, length)).tolist()
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return DetectContext(stage, lambda n: texts[:n], prompt_tokens, new_tokens, "cpu", base_model)
+
+
+def _write_key(method, tokenizer, folder: Path, seed: int) -> None:
+    """The detection key ``method`` writes when it trains on a base model with ``tokenizer``, made by its own key code
+    (PRO's with a random, untrained policy M of its own class: a real detector of an unlearned key). Every registered
+    method needs a way here, so that its table rows are what its detector writes."""
+    from methods.base import save_key
+
+    if method.name in ("gu-kgw", "gloaguen-kgw", "gu-kth"):
+        save_key(folder, method.detection_key(tokenizer))
+    elif method.name == "pro":
+        import torch
+
+        from harness.assets.encoder import shared_embedder
+        from harness.assets.models import resolve
+        from methods.pro import save_policy
+        from methods.pro_policy import PolicyMLP
+
+        p = method.params
+        emb_folder = resolve(p.embedding_model)
+        embedder = shared_embedder(emb_folder, "cpu", cache_size=p.embed_cache, batch_size=p.embed_batch)
+        torch.manual_seed(seed)
+        policy = PolicyMLP(embedder.dim, len(tokenizer), hidden=p.policy_hidden).eval()
+        save_key(folder, method.detection_key(emb_folder, embedder, policy))
+        save_policy(folder, policy)
+    else:
+        raise NotImplementedError(f"tests/conftest.py has no way to write a detection key of method '{method.name}'")
+
+
+@functools.cache
+def _detector_rows(method_name: str, params_json: str, prompt_tokens: int, new_tokens: int) -> tuple[dict, ...]:
+    """The per-text score rows that the real detector of one method configuration (``params_json``: all its settings;
+    its key from ``_write_key``) writes for ``ROW_TEXTS`` random token sequences of ``new_tokens`` tokens, each with a
+    random prompt of ``prompt_tokens``: the rows fake runs draw from. Cached per process (the arguments hash)."""
+    import tempfile
+
+    import numpy as np
+
+    from harness.config.registry import methods
+    from methods.base import score_texts
+
+    method = methods.build(method_name, json.loads(params_json))
+    tokenizer = _row_tokenizer()
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory(prefix="detector-rows-") as tmp:
+        folder = Path(tmp)
+        (folder / "key").mkdir()
+        _write_key(method, tokenizer, folder / "key", seed=0)
+        base = None
+        if method.detector_reads_prompt():  # (PRO's centred score: a random base model of the same tokenizer)
+            base = str(make_random_llama(folder / "base", 0, tokenizer))
+        ctx = _detect_context(folder / "stages", prompt_tokens, new_tokens, tokenizer, rng, base)
+        detector = method.detector(folder / "key", tokenizer, ctx)
+        sequences = rng.integers(0, len(tokenizer), size=(ROW_TEXTS, new_tokens)).tolist()
+        prompts = rng.integers(0, len(tokenizer), size=(ROW_TEXTS, prompt_tokens)).tolist()
+        return tuple(score_texts(method, detector, sequences, prompts))
+
+
 def _fake_run(
     store,
     method: str,
@@ -193,13 +249,14 @@ def _fake_run(
     n: int = 60,
 ) -> Path:
     """A finished run as the pipeline records it (``scoring.run_spec`` with the real plugins, made-up upstream keys),
-    with per-text scores drawn so that the AUC is about ``auc``, published by the pipeline's own ``publish_scores``:
-    for tests of what reads the store, with no model. ``attack`` ``"base"`` is the unwatermarked base's row;
-    ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is."""
+    published by the pipeline's own ``publish_scores``: for tests of what reads the store, with no model. Its per-text
+    score rows are rows the configuration's real detector wrote (``_detector_rows``), left as written: ``n`` human
+    texts drawn uniformly among them and ``n`` generated ones drawn by an exponential tilt on their rank, so that the
+    AUC is ``auc`` in expectation (as far as the rows' ties allow). ``attack`` ``"base"`` is the unwatermarked base's
+    row; ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is."""
     import hashlib
 
     import numpy as np
-    from scipy.stats import norm
 
     from attacks.base import TextAttack
     from harness.config.presets import TINY
@@ -217,10 +274,12 @@ def _fake_run(
     digest = hashlib.sha256(what.encode()).hexdigest()
     spec = scoring.run_spec(preset, m, a, label, trained_key=digest[:16], generate_key=digest[16:32],
                             oracle={"ref": preset.oracle_model, "fingerprint": "fake"}, upstream={})  # fmt: skip
+    params = json.dumps(m.params.model_dump(), sort_keys=True)
+    rows = _detector_rows(method, params, preset.eval.prompt_tokens, preset.eval.new_tokens)
     rng = np.random.default_rng(int(digest[:8], 16))
-    shift = np.sqrt(2) * norm.ppf(min(max(auc, 1e-3), 1 - 1e-3))
-    pos = [{**_fake_score(method, rng.normal(shift), rng), "ppl": float(rng.uniform(5, 9))} for _ in range(n)]
-    neg = [_fake_score(method, rng.normal(), rng) for _ in range(n)]
+    pos_at, neg_at = _draw_for_auc([r["score"] for r in rows], auc, n, rng)
+    pos = [{**rows[i], "ppl": float(rng.uniform(5, 9))} for i in pos_at]
+    neg = [rows[i] for i in neg_at]
     rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if isinstance(a, TextAttack) else {}
     gens = [{"i": i, **rewritten} for i in range(n)]
     stage = store.stage("run", spec)
@@ -235,24 +294,39 @@ def _fake_run(
     return stage.path
 
 
-def _fake_score(method: str, score: float, rng) -> dict:
-    """A per-text score row of the shape ``method``'s detector writes (KGW counts green tokens, KTH has a statistic,
-    PRO the positions it scored), so that what reads the store sees what real runs hold."""
-    from scipy.stats import norm
+def _draw_for_auc(scores: list[float], auc: float, n: int, rng):
+    """Indices of ``n`` positives and ``n`` negatives among ``scores`` whose AUC is ``auc`` in expectation: negatives
+    uniformly, positives with weights ``exp(beta * q)`` on each score's mid-rank quantile ``q``, the AUC of one such
+    draw against a uniform one being the weighted mean of ``q``; ``beta`` is found by bisection (an AUC beyond what
+    the scores' ties allow gets the nearest one they do)."""
+    import numpy as np
+    from scipy.stats import rankdata
 
-    score = float(score)
-    if method in ("gu-kgw", "gloaguen-kgw"):
-        p = float(norm.sf(score))
-        return {"score": score, "p_value": p, "p_value_gu": p, "green": int(16 + 4 * score), "scored": 63}
-    if method == "gu-kth":
-        return {"score": score, "statistic": -score, "p_value": float(norm.sf(score))}
-    return {"score": score, "scored": 63}
+    q = (rankdata(scores) - 0.5) / len(scores)
+
+    def weights(beta: float):
+        w = np.exp(beta * (q - q.max() if beta > 0 else q - q.min()))
+        return w / w.sum()
+
+    lo, hi = -1e3, 1e3
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if weights(mid) @ q < auc else (lo, mid)
+    return rng.choice(len(scores), n, p=weights((lo + hi) / 2)), rng.choice(len(scores), n)
+
+
+@pytest.fixture(scope="session")
+def detector_rows():
+    """``detector_rows(method, params_json, prompt_tokens, new_tokens)``: the rows fake runs draw from (see
+    ``_detector_rows``)."""
+    return _detector_rows
 
 
 @pytest.fixture(scope="session")
 def fake_run():
     """``fake_run(store, method, method_settings, attack, attack_settings, auc, seed=0, preset=None, output=0)``: a
-    finished run with made-up scores; attack ``"base"`` is the unwatermarked base's row."""
+    finished run of no model, its score rows drawn from what the real detector wrote for random texts so that the AUC
+    is about ``auc``; attack ``"base"`` is the unwatermarked base's row."""
     return _fake_run
 
 
@@ -270,17 +344,18 @@ def two_method_store(tmp_path, fake_run):
     return store
 
 
-GU_KGW_SLERP = ("run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.5")
-
-
 @pytest.fixture(scope="session")
-def tiny_store(tmp_path_factory, harness):
-    """One run store of the tiny preset shared by the smoke tests: Gu-KGW trained once under SLERP t=0.5, so every
-    attack's cell reuses the trained model and the base and unaltered rows. Returns (root, the CLI's output)."""
-    root = tmp_path_factory.mktemp("tiny-store") / "runs"
-    out = harness(*GU_KGW_SLERP, "--results", str(root), timeout=1800)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return root, out
+def shared_store(tmp_path_factory) -> Path:
+    """The run store of the tiny preset that the smoke tests share, one per test session: under pytest-xdist a folder
+    beside the workers' own temporary folders (their parent is the session's), so every worker's tests write into the
+    same one. Nothing is computed here: each test asks ``harness run`` or ``harness grid`` for the cells it needs, and
+    the harness builds each stage once (under the stage's lock, while another process that asks for it waits) and
+    reuses it afterwards, so the Gu-KGW student is trained once for all of them, by whichever test asks first. The
+    store is the cache."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-tiny-store" / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 
 def _runs_by_row(root, attack: str | None = None, method: str = "gu-kgw") -> dict:

@@ -1,8 +1,9 @@
 """`harness grid` end to end on a random 2-layer Llama: every cell runs once, a second run reuses all, a grid killed
-part-way and started again ends with the same tables byte for byte, a failed cell does not stop the others, and
-submitit's local executor runs the same cells as jobs."""
+part-way and started again ends with the same tables byte for byte, a failed cell does not stop the others,
+submitit's local executor runs the same cells as jobs, and two runs of one cell at once share each stage."""
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -205,3 +206,26 @@ def test_stopping_a_local_grid_stops_its_jobs_and_says_so_once(grid_spec, script
     while _processes_mentioning(str(jobs)) and time.time() < deadline:
         time.sleep(0.5)
     assert not _processes_mentioning(str(jobs)), "a job outlived its grid"
+
+
+def test_two_runs_of_one_cell_at_once_compute_each_stage_once(grid_spec, script, tmp_path):
+    """What the smoke tests' shared store relies on (tests/conftest.py ``shared_store``): two ``harness run`` of one
+    cell started together on one store both succeed, each stage is computed by one of them while the other waits on
+    its lock and then reuses it, and both print the same results."""
+    import yaml
+
+    overrides = yaml.safe_load(grid_spec.read_text())["overrides"]
+    sets = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
+    command = [script("harness"), "run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.3", *sets,
+               "--results", str(tmp_path / "runs")]  # fmt: skip
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [proc.communicate(timeout=900) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err[-3000:] for _, err in outs]
+    logged = "\n".join(err for _, err in outs)
+    computed = re.findall(r"computing (.+) ([0-9a-f]{16})$", logged, re.M)
+    reused = re.findall(r"reusing (.+) ([0-9a-f]{16}) \(", logged, re.M)
+    # Train, its KGW green lists, attack, 3 generations, 3 runs: each computed once, and reused by the other process.
+    assert len(computed) == len(set(computed)) == 9, computed
+    assert set(reused) == set(computed), (computed, reused)
+    first, second = (o.replace("(reused)", "").split() for o, _ in outs)
+    assert first == second  # the same runs, the same numbers

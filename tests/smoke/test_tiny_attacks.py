@@ -1,8 +1,8 @@
-"""Every attack of the paper end to end on the tiny preset, through the installed CLI, in the store the Gu-KGW smoke
-test trained (one cell per attack plugin): each attacked row lies between the unwatermarked base and the unaltered
-model, 8-bit quantization barely moves the AUC, and ``harness tables`` puts every row into one table. The model
-attacks run as one ``harness grid`` (one process: the models load once, as in a user's grid); a failed cell is
-reported by the grid and fails that attack's test alone."""
+"""Every attack of the paper end to end on the tiny preset, through the installed CLI, in the smoke tests' shared store
+(one cell per attack plugin; the Gu-KGW student trained once for every smoke test): each attacked row lies between the
+unwatermarked base and the unaltered model, 8-bit quantization barely moves the AUC, and ``harness tables`` puts every
+row into one table. The model attacks run as one ``harness grid`` (one process: the models load once, as in a user's
+grid); a failed cell is reported by the grid and fails that attack's test alone."""
 
 import json
 
@@ -37,9 +37,9 @@ PARAMS = [pytest.param(a, marks=pytest.mark.slow) if a in SLOW else a for a in C
 
 
 @pytest.fixture(scope="module")
-def grid_output(tiny_store, harness, tmp_path_factory):
-    """Every attack but the slow ones as one grid in the tiny store; its stdout (which lists the failed cells)."""
-    root, _ = tiny_store
+def grid_output(shared_store, harness, tmp_path_factory):
+    """Every attack but the slow ones as one grid in the shared store; its stdout (which lists the failed cells)."""
+    root = shared_store
     attacks = "".join(f"      {a}: [{json.dumps(settings)}]\n" for a, settings in CELLS.items() if a not in SLOW)
     spec = tmp_path_factory.mktemp("attacks") / "attacks.yaml"
     spec.write_text(f"preset: tiny\ngroups:\n  attacks:\n    methods:\n      gu-kgw: [{{}}]\n    attacks:\n{attacks}")
@@ -49,8 +49,8 @@ def grid_output(tiny_store, harness, tmp_path_factory):
 
 
 @pytest.mark.parametrize("attack", PARAMS)
-def test_attacked_rows_lie_between_base_and_unaltered(attack, tiny_store, harness, runs_by_row, request):
-    root, _ = tiny_store
+def test_attacked_rows_lie_between_base_and_unaltered(attack, shared_store, harness, runs_by_row, request):
+    root = shared_store
     if attack in SLOW:
         args = [a for k, v in CELLS[attack].items() for a in ("--attack-arg", f"{k}={v}")]
         out = harness("run", "--method", "gu-kgw", "--attack", attack, *args, "--results", str(root), timeout=5400)
@@ -77,8 +77,8 @@ def test_attacked_rows_lie_between_base_and_unaltered(attack, tiny_store, harnes
             assert 0 < para["mean_unigram_overlap"] < 0.95 and para["mean_embedding_cosine"] > 0.3, para
 
 
-def test_tables_hold_every_attack(tiny_store, grid_output, cli, tmp_path):
-    root, _ = tiny_store
+def test_tables_hold_every_attack(shared_store, grid_output, cli, tmp_path):
+    root = shared_store
     out = cli("tables", "--results", str(root), "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
     csv = (tmp_path / "tiny" / "robustness.csv").read_text()

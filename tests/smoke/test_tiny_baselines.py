@@ -1,6 +1,6 @@
 """Gloaguen-KGW and Gu-KTH end to end on the tiny preset, through the installed CLI: each unaltered student is
-detected (AUC >= 0.9) while the unwatermarked base stays near chance. Gloaguen-KGW runs in the shared Gu-KGW store,
-whose Gu-KGW student is its stage 1."""
+detected (AUC >= 0.9) while the unwatermarked base stays near chance. Gloaguen-KGW runs in the smoke tests' shared
+store, whose Gu-KGW student is its stage 1."""
 
 import pytest
 
@@ -20,8 +20,10 @@ def check_cell(root, harness, runs_by_row, method: str):
 
 
 @pytest.mark.slow  # stage 2 and stage 3 train for minutes; tests/unit/test_gloaguen.py covers the mechanics in CI
-def test_gloaguen_kgw(tiny_store, harness, runs_by_row):
-    root, _ = tiny_store
+def test_gloaguen_kgw(shared_store, harness, runs_by_row):
+    root = shared_store
+    gu_kgw = harness("run", "--method", "gu-kgw", "--results", str(root), timeout=1800)  # its student, or stored
+    assert gu_kgw.returncode == 0, gu_kgw.stderr[-3000:]
     out = check_cell(root, harness, runs_by_row, "gloaguen-kgw")
     assert "reusing training of gu-kgw" in out.stderr  # stage 1 is the Gu-KGW student of the same settings
 

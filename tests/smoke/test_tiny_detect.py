@@ -1,7 +1,7 @@
-"""``harness detect`` on the tiny preset, in the store the Gu-KGW smoke test trained: the student and its SLERP and
-INT8 derivatives are found from 64 texts, the unwatermarked base is not, and texts from a file get the scores the run
-gave them. (Another method's key on these models: ``test_tiny_pro.py``.) Named to run after ``test_tiny_attacks.py``,
-whose grid makes the INT8 cell this test would otherwise compute."""
+"""``harness detect`` on the tiny preset, in the smoke tests' shared store: the Gu-KGW student and its SLERP and INT8
+derivatives are found from 64 texts, the unwatermarked base is not, and texts from a file get the scores the run gave
+them. (Another method's key on these models: ``test_tiny_pro.py``.) The cells it reads are asked for here; where
+another test's process (``test_tiny_pipeline.py``, ``test_tiny_attacks.py``' grid) computed them, they are reused."""
 
 import json
 
@@ -11,8 +11,11 @@ pytestmark = pytest.mark.smoke
 
 
 @pytest.fixture(scope="module")
-def stored(tiny_store, runs_by_row):
-    root, _ = tiny_store
+def stored(shared_store, harness, runs_by_row):
+    root = shared_store
+    out = harness("run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.5", "--results", str(root),
+                  timeout=1800)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
     rows = runs_by_row(root, "slerp")
     key = rows["Unaltered"][0]["detector"]["key_from"]
     return root, key, rows
@@ -36,7 +39,7 @@ def attacked_model(root, attack):
 def test_the_student_and_its_derivatives_are_found_and_the_base_is_not(stored, cli):
     root, key, rows = stored
     out = cli("run", "--method", "gu-kgw", "--attack", "int8", "--results", str(root))
-    assert out.returncode == 0, out.stderr[-3000:]  # the INT8 cell (reused where test_tiny_attacks made it)
+    assert out.returncode == 0, out.stderr[-3000:]  # the INT8 cell (reused where test_tiny_attacks' grid made it)
     found = {
         "student": detect(cli, root, "--key", key, "--model", str(root / "stages" / "train" / key / "model")),
         "slerp": detect(cli, root, "--key", key[:8], "--model", str(attacked_model(root, "slerp"))),

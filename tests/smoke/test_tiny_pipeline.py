@@ -1,17 +1,24 @@
-"""End to end on the tiny preset, through the installed CLI: the watermark is learned, SLERP weakens it, the base
-model shows none, a second run reuses everything, and the tables are rebuilt from the store alone."""
+"""End to end on the tiny preset, through the installed CLI, in the smoke tests' shared store: the watermark is
+learned, SLERP weakens it, the base model shows none, a second run reuses everything, and the tables are rebuilt from
+the store alone."""
 
 import json
+import os
+import shutil
 
 import pytest
 
 pytestmark = pytest.mark.smoke
-RUN = ("run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.5", "--results")  # as tiny_store's
+RUN = ("run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=0.5", "--results")
 
 
 @pytest.fixture(scope="module")
-def store(tiny_store):
-    return tiny_store
+def store(shared_store, harness):
+    """The Gu-KGW x SLERP t=0.5 cell (trained here, or reused where another test's process trained it); returns
+    (the store, the command's output)."""
+    out = harness(*RUN, str(shared_store), timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return shared_store, out
 
 
 @pytest.fixture
@@ -63,9 +70,11 @@ def test_second_run_reuses_every_stage(store, harness):
     assert out.stdout.count("(reused)") == 3
 
 
-def test_a_dry_run_lists_the_stored_runs_and_the_missing_ones(store, cli):
-    """``harness run --dry-run``: each run of the command, stored or to compute, and nothing computed or written."""
-    root, _ = store
+def test_a_dry_run_lists_the_stored_runs_and_the_missing_ones(store, cli, tmp_path):
+    """``harness run --dry-run``: each run of the command, stored or to compute, and nothing computed or written. It
+    reads a copy of the shared store (hard links), which no other test's process writes into meanwhile."""
+    root = tmp_path / "runs"
+    shutil.copytree(store[0], root, ignore=shutil.ignore_patterns(".*"), copy_function=os.link)  # (no locks, partials)
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
     out = cli(*RUN, str(root), "--dry-run")
     assert out.returncode == 0, out.stderr

@@ -1,7 +1,7 @@
-"""The text edits end to end on the tiny preset, in the store the Gu-KGW smoke test trained (one cell per plugin, two
-rates of token edits): each edited row lies between the base and the unaltered model, more edits remove more of the
-watermark, and ``harness tables`` writes each edit's table and its AUC-against-rate figure. The cells run as one
-``harness grid`` (one process, its models loaded once), as a user would run several edits."""
+"""The text edits end to end on the tiny preset, in the smoke tests' shared store (one cell per plugin, two rates of
+token edits): each edited row lies between the base and the unaltered model, more edits remove more of the watermark,
+and ``harness tables`` writes each edit's table and its AUC-against-rate figure. The cells run as one ``harness grid``
+(one process, its models loaded once), as a user would run several edits."""
 
 import importlib.util
 
@@ -26,8 +26,8 @@ ROWS = ["Token edits p=0.1", "Token edits p=0.5", "Token insertion p=0.1", "Word
         "Lowercase"]  # fmt: skip
 
 
-def test_edited_rows_lie_between_base_and_unaltered(tiny_store, harness, cli, runs_by_row, tmp_path):
-    root, _ = tiny_store
+def test_edited_rows_lie_between_base_and_unaltered(shared_store, harness, cli, runs_by_row, tmp_path):
+    root = shared_store
     spec = tmp_path / "edits.yaml"
     spec.write_text(SPEC)
     out = cli("grid", str(spec), "--results", str(root))

@@ -8,6 +8,7 @@ import pytest
 from harness.cli.main import main
 from harness.config.errors import HarnessError
 from harness.config.presets import TINY, apply_overrides
+from harness.config.registry import methods
 from harness.report import collect, frames, latex, tables
 from harness.store.stages import Store
 from methods.pro import PRO
@@ -87,6 +88,24 @@ def test_each_table_takes_the_configurations_it_varies(store):
     assert steps.loc[(steps.index[1]), "AUC vs baseline"] > 0
     assert len(frames.own(df, "dipper")) == 4 and len(frames.variants(df, "PRO", embedding_spec)) == 1
     assert frames.own(df, "dipper").notna().all().all()  # AUC and how much was rewritten and kept, for every method
+
+
+@pytest.mark.parametrize("method", methods.ordered())
+def test_fake_runs_hold_rows_that_the_real_detector_wrote(method, fake_run, detector_rows, tmp_path):
+    """The runs these tests read (tests/conftest.py ``_fake_run``) are made of per-text rows that the method's own
+    detector wrote for random texts, each as written, drawn so that the AUC is about the one asked for; every
+    registered method has them."""
+    import json
+
+    params = json.dumps(methods.build(method, {}, TINY).params.model_dump(), sort_keys=True)
+    written = [json.dumps(row, sort_keys=True) for row in detector_rows(method, params, 32, 64)]
+    for auc in (0.5, 0.9):
+        run = fake_run(Store(tmp_path / "runs"), method, {}, "none", {}, auc)
+        stored = [json.loads(line) for line in (run / "scores.jsonl").read_text().splitlines()]
+        for row in stored:
+            row = {k: v for k, v in row.items() if k not in ("i", "label", "ppl")}  # what the run adds
+            assert json.dumps(row, sort_keys=True) in written, row
+        assert json.loads((run / "metrics.json").read_text())["auc"] == pytest.approx(auc, abs=0.12)
 
 
 def test_another_setup_gets_its_own_tables(fake_run, tmp_path):
