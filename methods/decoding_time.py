@@ -69,9 +69,10 @@ class KTHByPrompt:
         return KTHLogitsProcessor(self.key, shift, gumbel=self.gumbel)(input_ids, scores)
 
 
-def _untrained(method, ctx: TrainContext, out: Path, key: dict) -> dict:
-    """What a decoding-time method's train stage holds: the base as it is, and the key."""
-    save_trained(out, ctx.load_student(), ctx.load_tokenizer(), {"method": method.name, **key})
+def _untrained(method, ctx: TrainContext, out: Path) -> dict:
+    """What a decoding-time method's train stage holds: the base as it is, and the key its learned method writes."""
+    tokenizer = ctx.load_tokenizer()
+    save_trained(out, ctx.load_student(), tokenizer, method.detection_key(tokenizer))
     return {"steps": 0, "decoding_time": True}
 
 
@@ -81,11 +82,7 @@ class KGWDecoding(GuKGW):
     decoding_time = True
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        tokenizer = ctx.load_tokenizer()
-        p = self.params
-        return _untrained(self, ctx, out, {"teacher": self.key(tokenizer, p.teacher_drop_special).to_dict(),
-                                           "detector": self.key(tokenizer, p.detector_drop_special).to_dict(),
-                                           "ignore_repeated_ngrams": p.ignore_repeated_ngrams})  # fmt: skip
+        return _untrained(self, ctx, out)
 
     def logits_processors(self, key_dir: Path, tokenizer) -> list:
         from methods.kgw import KGWKey
@@ -99,9 +96,7 @@ class KTHDecoding(GuKTH):
     decoding_time = True
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        p = self.params
-        return _untrained(self, ctx, out, {"key": self.key(ctx.load_tokenizer()).to_dict(), "statistic": p.statistic,
-                                           "gamma": p.gamma, "reference_texts": p.reference_texts})  # fmt: skip
+        return _untrained(self, ctx, out)
 
     def logits_processors(self, key_dir: Path, tokenizer) -> list:
         from methods.kth import KTHKey
@@ -115,7 +110,7 @@ class AARDecoding(GuAAR):
     decoding_time = True
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        return _untrained(self, ctx, out, {"key": self.key(ctx.load_tokenizer()).to_dict()})
+        return _untrained(self, ctx, out)
 
     def logits_processors(self, key_dir: Path, tokenizer) -> list:
         from methods.aar import AARKey, AARLogitsProcessor

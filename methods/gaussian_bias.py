@@ -87,9 +87,12 @@ class GaussianBias(WatermarkMethod):
             student, teacher, lambda ids, logits: logits + b.to(logits.dtype), batches, s, "distill Gaussian bias",
             ctx.device,
         )  # fmt: skip
-        save_trained(out, student, tokenizer, {"method": self.name, "std": self.params.std, "seed": self.params.seed,
-                                               "size": size})  # fmt: skip
+        save_trained(out, student, tokenizer, self.detection_key(size))
         return report
+
+    def detection_key(self, size: int) -> dict:
+        """What ``train`` writes as ``key.json`` for a model of ``size`` logits: the bias's seed and scale."""
+        return {"method": self.name, "std": self.params.std, "seed": self.params.seed, "size": size}
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         return BiasDetector(read_key(key_dir))

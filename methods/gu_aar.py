@@ -135,9 +135,13 @@ class GuAAR(WatermarkMethod):
         student = ctx.load_student()
         step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
         report = train(student, step, batches, s, desc="train Gu-AAR (sampling distillation)", device=ctx.device)
-        save_trained(out, student, tokenizer, {"method": self.name, "key": key.to_dict()})
+        save_trained(out, student, tokenizer, self.detection_key(tokenizer))
         report["teacher_texts"] = teacher.name
         return report
+
+    def detection_key(self, tokenizer) -> dict:
+        """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the AAR key."""
+        return {"method": self.name, "key": self.key(tokenizer).to_dict()}
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         from methods.aar import AARKey

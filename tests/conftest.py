@@ -180,13 +180,19 @@ def _detect_context(folder: Path, prompt_tokens: int, new_tokens: int, tokenizer
     return DetectContext(stage, lambda n: texts[:n], prompt_tokens, new_tokens, "cpu", base_model)
 
 
-def _write_key(method, tokenizer, folder: Path, seed: int) -> None:
+def _write_key(method, tokenizer, folder: Path, seed: int, base: str | None) -> None:
     """The detection key ``method`` writes when it trains on a base model with ``tokenizer``, made by its own key code
-    (PRO's with a random, untrained policy M of its own class: a real detector of an unlearned key). Every registered
-    method needs a way here, so that its table rows are what its detector writes."""
-    from methods.base import save_key
+    (PRO's with a random, untrained policy M of its own class: a real detector of an unlearned key; a method that
+    trains nothing, GaussMark's noise or a decoding-time row, by its own ``train`` on the random ``base``). Every
+    registered method needs a way here, so that its table rows are what its detector writes."""
+    from harness.config.presets import TINY
+    from methods.base import TrainContext, save_key
 
-    if method.name in ("gu-kgw", "gloaguen-kgw", "gu-kth"):
+    if method.name == "gaussmark" or method.decoding_time:  # (they train nothing: their train writes the key)
+        method.train(TrainContext(base, [], TINY.train, "cpu"), folder)
+    elif method.name == "gaussian-bias":
+        save_key(folder, method.detection_key(len(tokenizer)))
+    elif method.name in ("gu-kgw", "gloaguen-kgw", "gu-kth", "gu-aar"):
         save_key(folder, method.detection_key(tokenizer))
     elif method.name == "pro":
         import torch
@@ -225,10 +231,11 @@ def _detector_rows(method_name: str, params_json: str, prompt_tokens: int, new_t
     with tempfile.TemporaryDirectory(prefix="detector-rows-") as tmp:
         folder = Path(tmp)
         (folder / "key").mkdir()
-        _write_key(method, tokenizer, folder / "key", seed=0)
         base = None
-        if method.detector_reads_prompt():  # (PRO's centred score: a random base model of the same tokenizer)
-            base = str(make_random_llama(folder / "base", 0, tokenizer))
+        # (PRO's centred score, GaussMark's gradient and the decoding-time rows' base: a random model of the tokenizer)
+        if method.detector_reads_prompt() or method.decoding_time or method.name == "gaussmark":
+            base = str(make_random_llama(folder / "base", 0, tokenizer, num_hidden_layers=3))  # (the tiny LM's)
+        _write_key(method, tokenizer, folder / "key", seed=0, base=base)
         ctx = _detect_context(folder / "stages", prompt_tokens, new_tokens, tokenizer, rng, base)
         detector = method.detector(folder / "key", tokenizer, ctx)
         sequences = rng.integers(0, len(tokenizer), size=(ROW_TEXTS, new_tokens)).tolist()
