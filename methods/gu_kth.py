@@ -188,19 +188,12 @@ def teacher_texts(ctx: TrainContext, key, count: int, prompt_tokens: int, new_to
 
     from harness.assets.models import load_causal_lm, load_tokenizer
     from harness.compute.progress import Progress
+    from methods.distill import teacher_prompts
     from methods.kth import KTHLogitsProcessor, draw_shifts, key_gumbel
 
     tokenizer = load_tokenizer(ctx.base_model)
     model = load_causal_lm(ctx.base_model, ctx.device)
-    prompts = []
-    for ids in (tokenizer(t, add_special_tokens=True)["input_ids"] for t in data.iter_texts(ctx.train_data)):
-        if len(ids) >= prompt_tokens:
-            prompts.append(ids[:prompt_tokens])
-            if len(prompts) == count:
-                break
-    if not prompts:
-        raise HarnessError(f"no training document has {prompt_tokens} tokens for a KTH teacher prompt")
-    prompts = [prompts[i % len(prompts)] for i in range(count)]  # a small corpus is cycled through
+    prompts = teacher_prompts(ctx, tokenizer, prompt_tokens, count)
     gumbel = key_gumbel(key)
     shifts = draw_shifts(key, count)
     with open(out / "texts.jsonl", "w") as fh, Progress(count, "KTH teacher texts", unit="text") as bar:
