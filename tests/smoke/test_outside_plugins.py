@@ -78,11 +78,13 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     overrides = "".join(f"  {k}: {v}\n" for k, v in settings.items())
     groups = (
         "groups:\n  g:\n    methods: {unigram: [{}], gu-kgw: [{}], untrained-kgw: [{}]}\n"
-        "    attacks: {none: [{}], noise: [{sigma: 0.05}], truncate: [{keep: 0.5}]}\n"
+        "    attacks: {none: [{}], noise: [{sigma: 0.05}], truncate: [{keep: 0.5}],\n"
+        # a chain of the outside attacks: the model attack, then the text attack on what that model wrote
+        "              chain: [{links: [{attack: noise, settings: {sigma: 0.05}}, {attack: truncate}]}]}\n"
     )
     spec.write_text(f"preset: tiny\noverrides:\n{overrides}{groups}")
     out = run("grid", str(spec), "--results", str(store))
-    assert "9 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
+    assert "12 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
     tables = root / "tables"
     run("tables", "--results", str(store), "--out", str(tables))
     with open(tables / "tiny" / "robustness.csv") as fh:
@@ -93,6 +95,9 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     assert [r[1:3] for r in noise] == [["Gaussian noise", "sigma=0.05"]]  # the new category is a row group
     assert "missing" not in noise[0][3:], noise  # with a number for both methods
     assert not [r for r in rows if r[0] == "Editing"]  # a text attack has a table of its own, not these rows
+    chained = [r for r in rows if r[0] == "Chains"]
+    assert [r[1:3] for r in chained] == [["Gaussian noise → Truncation", "sigma=0.05 → keep=0.5"]], chained
+    assert "missing" not in chained[0][3:], chained
     own = pd.read_csv(tables / "tiny" / "truncate.csv", header=[0, 1], index_col=0)
     assert list(own.index) == ["Gu-KGW", "Unigram", "Untrained KGW"]  # registered methods first, then outside ones
     assert own[("keep=0.5", "AUC")].notna().all()
