@@ -43,7 +43,9 @@ def grid_output(shared_store, harness, tmp_path_factory):
     attacks = "".join(f"      {a}: [{json.dumps(settings)}]\n" for a, settings in CELLS.items() if a not in SLOW)
     spec = tmp_path_factory.mktemp("attacks") / "attacks.yaml"
     spec.write_text(f"preset: tiny\ngroups:\n  attacks:\n    methods:\n      gu-kgw: [{{}}]\n    attacks:\n{attacks}")
-    out = harness("grid", str(spec), "--results", str(root), timeout=1800)
+    # (the timeout allows for the Gu-KGW student too: this grid trains it when it is the first of the smoke tests to
+    # ask for it)
+    out = harness("grid", str(spec), "--results", str(root), timeout=3600)
     assert out.returncode in (0, 1), out.stderr[-3000:]  # 1: some cell failed (its attack's test says which)
     return out.stdout
 
