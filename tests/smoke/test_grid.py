@@ -2,6 +2,7 @@
 part-way and started again ends with the same tables byte for byte, a failed cell does not stop the others,
 submitit's local executor runs the same cells as jobs, and two runs of one cell at once share each stage."""
 
+import contextlib
 import os
 import re
 import signal
@@ -192,20 +193,25 @@ def test_stopping_a_local_grid_stops_its_jobs_and_says_so_once(grid_spec, script
     # A job: a process started for the jobs folder other than the grid itself (whose command line names the folder
     # too: waiting on that alone sent the signal while the grid was still importing torch on a slower machine).
     jobs_started = lambda: [pid for pid in _processes_mentioning(str(jobs)) if pid != proc.pid]  # noqa: E731
-    deadline = time.time() + 300
-    while not jobs_started() and time.time() < deadline:
-        time.sleep(0.5)
-    assert jobs_started(), "no job started"
-    time.sleep(3)  # the job is training
-    proc.send_signal(stop)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and err.count("interrupted") == 1, err
-    assert "jobs of this grid cancelled" in err
-    deadline = time.time() + 30
-    while _processes_mentioning(str(jobs)) and time.time() < deadline:
-        time.sleep(0.5)
-    assert not _processes_mentioning(str(jobs)), "a job outlived its grid"
+    try:
+        deadline = time.time() + 300
+        while not jobs_started() and time.time() < deadline:
+            time.sleep(0.5)
+        assert jobs_started(), "no job started"
+        time.sleep(3)  # the job is training
+        proc.send_signal(stop)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and err.count("interrupted") == 1, err
+        assert "jobs of this grid cancelled" in err
+        deadline = time.time() + 30
+        while _processes_mentioning(str(jobs)) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not _processes_mentioning(str(jobs)), "a job outlived its grid"
+    finally:  # a failed check leaves no million-step training behind on the machine
+        for pid in [proc.pid, *_processes_mentioning(str(jobs))]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_two_runs_of_one_cell_at_once_compute_each_stage_once(grid_spec, script, tmp_path):
