@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from methods.base import TrainContext, read_key, save_trained
 from methods.gu_aar import GuAAR
 from methods.gu_kgw import GuKGW
@@ -30,6 +28,8 @@ class OnlyArgmax:
         self.inner = inner
 
     def __call__(self, input_ids, scores):
+        import torch
+
         chosen = self.inner(input_ids, scores).argmax(-1, keepdim=True)
         return torch.full_like(scores, -torch.inf).scatter_(-1, chosen, 0.0)
 

@@ -230,8 +230,9 @@ def test_two_runs_of_one_cell_at_once_compute_each_stage_once(grid_spec, script,
     logged = "\n".join(err for _, err in outs)
     computed = re.findall(r"computing (.+) ([0-9a-f]{16})$", logged, re.M)
     reused = re.findall(r"reusing (.+) ([0-9a-f]{16}) \(", logged, re.M)
-    # Train, its KGW green lists, attack, 3 generations, 3 runs: each computed once, and reused by the other process.
-    assert len(computed) == len(set(computed)) == 9, computed
+    # Train, its KGW green lists, attack, 3 generations, 3 held-out perplexities, 3 runs: each computed once, and
+    # reused by the other process.
+    assert len(computed) == len(set(computed)) == 12, computed
     assert set(reused) == set(computed), (computed, reused)
     first, second = (o.replace("(reused)", "").split() for o, _ in outs)
     assert first == second  # the same runs, the same numbers

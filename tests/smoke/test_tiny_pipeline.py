@@ -66,7 +66,7 @@ def test_second_run_reuses_every_stage(store, harness):
     out = harness(*RUN, str(root), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "computing" not in out.stderr
-    assert out.stderr.count("reusing") == 8  # train, attack, 3 generations, 3 runs
+    assert out.stderr.count("reusing") == 11  # train, attack, 3 generations, 3 held-out perplexities, 3 runs
     assert out.stdout.count("(reused)") == 3
 
 

@@ -90,7 +90,7 @@ def test_bad_chains_are_one_line(links, message):
     [
         ["--attack", "typo", "--then", "slerp"],
         ["--attack", "slerp", "--then-arg", "t=1"],
-        ["--attack", "slerp", "--then", "gptq", "--then-arg", "bits=5"],
+        ["--attack", "slerp", "--then", "gptq", "--then-arg", "bits=9"],
         ["--attack", "slerp", "--then", "slerp", "--then-arg", "t=0.5", "--then-arg", "t=0.6"],
         ["--attack", "slerp", "--then", "slerp", "--then-arg", "t"],
         ["--attack", "slerp", *["--then", "slerp"] * 4],
