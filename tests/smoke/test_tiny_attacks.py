@@ -17,6 +17,7 @@ CELLS = {  # attack -> its settings over the tiny preset's
     "gguf": {"type": "Q4_0"},
     "wanda": {"sparsity": 0.5},
     "sparsegpt": {"sparsity": 0.2},
+    "slerp": {"t": 0.5},  # (also another smoke file's cell: the shared store reuses it, whichever asks first)
     "finetune": {"steps": "9,45"},
     "dipper": {},
 }
@@ -28,6 +29,7 @@ EVALUATED = {  # what each attack's report says its evaluated folder holds
     "gguf": "Q4_0 GGUF file loaded back by transformers' GGUF loader",
     "wanda": "the pruned model",
     "sparsegpt": "the pruned model",
+    "slerp": "the merged model",
     "finetune": "the fine-tuned model",
 }
 # DIPPER's cell first builds the tiny paraphraser (about an hour on 2 cores): slow, and run alone. Its code path is
