@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from harness.compute.training import loss_step, train
 from harness.config.presets import TrainSettings
@@ -83,3 +84,19 @@ def teacher_prompts(ctx, tokenizer, prompt_tokens: int, count: int) -> list[list
     if not prompts:
         raise HarnessError(f"no training document has {prompt_tokens} tokens for a teacher prompt")
     return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def train_on_teacher_texts(ctx, tokenizer, teacher: Path, settings: TrainSettings, desc: str):
+    """Sampling distillation's training (Gu et al.): a copy of the base fine-tuned with cross-entropy on the teacher
+    texts of the stage ``teacher`` (``texts.jsonl``), tokenized again and packed into ``settings.seq_len`` blocks.
+    Returns the student and the training report."""
+    import json
+
+    from harness.assets import data
+
+    texts = (json.loads(line)["text"] for line in (teacher / "texts.jsonl").read_text().splitlines())
+    stream = data.token_stream(tokenizer, texts, max_tokens=settings.tokens)
+    batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
+    student = ctx.load_student()
+    step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
+    return student, train(student, step, batches, settings, desc=desc, device=ctx.device)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from pydantic import Field
 
-from harness.assets import data
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
 from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
@@ -110,7 +109,7 @@ class GuAAR(WatermarkMethod):
         return AARKey(vocab_size=len(tokenizer), k=self.params.k, seed=self.params.seed)
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from harness.compute.training import loss_step, train
+        from methods.distill import train_on_teacher_texts
 
         if ctx.stage is None:
             raise RuntimeError("Gu-AAR trains through the pipeline (its teacher texts are a stage)")
@@ -129,12 +128,7 @@ class GuAAR(WatermarkMethod):
             lambda folder: teacher_texts(ctx, key, count, p.prompt_tokens, s.seq_len, p.generate_batch, folder),
             f"AAR teacher texts (k={p.k})",
         )
-        texts = (json.loads(line)["text"] for line in (teacher / "texts.jsonl").read_text().splitlines())
-        stream = data.token_stream(tokenizer, texts, max_tokens=s.tokens)
-        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
-        student = ctx.load_student()
-        step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
-        report = train(student, step, batches, s, desc="train Gu-AAR (sampling distillation)", device=ctx.device)
+        student, report = train_on_teacher_texts(ctx, tokenizer, teacher, s, "train Gu-AAR (sampling distillation)")
         save_trained(out, student, tokenizer, self.detection_key(tokenizer))
         report["teacher_texts"] = teacher.name
         return report

@@ -17,7 +17,6 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from harness.assets import data
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
 from methods.base import (
@@ -124,7 +123,7 @@ class GuKTH(WatermarkMethod):
         return s.model_copy(update={"batch_size": p.batch_size or s.batch_size, "seq_len": p.seq_len or s.seq_len})
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from harness.compute.training import loss_step, train
+        from methods.distill import train_on_teacher_texts
 
         if ctx.stage is None:
             raise RuntimeError("Gu-KTH trains through the pipeline (its teacher texts are a stage)")
@@ -140,12 +139,7 @@ class GuKTH(WatermarkMethod):
             lambda folder: teacher_texts(ctx, key, count, p.prompt_tokens, s.seq_len, p.generate_batch, folder),
             f"KTH teacher texts (s={p.s})",
         )
-        texts = (json.loads(line)["text"] for line in (teacher / "texts.jsonl").read_text().splitlines())
-        stream = data.token_stream(tokenizer, texts, max_tokens=s.tokens)
-        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
-        student = ctx.load_student()
-        step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
-        report = train(student, step, batches, s, desc="train Gu-KTH (sampling distillation)", device=ctx.device)
+        student, report = train_on_teacher_texts(ctx, tokenizer, teacher, s, "train Gu-KTH (sampling distillation)")
         save_trained(out, student, tokenizer, self.detection_key(tokenizer))
         report["teacher_texts"] = teacher.name
         return report
