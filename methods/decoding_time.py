@@ -69,20 +69,21 @@ class KTHByPrompt:
         return KTHLogitsProcessor(self.key, shift, gumbel=self.gumbel)(input_ids, scores)
 
 
-def _untrained(method, ctx: TrainContext, out: Path) -> dict:
-    """What a decoding-time method's train stage holds: the base as it is, and the key its learned method writes."""
-    tokenizer = ctx.load_tokenizer()
-    save_trained(out, ctx.load_student(), tokenizer, method.detection_key(tokenizer))
-    return {"steps": 0, "decoding_time": True}
+class DecodingTime:
+    """What the decoding-time rows share, before the learned method they borrow key and detector from: their train
+    stage holds the base as it is, and the key the learned method writes."""
 
-
-class KGWDecoding(GuKGW):
-    name = "kgw-decoding"
-    label = "KGW (decoding-time)"
     decoding_time = True
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        return _untrained(self, ctx, out)
+        tokenizer = ctx.load_tokenizer()
+        save_trained(out, ctx.load_student(), tokenizer, self.detection_key(tokenizer))
+        return {"steps": 0, "decoding_time": True}
+
+
+class KGWDecoding(DecodingTime, GuKGW):
+    name = "kgw-decoding"
+    label = "KGW (decoding-time)"
 
     def logits_processors(self, key_dir: Path, tokenizer) -> list:
         from methods.kgw import KGWKey
@@ -90,13 +91,9 @@ class KGWDecoding(GuKGW):
         return [KGWProcessor(KGWKey.from_dict(read_key(key_dir)["teacher"]))]
 
 
-class KTHDecoding(GuKTH):
+class KTHDecoding(DecodingTime, GuKTH):
     name = "kth-decoding"
     label = "KTH (decoding-time)"
-    decoding_time = True
-
-    def train(self, ctx: TrainContext, out: Path) -> dict:
-        return _untrained(self, ctx, out)
 
     def logits_processors(self, key_dir: Path, tokenizer) -> list:
         from methods.kth import KTHKey
@@ -104,13 +101,9 @@ class KTHDecoding(GuKTH):
         return [OnlyArgmax(KTHByPrompt(KTHKey.from_dict(read_key(key_dir)["key"])))]
 
 
-class AARDecoding(GuAAR):
+class AARDecoding(DecodingTime, GuAAR):
     name = "aar-decoding"
     label = "AAR (decoding-time)"
-    decoding_time = True
-
-    def train(self, ctx: TrainContext, out: Path) -> dict:
-        return _untrained(self, ctx, out)
 
     def logits_processors(self, key_dir: Path, tokenizer) -> list:
         from methods.aar import AARKey, AARLogitsProcessor
