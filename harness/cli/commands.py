@@ -325,7 +325,8 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
         [{"text": r["i"], "tokens": r["tokens"], "score": f"{r['score']:.3f}", "p-value": f"{r['p_value']:.2g}",
           "begins": printable(r["text"][:50].replace("\n", " "))} for r in rows[:show]]
     )  # fmt: skip
-    more = f"\n... {len(rows) - show} more texts in {report['scores']}" if len(rows) > show else ""
+    shown = table.to_string(index=False) if show and rows else ""  # --show 0: no table, not "Empty DataFrame"
+    more = f"... {len(rows) - show} more texts in {report['scores']}" if len(rows) > show else ""
     verdict = (
         f"WATERMARKED: p = {d['p_value']:.3g} < alpha = {d['alpha']:g}"
         if d["watermarked"]
@@ -334,7 +335,7 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
     lines = [
         f"key: {key['method']} ({key['config']}), train stage {key['train_stage']}, base model {key['base_model']}",
         f"{report['source']['kind']}: {report['source']['ref']}",
-        table.to_string(index=False) + more,
+        *(part for part in (shown, more) if part),
         "",
         f"{d['texts']} texts, {d['tokens']} tokens tested; {d['test']}; statistic {d['statistic']:.3f}",
         f"human texts' median score: {d['human_median_score']:.3f} ({d['human_texts']} texts)"

@@ -379,3 +379,22 @@ def test_a_damaged_key_is_refused(keyed, cli, tmp_path, random_llamas):
     weights.write_bytes(weights.read_bytes()[:100])
     out = cli("detect", "--results", str(tmp_path), "--key", str(copy), "--model", str(random_llamas[0]))
     assert out.returncode == 2 and "is damaged" in out.stderr, out
+
+
+def test_the_audit_table_shows_as_many_texts_as_asked():
+    from harness.cli.commands import format_audit
+
+    report = {
+        "key": {"method": "gu-kgw", "config": "k=1", "train_stage": "ab12", "base_model": "builtin:tiny-lm"},
+        "source": {"kind": "texts", "ref": "t.jsonl"},
+        "scores": "store/scores.jsonl",
+        "decision": {"watermarked": False, "p_value": 0.5, "alpha": 0.01, "texts": 2, "tokens": 9, "test": "a test",
+                     "statistic": 0.0, "human_median_score": 0.1, "human_texts": 2},
+    }  # fmt: skip
+    rows = [{"i": i, "tokens": 4, "score": 0.25, "p_value": 0.5, "text": f"text number {i}"} for i in range(2)]
+    none = format_audit(report, rows, 0)
+    assert "DataFrame" not in none and "text number" not in none and "... 2 more texts in store/scores.jsonl" in none
+    one = format_audit(report, rows, 1)
+    assert "text number 0" in one and "text number 1" not in one and "... 1 more texts" in one
+    both = format_audit(report, rows, 5)
+    assert "text number 1" in both and "more texts" not in both
