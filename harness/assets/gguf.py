@@ -272,6 +272,11 @@ def smollm2_built() -> bool:
         return False
 
 
+def smollm2_planned_config():
+    """``builtin:smollm2-135m``'s config from the wheel's GGUF header: the checks judge it before its conversion."""
+    return planned_config(str(smollm2_file()))
+
+
 def smollm2_135m() -> Path:
     """``builtin:smollm2-135m``: the wheel's GGUF converted once into a cached folder."""
     return converted(smollm2_file())

@@ -72,7 +72,13 @@ BUILTIN_MODELS = {
         )
         for base, short, cost, buildable, planned in (
             ("tiny", "tiny", "about a minute on 2 CPU cores", None, "harness.assets.tiny:planned_config"),
-            ("smollm2-135m", "smol", "about 5 minutes on 2 CPU cores", "harness.assets.gguf:check_smollm2", None),
+            (
+                "smollm2-135m",
+                "smol",
+                "about 5 minutes on 2 CPU cores",
+                "harness.assets.gguf:check_smollm2",
+                "harness.assets.gguf:smollm2_planned_config",  # a fine-tune keeps its base's config
+            ),
             (
                 "small",
                 "small",
@@ -89,6 +95,7 @@ BUILTIN_MODELS = {
         built="harness.assets.gguf:smollm2_built",
         cost="about 30 seconds",
         buildable="harness.assets.gguf:check_smollm2",
+        planned_config="harness.assets.gguf:smollm2_planned_config",
     ),
 }
 

