@@ -84,8 +84,16 @@ class Chain(Attack):
         try:
             return cls.Params(**values)
         except ValidationError as err:
-            problems = "; ".join(f"{e['msg'].removeprefix('Value error, ')}" for e in err.errors())
-            raise HarnessError(f"bad chain of attacks: {problems}") from None
+            problems = "; ".join(
+                e["msg"].removeprefix("Value error, ")
+                if e["type"] == "value_error"  # (our own messages name the link)
+                else f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}"
+                for e in err.errors()
+            )
+            raise HarnessError(
+                f"bad chain of attacks: {problems} (on the command line: --attack A --then B [--then-arg K=V]; in a "
+                "grid file: chain: [{links: [{attack: A, settings: {...}}, ...]}])"
+            ) from None
 
     @classmethod
     def with_preset(cls, settings: dict, preset) -> dict:
