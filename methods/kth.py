@@ -25,10 +25,11 @@ they cost 0 (as if ``xi = 0``: no evidence for the watermark). The reference cod
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -277,6 +278,38 @@ def statistics(
         else:
             out[members] = _levenshtein(table, tokens, lengths, float(gamma))
     return out.tolist()
+
+
+def null_key(key: KTHKey, index: int) -> KTHKey:
+    """The ``index``-th key drawn afresh for ``key``'s permutation test: the same shape, a seed from a hash of the
+    key's seed and ``index`` (never a small seed another watermark would use)."""
+    digest = hashlib.sha256(f"kth-null:{key.seed}:{index}".encode()).digest()
+    return replace(key, seed=int.from_bytes(digest[:8], "little") >> 1)
+
+
+def permutation_p(
+    key: KTHKey, sequences: Sequence[Sequence[int]], method: str, gamma: float, null_keys: int, progress=None
+) -> dict:
+    """Kuditipudi et al.'s permutation test of a key, pooled over texts: the texts' summed statistic under ``key``
+    against the same sum under ``null_keys`` keys drawn afresh (``null_key``). Where the texts do not depend on the
+    key, the ``null_keys + 1`` sums are exchangeable, so ``p = (1 + #{null sums <= the key's}) / (null_keys + 1)`` is
+    exact whatever wrote the texts (ties count against the key). ``progress(n)`` is called after each null key."""
+    observed = float(np.sum(statistics(key, sequences, method, gamma)))
+    null = []
+    for index in range(null_keys):
+        null.append(float(np.sum(statistics(null_key(key, index), sequences, method, gamma))))
+        if progress is not None:
+            progress(1)
+    null_arr = np.asarray(null)
+    spread = float(null_arr.std(ddof=1)) if null_keys > 1 else 0.0
+    return {
+        "p_value": float((1 + np.sum(null_arr <= observed)) / (null_keys + 1)),
+        "sum": observed,
+        "null_mean": float(null_arr.mean()),
+        "null_sd": spread,
+        # how many null standard deviations below the null keys' mean the key's sum lies (higher = watermarked)
+        "z": float((null_arr.mean() - observed) / spread) if spread > 0 else 0.0,
+    }
 
 
 def p_values(stats: Sequence[float], reference: Sequence[float]) -> list[float]:

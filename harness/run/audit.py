@@ -6,7 +6,8 @@ in ``harness run``); texts are read from a file. Each text is scored by the meth
 then tested together for one decision about their source:
 
 - where the scheme has a null distribution of its own, its pooled test (``Detector.pool``: KGW's green count over the
-  distinct (green list, token) pairs of all texts, a rank test of KTH's statistics against its reference);
+  distinct (green list, token) pairs of all texts, KTH's summed statistic against the same texts under keys drawn
+  afresh);
 - otherwise (PRO) the texts' scores are calibrated against the scores of the unwatermarked base model's own
   continuations of the same evaluation prompts (the ``generate`` stage ``harness run`` makes for its base row), by a
   one-sided Mann-Whitney U test: the null is "the source writes like the unwatermarked base under this detector",
@@ -37,8 +38,9 @@ from methods.base import score_texts
 TEXT_SUFFIXES = (".txt", ".jsonl")
 # Bump when the decision drawn from the scores changes (the pooled tests): a detect stage's result is keyed by it.
 # 2: KGW counts distinct (green list, token) pairs (1: distinct (k+1)-grams); a scheme with no null of its own is
-# calibrated on the base model's continuations (1: on human texts)
-DECISION_VERSION = "2"  # (2 also: KTH by a rank test against its reference, not Fisher)
+# calibrated on the base model's continuations (1: on human texts); 3: KTH by a permutation test over keys drawn
+# afresh (2: a rank test against the reference statistics of human texts, which flagged unwatermarked models)
+DECISION_VERSION = "3"
 
 
 # --- the key ----------------------------------------------------------------------------------------------------
