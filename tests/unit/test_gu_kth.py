@@ -66,10 +66,10 @@ def test_key_vocabulary_must_match_the_model(random_llamas):
         methods.build("gu-kth", {"vocab_size": str(size + 1)}).validate(str(base))
 
 
-def test_detect_pools_kth_statistics_by_a_rank_test(random_llamas, tmp_path, small_preset, cli):
-    """``harness detect`` with a Gu-KTH key: per-text p-values against the key's reference statistics, and one
-    decision by a Mann-Whitney U test of the texts' statistics against them; the setup (prompts, lengths, reference
-    data) is that of the key's stored runs."""
+def test_detect_pools_kth_statistics_by_a_permutation_test(random_llamas, tmp_path, small_preset, cli):
+    """``harness detect`` with a Gu-KTH key: per-text p-values against the key's reference statistics (Gu et al.'s),
+    and one decision by the permutation test of the texts' summed statistic over keys drawn afresh; the setup
+    (prompts, lengths, reference data) is that of the key's stored runs."""
     base, _ = random_llamas
     store = Store(tmp_path / "runs")
     Pipeline(small_preset(tmp_path, base, **PRESET), store, "cpu").run(
@@ -82,6 +82,7 @@ def test_detect_pools_kth_statistics_by_a_rank_test(random_llamas, tmp_path, sma
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     d = report["decision"]
-    assert "Mann-Whitney U of the texts' KTH statistics against 20 reference" in d["test"] and 0 < d["p_value"] <= 1
+    assert "permutation test of the texts' summed KTH statistic against the same texts under 199 keys" in d["test"]
+    assert 1 / 200 <= d["p_value"] <= 1 and d["p_value"] * 200 == round(d["p_value"] * 200)
     assert d["human_texts"] == 4 and all(1 / 21 <= t["p_value"] <= 1 for t in report["texts"])
     assert len(list((store.root / "stages" / "kth-reference").iterdir())) == 1  # the run's reference, reused
