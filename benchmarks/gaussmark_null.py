@@ -93,18 +93,19 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from harness.assets import models
+    from harness.store import kinds
     from harness.store.stages import Store
     from methods.base import read_key
     from methods.gaussmark import GaussMarkDetector
 
     store = Store(Path(args.results))
-    found = [s for s in store.matching(args.run) if s.kind == "run"]
+    found = [s for s in store.matching(args.run) if s.kind == kinds.RUN]
     if len(found) != 1:
         sys.exit(f"'{args.run}' names {len(found)} runs in {args.results}")
     spec = json.loads((found[0].path / "spec.json").read_text())
     if spec["detector"]["method"] != "gaussmark":
         sys.exit(f"run {args.run} is a run of {spec['detector']['method']}, not of gaussmark")
-    key_dir = store.folder("train", spec["detector"]["key_from"])
+    key_dir = store.folder(kinds.TRAIN, spec["detector"]["key_from"])
     base = models.resolve(spec["upstream"]["train"]["base_model"]["ref"])
     tokenizer = models.load_tokenizer(base)
     det = GaussMarkDetector(read_key(key_dir), base, "cpu", tokenizer, 8)
