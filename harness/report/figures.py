@@ -222,6 +222,8 @@ def auc_utility(part: pd.DataFrame, store: Store, plt):
     runs["reference"], runs["unaltered"] = declares("reference_curve"), declares("identity")
     if runs.empty or runs["unaltered"].all():
         return None
+    from matplotlib.ticker import LogFormatter
+
     names = _methods(runs)
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
     for ax, method in zip(axes[0], names, strict=True):
@@ -235,6 +237,9 @@ def auc_utility(part: pd.DataFrame, store: Store, plt):
             ax.scatter(points["utility"], points["AUC"], s=14, label=attack)
         ax.scatter(unaltered_["utility"], unaltered_["AUC"], marker="*", s=90, color="black", label="unaltered")
         ax.set(xscale="log", xlabel="held-out perplexity of the model", ylabel="AUC", title=method)
+        # Plain numbers: the default log labels are mathtext ("$10^{2}$"), shown raw with text.parse_math off.
+        ax.xaxis.set_major_formatter(LogFormatter())
+        ax.xaxis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.4)))
         ax.legend(fontsize=6)
     fig.tight_layout()
     return fig
