@@ -111,6 +111,28 @@ def _main_settings(df: pd.DataFrame) -> pd.Series:
     return base
 
 
+def preset_settings(preset_name: str, stored: dict, name: str | None) -> dict:
+    """The preset's settings for method ``name``: as the run's spec records them, or, for a method added after the
+    first stored results (``Preset.hashed`` leaves its settings out of the spec, to keep hashes), as the named preset
+    gives them (none for a preset this installation does not know)."""
+    from harness.config.presets import HASHED_METHOD_DEFAULTS
+
+    methods = stored.get("methods", {})
+    if name is None or name in methods or name in HASHED_METHOD_DEFAULTS:
+        return methods.get(name, {})
+    return _named_preset_methods(preset_name).get(name, {})
+
+
+@cache
+def _named_preset_methods(preset_name: str) -> dict:
+    from harness.config.presets import get_preset
+
+    try:
+        return get_preset(preset_name).model_dump()["methods"]
+    except (HarnessError, KeyError, ValueError):
+        return {}
+
+
 def _row(run: Path) -> dict:
     spec = json.loads((run / "spec.json").read_text())
     m = json.loads((run / "metrics.json").read_text())
@@ -126,8 +148,8 @@ def _row(run: Path) -> dict:
         "method": method["label"],
         "method_config": method["config_label"],
         "method_name": name,
-        "preset_method": json.dumps(preset.get("methods", {}).get(name, {}), sort_keys=True),
-        "main": only(name, params, preset.get("methods", {}).get(name, {}), ()),
+        "preset_method": json.dumps(preset_settings(spec["preset"], preset, name), sort_keys=True),
+        "main": only(name, params, preset_settings(spec["preset"], preset, name), ()),
         "params": json.dumps(params, sort_keys=True),
         "category": cfg["attack"]["category"],
         "attack": cfg["attack"]["label"],

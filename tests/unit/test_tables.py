@@ -318,3 +318,25 @@ def test_an_outside_plugin_with_an_unknown_table_fails_where_it_is_loaded(tmp_pa
     for load in (registry.attacks.load, lambda name: collect.plugin_class("attack", name)):
         with pytest.raises(HarnessError, match="unknown table 'robustnes'; valid tables: robustness, ft_steps, own"):
             load("typo-tables")
+
+
+def test_a_method_added_later_is_its_presets_main_configuration():
+    """Runs of a method added after the first stored results hold no preset settings for it in their spec
+    (``Preset.hashed``): its main configuration is the named preset's, so its column is in the tables."""
+    from harness.config.presets import TINY
+    from harness.report.collect import only, preset_settings
+
+    stored = TINY.hashed()
+    assert "gaussmark" not in stored["methods"] and "gu-kgw" in stored["methods"]
+    settings = preset_settings("tiny", stored, "gaussmark")
+    assert settings == TINY.model_dump()["methods"]["gaussmark"] and settings
+    assert preset_settings("tiny", stored, "gu-kgw") == stored["methods"]["gu-kgw"]
+    assert preset_settings("no-such-preset", stored, "gaussmark") == {}
+    params = methods_params("gaussmark", settings)
+    assert only("gaussmark", params, settings, ()) and not only("gaussmark", {**params, "sigma": 0.5}, settings, ())
+
+
+def methods_params(name: str, settings: dict) -> dict:
+    from harness.config.registry import methods
+
+    return methods.build(name, settings).params.model_dump(mode="json")
