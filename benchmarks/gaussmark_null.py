@@ -31,22 +31,9 @@ def gradients(det, contexts, sequences):
     """Each text's gradient of its log-likelihood with respect to the key's weights, flattened (texts, entries)."""
     import torch
 
-    from methods.gaussmark import _batch
+    from methods.gaussmark import layer_signals
 
-    inputs, outputs, handles = {}, {}, []
-    for name, module in det.targets.items():
-        handles.append(module.register_forward_hook(lambda m, a, o, n=name: inputs.__setitem__(n, a[0].detach())))
-        handles.append(module.register_full_backward_hook(lambda m, gi, go, n=name: outputs.__setitem__(n, go[0])))
-    ids, attention, scored = _batch(det, contexts, sequences)
-    try:
-        with torch.enable_grad():
-            embeddings = det.model.get_input_embeddings()(ids).detach().requires_grad_(True)
-            logits = det.model(inputs_embeds=embeddings, attention_mask=attention).logits.float()
-            logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            (logp * scored[:, 1:]).sum().backward()
-    finally:
-        for handle in handles:
-            handle.remove()
+    inputs, outputs, _ = layer_signals(det, contexts, sequences)
     parts = [torch.einsum("bto,bti->boi", outputs[n].double(), inputs[n].double()).flatten(1) for n in det.targets]
     return torch.cat(parts, 1)
 

@@ -254,13 +254,9 @@ def summed_gradient(detector, contexts, sequences) -> dict:
     return dict(zip(detector.targets, grads, strict=True))
 
 
-def per_text_gradients(detector, contexts, sequences) -> list[tuple[float, float]]:
-    """``(<xi, g_i>, ||g_i||^2)`` of each text's log-likelihood gradient g_i, from one backward pass of the batch.
-
-    A Linear weight's gradient for text i is ``sum_t d_t x_t^T`` (x_t its input at position t, d_t the gradient of
-    text i's log-likelihood at its output there; texts share no position, so d_t of text i is text i's alone). Then
-    ``<xi, g_i> = sum_t d_t . (xi x_t)`` and ``||g_i||^2 = sum_{t,t'} (x_t . x_t')(d_t . d_t')``: no per-text gradient
-    matrix is formed (torch.func's per-sample gradients would form them, the size of the weights per text)."""
+def layer_signals(detector, contexts, sequences) -> tuple[dict, dict, object]:
+    """One forward and backward pass of the batch's summed log-likelihood: each key weight's input ``x`` and output
+    gradient ``d`` at every position, by weight name (texts share no position), and the batch's padded ids."""
     torch = detector.torch
     inputs, grads, handles = {}, {}, []
     for name, module in detector.targets.items():
@@ -276,6 +272,18 @@ def per_text_gradients(detector, contexts, sequences) -> list[tuple[float, float
     finally:
         for handle in handles:
             handle.remove()
+    return inputs, grads, ids
+
+
+def per_text_gradients(detector, contexts, sequences) -> list[tuple[float, float]]:
+    """``(<xi, g_i>, ||g_i||^2)`` of each text's log-likelihood gradient g_i, from one backward pass of the batch.
+
+    A Linear weight's gradient for text i is ``sum_t d_t x_t^T`` (x_t its input at position t, d_t the gradient of
+    text i's log-likelihood at its output there; texts share no position, so d_t of text i is text i's alone). Then
+    ``<xi, g_i> = sum_t d_t . (xi x_t)`` and ``||g_i||^2 = sum_{t,t'} (x_t . x_t')(d_t . d_t')``: no per-text gradient
+    matrix is formed (torch.func's per-sample gradients would form them, the size of the weights per text)."""
+    torch = detector.torch
+    inputs, grads, ids = layer_signals(detector, contexts, sequences)
     projection = torch.zeros(len(sequences), dtype=torch.float64, device=ids.device)
     squared = torch.zeros_like(projection)
     for name, xi in detector.xi.items():
