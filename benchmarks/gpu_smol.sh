@@ -27,7 +27,7 @@ if [ ! -e "$WORK/started" ]; then
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
         python3 -c "import torch, transformers, mergekit, hqq, gguf; print('torch', torch.__version__, 'cuda',
 torch.version.cuda, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
-        git log -1 --format='working tree at %H %s' 2>/dev/null || true
+        cat /tmp/gpu-carry/.gpu/commit  # (what gpu_prepare.sh packed at; the tree travels without .git)
         echo "groups: $GRID_GROUPS"
     } >"$WORK/env.log" 2>&1
     date -u +%s >"$WORK/started"
