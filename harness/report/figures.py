@@ -225,6 +225,7 @@ def auc_utility(part: pd.DataFrame, store: Store, plt):
     from matplotlib.ticker import LogFormatter
 
     names = _methods(runs)
+    styles = attack_styles(sorted(runs.loc[~runs["unaltered"] & ~runs["reference"], "attack"].unique()))
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
     for ax, method in zip(axes[0], names, strict=True):
         mine = runs[runs["method"] == method]
@@ -234,7 +235,8 @@ def auc_utility(part: pd.DataFrame, store: Store, plt):
             label = f"{reference['attack'].iloc[0]} (reference)"
             ax.plot(line["utility"], line["AUC"], color="0.5", marker=".", label=label)
         for attack, points in mine[~mine["unaltered"] & ~mine["reference"]].groupby("attack", sort=True):
-            ax.scatter(points["utility"], points["AUC"], s=14, label=attack)
+            colour, marker = styles[attack]
+            ax.scatter(points["utility"], points["AUC"], s=14, color=colour, marker=marker, label=attack)
         ax.scatter(unaltered_["utility"], unaltered_["AUC"], marker="*", s=90, color="black", label="unaltered")
         ax.set(xscale="log", xlabel="held-out perplexity of the model", ylabel="AUC", title=method)
         # Plain numbers: the default log labels are mathtext ("$10^{2}$"), shown raw with text.parse_math off.
@@ -243,6 +245,15 @@ def auc_utility(part: pd.DataFrame, store: Store, plt):
         ax.legend(fontsize=6)
     fig.tight_layout()
     return fig
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def attack_styles(attacks: list[str]) -> dict[str, tuple[str, str]]:
+    """A (colour, marker) per attack, each pair distinct, the same attack alike in every panel: matplotlib's ten
+    default colours alone repeat from the eleventh attack (the tiny grids have 15)."""
+    return {a: (f"C{i % 10}", MARKERS[(i // 10) % len(MARKERS)]) for i, a in enumerate(attacks)}
 
 
 def setup_figures(part: pd.DataFrame, store: Store) -> dict:

@@ -46,3 +46,12 @@ def test_every_model_gets_its_heldout_perplexity_once(random_llamas, small_prese
     assert "auc_utility" in drawn
     again = Pipeline(preset, store, "cpu").run(method, attacks.build("weight-noise", {"sigma": "0.5"}))
     assert all(c.reused for c in again) and len([s for s in store.finished() if s.kind == kinds.UTILITY]) == 3
+
+
+def test_every_attack_of_the_utility_figure_has_its_own_colour_and_marker():
+    from harness.report.figures import MARKERS, attack_styles
+
+    names = [f"attack {i}" for i in range(10 * len(MARKERS))]
+    styles = attack_styles(names)
+    assert len(set(styles.values())) == len(names)  # matplotlib's default cycle alone repeats after ten
+    assert attack_styles(names[:3]) == {n: styles[n] for n in names[:3]}  # the same attack alike in every panel
