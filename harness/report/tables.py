@@ -312,8 +312,41 @@ def forget_stale(out_dir: Path, written: list[Path]) -> list[Path]:
 
 def _csv(table: pd.DataFrame, path: Path) -> None:
     """CSV with fixed float formatting and missing cells spelled out, so two builds are byte-identical; replaced
-    whole (``files.write_atomic``), as every file ``harness tables`` writes."""
-    files.write_atomic(path, table.to_csv(float_format="%.6g", na_rep=MISSING, lineterminator="\n"))
+    whole (``files.write_atomic``), as every file ``harness tables`` writes. Text that a spreadsheet would run as a
+    formula is defused (``defused``)."""
+    files.write_atomic(path, defused(table).to_csv(float_format="%.6g", na_rep=MISSING, lineterminator="\n"))
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what Excel, LibreOffice and Sheets read as a formula
+
+
+def _defuse(value):
+    """A text cell that starts as a formula, prefixed with ``'`` (OWASP's advice for CSV injection): a store's labels
+    come from whoever made it, and ``=HYPERLINK(...)`` in a method label would run when the CSV is opened. Numbers
+    (``-0.5``) and every other value stay as they are."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_STARTS):
+        return value
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return "'" + value
+
+
+def defused(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with ``_defuse`` applied to its text cells, row labels and column labels."""
+
+    def labels(index: pd.Index) -> pd.Index:
+        if isinstance(index, pd.MultiIndex):
+            return index.set_levels([level.map(_defuse) for level in index.levels])
+        return index.map(_defuse)
+
+    out = table.copy()
+    for k in range(out.shape[1]):  # (by position: labels may repeat) text columns, str or object dtype
+        if not pd.api.types.is_numeric_dtype(out.dtypes.iloc[k]):
+            out.isetitem(k, out.iloc[:, k].map(_defuse))
+    out.index, out.columns = labels(out.index), labels(out.columns)
+    return out
 
 
 def write_tables(

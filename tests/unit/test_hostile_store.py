@@ -20,6 +20,7 @@ IMG = '"><img src=x onerror=document.title="pwned">'
 SCRIPT = '</script><script>document.title="pwned"</script>'
 JS = "javascript:document.title='pwned'"
 TEX = r"$\foo$ {_} % & # ^ ~"
+FORMULA = '=HYPERLINK("http://x","pwned")'  # run by a spreadsheet that opens the CSV
 TERM = "\x1b]0;pwned\x07\x1b[2J\r\u202e"  # a terminal title, a screen clear, a carriage return, a bidi override
 # Run folder names cannot hold "/", so the closing tags of SCRIPT go in labels and texts only.
 FOLDERS = [IMG, JS, TEX, "a&b%c_d{e}"]
@@ -41,7 +42,7 @@ def hostile(tmp_path, fake_run):
         spec = json.loads((path / "spec.json").read_text())
         config = spec["config"]
         config["method"]["label"] = labels[config["method"]["name"]]
-        config["method"]["config_label"] += f" {TEX} {SCRIPT}"
+        config["method"]["config_label"] = f"{FORMULA} {config['method']['config_label']} {TEX} {SCRIPT}"
         config["preset"]["base_model"] = f"builtin:{IMG}{TEX}"
         if config["attack"].get("name") == "slerp":
             config["attack"]["label"] = JS
@@ -121,6 +122,12 @@ def test_a_hostile_store_makes_tables_and_figures(hostile, cli, tmp_path):
     assert r"\$\textbackslash{}foo\$ \{\_\} \% \& \# \textasciicircum{} \textasciitilde{}" in tex
     assert r"$\foo$" not in tex and "{_}" not in tex
     assert "javascript:document.title='pwned'" in tex  # (no special of LaTeX's in it: as it is)
+    # A label that a spreadsheet would run as a formula reaches every CSV defused, and no cell starts as one.
+    import csv
+
+    cells = [c for p in written if p.suffix == ".csv" for row in csv.reader(p.open()) for c in row]
+    assert any(c.startswith("'=HYPERLINK(") for c in cells)
+    assert not [c for c in cells if c.startswith(("=", "+", "@")) or c.startswith("-") and not c[1:2].isdigit()]
     # What it prints of the store's labels is shown, never obeyed by the terminal.
     assert not any(c in out.stdout for c in "\x1b\x07\r\u202e") and "\\x1b]0;pwned" in out.stdout, out.stdout
 
