@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from attacks.base import MODEL, AttackContext, CalibrationParams, ModelAttack, calibration_ids, library_versions
+from attacks.quant import RowGroupSize, group_label
 from harness.compute.progress import library_output
 from harness.config.errors import HarnessError
 
@@ -41,7 +42,7 @@ class AWQParams(CalibrationParams):
     from activations and weights, a grid of ``n_grid`` points). Calibration as GPTQ's (``calib_*``; C4 by default)."""
 
     bits: Literal[4, 8] = 4
-    group_size: int = Field(128, ge=-1)
+    group_size: RowGroupSize = 128
     sym: bool = False
     duo_scaling: bool | Literal["both"] = True
     n_grid: int = Field(20, gt=0)
@@ -63,13 +64,6 @@ class AWQParams(CalibrationParams):
             return known[word]
         return value
 
-    @field_validator("group_size")
-    @classmethod
-    def _group(cls, value: int) -> int:
-        if value == 0:
-            raise ValueError("group_size must be positive, or -1 for one group per output row")
-        return value
-
 
 class AWQ(ModelAttack):
     name = "awq"
@@ -82,10 +76,7 @@ class AWQ(ModelAttack):
 
     def config_label(self) -> str:
         p = self.params
-        label = f"{p.bits} bits"
-        if p.group_size != 128:
-            label += ", no groups" if p.group_size == -1 else f", group {p.group_size}"
-        return label + (", sym" if p.sym else "")
+        return group_label(p.bits, p.group_size, 128) + (", sym" if p.sym else "")
 
     def data_refs(self) -> dict:
         return {"calibration": self.params.calibration_source()}

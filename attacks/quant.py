@@ -27,9 +27,9 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from attacks.base import (
     MODEL,
@@ -48,7 +48,17 @@ log = logging.getLogger(__name__)
 QUANTIZED = "quantized"  # sub-folder of the stage with the library's native (packed) output
 
 
-def _group_label(bits: int, group_size: int, default_group: int) -> str:
+def _positive_or_row(value: int) -> int:
+    if value == 0:
+        raise ValueError("group_size must be positive, or -1 for one group per output row")
+    return value
+
+
+# GPTQ's and AWQ's groups: consecutive input columns of each output row sharing a scale, or -1 for one per row.
+RowGroupSize = Annotated[int, Field(ge=-1), AfterValidator(_positive_or_row)]
+
+
+def group_label(bits: int, group_size: int, default_group: int) -> str:
     label = f"{bits} bits"
     if group_size != default_group:
         label += ", no groups" if group_size == -1 else f", group {group_size}"
@@ -140,7 +150,7 @@ class GPTQParams(CalibrationParams):
     calib_data: str = "Salesforce/wikitext"
     calib_name: str | None = "wikitext-2-raw-v1"
     bits: int = 4
-    group_size: int = Field(128, ge=-1)
+    group_size: RowGroupSize = 128
     sym: bool = True
     desc_act: bool = False
     damp: float = Field(0.01, gt=0, lt=1)
@@ -156,13 +166,6 @@ class GPTQParams(CalibrationParams):
             raise ValueError(f"GPTQ bits must be one gptqmodel packs ({', '.join(map(str, packed))}), not {value}")
         return value
 
-    @field_validator("group_size")
-    @classmethod
-    def _group(cls, value: int) -> int:
-        if value == 0:
-            raise ValueError("group_size must be positive, or -1 for one group per output row")
-        return value
-
 
 class GPTQ(ModelAttack):
     name = "gptq"
@@ -173,7 +176,7 @@ class GPTQ(ModelAttack):
     requires = {"gptqmodel": "quant"}
 
     def config_label(self) -> str:
-        return _group_label(self.params.bits, self.params.group_size, 128)
+        return group_label(self.params.bits, self.params.group_size, 128)
 
     def data_refs(self) -> dict:
         return {"calibration": self.params.calibration_source()}
@@ -476,7 +479,7 @@ class HQQ(ModelAttack):
     requires = {"hqq": "quant"}
 
     def config_label(self) -> str:
-        return _group_label(self.params.bits, self.params.group_size, 64)
+        return group_label(self.params.bits, self.params.group_size, 64)
 
     def validate(self, base_model: str | None = None) -> None:
         """The group size divides every quantized layer along its axis: checked before any work, on the shapes."""
