@@ -62,7 +62,28 @@ def format_cells(cells) -> str:
             "\n* perplexity of the decoded text tokenized again (a text attack's rewrite), the others of the ids the "
             "model sampled: the two differ even for the same text, so compare PPL only among rows of one kind"
         )
-    return table
+    warning = analytic_fpr_warning(cells)
+    return table + (f"\n{warning}" if warning else "")
+
+
+def analytic_fpr_warning(cells, level: float = 0.01) -> str | None:
+    """A line when the detector's own p-value flags the human texts at ``level`` far more often than ``level``
+    (binomial tail under 0.1%): then a per-text p-value is no false-positive rate on this text (one key on a narrow
+    domain, whose texts share frequent n-grams, moves them all together), while the TPR columns, whose thresholds
+    are set on the human texts, hold."""
+    from scipy.stats import binom
+
+    for c in cells:
+        fpr, n = c.metrics.get(f"fpr_analytic@{level:g}"), c.metrics.get("n_neg")
+        if fpr is None or not n:
+            continue
+        if binom.sf(round(fpr * n) - 1, n, level) < 1e-3:
+            return (
+                f"! the detector's own p-value flags {fpr:.1%} of the {n} human texts at {level:g} (expected "
+                f"{level:.0%}): on this text its per-text p-values are not false-positive rates; the TPR columns "
+                "set their thresholds on the human texts and hold ('harness detect' decides on pooled texts)"
+            )
+    return None
 
 
 def cmd_run(args) -> None:

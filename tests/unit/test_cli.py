@@ -471,3 +471,19 @@ def test_planned_entry_is_refused_by_name(monkeypatch):
     with pytest.raises(HarnessError) as err:
         registry.methods.build("future-marx", {})
     assert "Did you mean 'future-mark'" not in str(err.value)
+
+
+def test_harness_run_says_when_the_detectors_own_p_value_misses_its_rate_on_human_texts():
+    from types import SimpleNamespace
+
+    from harness.cli.commands import analytic_fpr_warning
+
+    def cells(fpr, n):
+        return [SimpleNamespace(metrics={"n_neg": n, **({} if fpr is None else {"fpr_analytic@0.01": fpr})})]
+
+    # The smol GPU reference's KGW key on docstrings: 239 of 1,000 human texts under p = 0.01.
+    line = analytic_fpr_warning(cells(0.239, 1000))
+    assert line.startswith("! the detector's own p-value flags 23.9% of the 1000 human texts") and "\n" not in line
+    assert analytic_fpr_warning(cells(0.05, 200))  # 10 of 200: P(X >= 10) = 4e-5 at a true 1%
+    for fpr, n in ((0.015, 200), (0.02, 1000), (0.0, 200), (None, 200)):  # within what 1% gives, or no p-values
+        assert analytic_fpr_warning(cells(fpr, n)) is None, (fpr, n)
