@@ -8,8 +8,9 @@
 #   pytest_gpu  pytest -m gpu: the Llama-3.2-1B-shape KGW distillation step (bf16, with and without gradient
 #               checkpointing: step time and peak memory) and the accelerate FSDP2 launch of Gu-KGW, PRO and
 #               Gloaguen-KGW against one process
-#   train_step  benchmarks/train_step.py at the 1B and SmolLM2-135M shapes: each method's step against plain
-#               fine-tuning, its pass-count and FLOP predictions, peak memory
+#   train_step  benchmarks/train_step.py at the SmolLM2-135M (16 x 512, with a profile of PRO's step and pool
+#               regeneration) and 1B shapes: each method's step against plain fine-tuning, its pass-count and FLOP
+#               predictions, peak memory
 #   generate    benchmarks/generate.py at the 1B shape: the harness's sampler against HF generate at batch 128
 #   detect      benchmarks/kgw_detect.py (V = 128,256, packed table on the GPU; KTH's detector is CPU only)
 #   small       the small LM's build on the GPU and its held-out perplexity (tests/unit/test_small.py, gpu)
@@ -59,11 +60,11 @@ part() {  # part NAME CAP_SECONDS: run the function NAME, output to NAME.log, fo
 pytest_gpu() {
     python3 -m pytest -p no:cacheprovider -n 0 -m gpu -s --durations=0 tests/gpu tests/smoke/test_distributed.py ${PYTEST_K:+-k "$PYTEST_K"}
 }
-train_step() {
-    python3 benchmarks/train_step.py --random-shape llama-1b --batch-size 8 --seq-len 512 --steps 5 \
-        --detect-texts 256 --detect-tokens 200 &&
-        python3 benchmarks/train_step.py --random-shape smollm2-135m --batch-size 8 --seq-len 512 --steps 5 \
-            --detect-texts 64
+train_step() {  # SmolLM2's shape first, at grids/smol-gpu.yaml's batch: where PRO's 3.3 s a step goes there
+    python3 benchmarks/train_step.py --random-shape smollm2-135m --batch-size 16 --seq-len 512 --steps 5 \
+        --detect-texts 64 --profile &&
+        python3 benchmarks/train_step.py --random-shape llama-1b --batch-size 8 --seq-len 512 --steps 5 \
+            --detect-texts 256 --detect-tokens 200
 }
 generate() {
     python3 benchmarks/generate.py --random-shape llama-1b --dtype bfloat16 --prompts 2048 --prompt-tokens 50 \

