@@ -87,7 +87,10 @@ class Cell:
     def name(self, with_seed: bool = False) -> str:
         m, a = self.build()
         seed = f" seed={self.seed}" if with_seed else ""
-        attack = "none" if a.identity else f"{a.name}({a.config_label()})"
+        # An attack whose table label depends on its settings (a merge's TIES or DARE-TIES, a fine-tuning's dataset)
+        # names it: two merges of the same weights are otherwise the same words.
+        kind = a.table_label()
+        attack = "none" if a.identity else f"{a.name}({f'{kind}: ' if kind != a.label else ''}{a.config_label()})"
         return f"{m.name}({m.config_label()}) x {attack}{seed}"
 
 

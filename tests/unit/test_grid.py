@@ -64,6 +64,12 @@ def test_a_group_runs_alone_and_an_unknown_group_is_one_line(tmp_path, capsys):
     assert "no group 'robust' (groups: robustness, configs)" in err and err.count("\n") == 1, err
 
 
+def test_cell_names_tell_apart_attacks_that_differ_in_their_table_label(tmp_path):
+    spec = GOOD.replace("slerp: [{t: 0.1}, {t: 0.5}]", "merge: [{method: ties}, {method: dare_ties}]")
+    names = [c.name() for c in grid.load(write(tmp_path, spec)).cells if c.attack == "merge"]
+    assert [n.split(" x ")[1].split(":")[0] for n in names] == ["merge(TIES", "merge(DARE-TIES"] * 2, names
+
+
 def test_seeds_and_overrides_reach_the_preset(tmp_path):
     g = grid.load(
         write(tmp_path, GOOD.replace("preset: tiny", "preset: tiny\nseeds: [3, 4]\noverrides: {train.steps: 7}"))
