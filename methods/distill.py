@@ -86,6 +86,39 @@ def teacher_prompts(ctx, tokenizer, prompt_tokens: int, count: int) -> list[list
     return [prompts[i % len(prompts)] for i in range(count)]
 
 
+def sampling_distillation(method, ctx, out: Path, stage_kind: str, stage_label: str, make_texts: Callable) -> dict:
+    """Gu et al.'s sampling distillation, the training of Gu-KTH and Gu-AAR: the frozen base decodes one teacher text
+    per training sequence with ``method``'s key (``make_texts(ctx, key, count, prompt_tokens, new_tokens, batch,
+    folder)``, a stage of kind ``stage_kind``), a copy of the base is fine-tuned on them (``train_on_teacher_texts``)
+    and saved with the method's detection key. The method's ``batch_size`` and ``seq_len``, where set, replace the
+    training's. Returns the training report."""
+    from methods.base import save_trained
+
+    if ctx.stage is None:
+        raise RuntimeError(f"{method.label} trains through the pipeline (its teacher texts are a stage)")
+    p = method.params
+    s = ctx.settings.model_copy(
+        update={"batch_size": p.batch_size or ctx.settings.batch_size, "seq_len": p.seq_len or ctx.settings.seq_len}
+    )
+    tokenizer = ctx.load_tokenizer()
+    key = method.key(tokenizer)
+    count = -(-s.tokens // s.seq_len)  # one teacher text per training sequence
+    spec = {"key": key.to_dict(), "texts": count, "prompt_tokens": p.prompt_tokens, "new_tokens": s.seq_len,
+            "generate_batch": p.generate_batch}  # fmt: skip
+    teacher = ctx.stage(
+        stage_kind,
+        spec,
+        lambda folder: make_texts(ctx, key, count, p.prompt_tokens, s.seq_len, p.generate_batch, folder),
+        stage_label,
+    )
+    student, report = train_on_teacher_texts(
+        ctx, tokenizer, teacher, s, f"train {method.label} (sampling distillation)"
+    )
+    save_trained(out, student, tokenizer, method.detection_key(tokenizer))
+    report["teacher_texts"] = teacher.name
+    return report
+
+
 def train_on_teacher_texts(ctx, tokenizer, teacher: Path, settings: TrainSettings, desc: str):
     """Sampling distillation's training (Gu et al.): a copy of the base fine-tuned with cross-entropy on the teacher
     texts of the stage ``teacher`` (``texts.jsonl``), tokenized again and packed into ``settings.seq_len`` blocks.

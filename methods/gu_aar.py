@@ -17,7 +17,7 @@ from pydantic import Field
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
-from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
+from methods.base import Detector, TrainContext, WatermarkMethod, read_key, score_long_enough
 
 
 class GuAARParams(Params):
@@ -109,29 +109,10 @@ class GuAAR(WatermarkMethod):
         return AARKey(vocab_size=len(tokenizer), k=self.params.k, seed=self.params.seed)
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from methods.distill import train_on_teacher_texts
+        from methods.distill import sampling_distillation
 
-        if ctx.stage is None:
-            raise RuntimeError("Gu-AAR trains through the pipeline (its teacher texts are a stage)")
-        p = self.params
-        s = ctx.settings.model_copy(
-            update={"batch_size": p.batch_size or ctx.settings.batch_size, "seq_len": p.seq_len or ctx.settings.seq_len}
-        )
-        tokenizer = ctx.load_tokenizer()
-        key = self.key(tokenizer)
-        count = -(-s.tokens // s.seq_len)
-        spec = {"key": key.to_dict(), "texts": count, "prompt_tokens": p.prompt_tokens, "new_tokens": s.seq_len,
-                "generate_batch": p.generate_batch}  # fmt: skip
-        teacher = ctx.stage(
-            "aar-teacher-texts",
-            spec,
-            lambda folder: teacher_texts(ctx, key, count, p.prompt_tokens, s.seq_len, p.generate_batch, folder),
-            f"AAR teacher texts (k={p.k})",
-        )
-        student, report = train_on_teacher_texts(ctx, tokenizer, teacher, s, "train Gu-AAR (sampling distillation)")
-        save_trained(out, student, tokenizer, self.detection_key(tokenizer))
-        report["teacher_texts"] = teacher.name
-        return report
+        return sampling_distillation(self, ctx, out, "aar-teacher-texts", f"AAR teacher texts (k={self.params.k})",
+                                     teacher_texts)  # fmt: skip
 
     def detection_key(self, tokenizer) -> dict:
         """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the AAR key."""

@@ -25,7 +25,6 @@ from methods.base import (
     TrainContext,
     WatermarkMethod,
     read_key,
-    save_trained,
     score_long_enough,
 )
 
@@ -128,31 +127,11 @@ class GuKTH(WatermarkMethod):
         p = self.params
         return KTHKey(vocab_size=p.vocab_size or len(tokenizer), key_len=p.m, seed=p.seed, num_shifts=p.s)
 
-    def settings(self, s):
-        p = self.params
-        return s.model_copy(update={"batch_size": p.batch_size or s.batch_size, "seq_len": p.seq_len or s.seq_len})
-
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        from methods.distill import train_on_teacher_texts
+        from methods.distill import sampling_distillation
 
-        if ctx.stage is None:
-            raise RuntimeError("Gu-KTH trains through the pipeline (its teacher texts are a stage)")
-        p, s = self.params, self.settings(ctx.settings)
-        tokenizer = ctx.load_tokenizer()
-        key = self.key(tokenizer)
-        count = -(-s.tokens // s.seq_len)  # one teacher text per training sequence
-        spec = {"key": key.to_dict(), "texts": count, "prompt_tokens": p.prompt_tokens, "new_tokens": s.seq_len,
-                "generate_batch": p.generate_batch}  # fmt: skip
-        teacher = ctx.stage(
-            "kth-teacher-texts",
-            spec,
-            lambda folder: teacher_texts(ctx, key, count, p.prompt_tokens, s.seq_len, p.generate_batch, folder),
-            f"KTH teacher texts (s={p.s})",
-        )
-        student, report = train_on_teacher_texts(ctx, tokenizer, teacher, s, "train Gu-KTH (sampling distillation)")
-        save_trained(out, student, tokenizer, self.detection_key(tokenizer))
-        report["teacher_texts"] = teacher.name
-        return report
+        return sampling_distillation(self, ctx, out, "kth-teacher-texts", f"KTH teacher texts (s={self.params.s})",
+                                     teacher_texts)  # fmt: skip
 
     def detection_key(self, tokenizer) -> dict:
         """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the KTH key and the detector's settings."""
