@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 METRICS = {"AUC": "auc", "TPR@5": "tpr@0.05", "PPL": "median_ppl"}
 TPRS = {"TPR@0.1%": "tpr@0.001", "TPR@1%": "tpr@0.01", "TPR@5%": "tpr@0.05", "TPR@10%": "tpr@0.1"}
 MISSING = "missing"
+# A cell that cannot exist: a decoding-time watermark under an attack that changes the weights it is not in.
+NOT_APPLICABLE = "n/a"
 # Settings that are not part of a setup: seeds are averaged; plugin defaults only say which configuration is main.
 NOT_SETUP = {"name", "notes", "methods", "attacks"}
 
@@ -299,6 +301,21 @@ def natural_key(text: str) -> tuple:
 
 # --- what the plugins declare -------------------------------------------------------------------------------------
 @cache
+@cache
+def edits_weights(name: str | None, params: str) -> bool | None:
+    """Whether the stored attack ``name`` with ``params`` (its runs' JSON) changes the model rather than its texts
+    (``Attack.edits_weights``: a chain does where any link does); None where the plugin is not installed here or
+    does not take those settings any more."""
+    from harness.config.registry import attacks
+
+    if plugin_class("attack", name) is None:
+        return None
+    try:
+        return attacks.build(name, json.loads(params)).edits_weights()
+    except (HarnessError, ValueError, TypeError):
+        return None
+
+
 def plugin_class(kind: str, name: str | None):
     """The class registered as method or attack ``name`` (``kind``), or None where it is not installed here (or cannot
     be imported). A class that is installed but declares what cannot be (an unknown table name) is an error."""

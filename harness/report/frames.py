@@ -13,8 +13,10 @@ from harness.config.plugins import Ablation
 from harness.report.collect import (
     METRICS,
     MISSING,
+    NOT_APPLICABLE,
     TPRS,
     category_rank,
+    edits_weights,
     in_table,
     main_runs,
     mean_over_seeds,
@@ -40,6 +42,7 @@ def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> p
         part = part[in_table(part, "robustness")]
     if part.empty:
         return pd.DataFrame()
+    runs = part
     part = mean_over_seeds(part, ["method", "category", "attack", "attack_config"], metrics)
     table = part.pivot_table(index=["category", "attack", "attack_config"], columns="method", values=metrics,
                              aggfunc="first")  # fmt: skip
@@ -47,10 +50,34 @@ def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> p
     methods = sorted(part["method"].unique(), key=method_rank)
     stored = set(zip(part["category"], part["attack"], part["attack_config"], strict=True))
     rows = sorted(stored, key=lambda r: (category_rank(r[0]), natural_key(r[1]), natural_key(r[2])))
-    return table.reindex(
+    table = table.reindex(
         index=pd.MultiIndex.from_tuples(rows, names=table.index.names),
         columns=pd.MultiIndex.from_product([methods, metrics], names=["method", "metric"]),
     )
+    return _not_applicable(table, runs)
+
+
+def _not_applicable(table: pd.DataFrame, part: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with ``NOT_APPLICABLE`` in the cells of decoding-time methods (a watermark not in the weights) under
+    the rows of attacks that change the weights: no such run can exist, so the cell says why it is empty rather than
+    that a run is missing."""
+    decoding = [label for label, name in sorted(set(zip(part["method"], part["method_name"], strict=True)))
+                if getattr(plugin_class("method", name), "decoding_time", False)]  # fmt: skip
+    if not decoding:
+        return table
+    model_rows = {(r.category, r.attack, r.attack_config) for r in part.drop_duplicates(ROW_KEYS).itertuples()
+                  if edits_weights(r.attack_name, r.attack_params)}  # fmt: skip
+    rows = [row for row in table.index if row in model_rows]
+    for label in decoding:
+        for metric in table.columns.get_level_values(1).unique():
+            column = (label, metric)
+            if column in table.columns:
+                table[column] = table[column].astype(object)
+                table.loc[rows, column] = NOT_APPLICABLE
+    return table
+
+
+ROW_KEYS = ["category", "attack", "attack_config"]
 
 
 def fpr_tpr(df: pd.DataFrame) -> pd.DataFrame:

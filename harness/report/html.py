@@ -22,7 +22,7 @@ import urllib.parse
 
 import pandas as pd
 
-from harness.report.collect import MISSING, main_runs, plugin_class
+from harness.report.collect import MISSING, NOT_APPLICABLE, main_runs, plugin_class
 from harness.report.latex import colour, colour_legend
 from harness.store.stages import Store
 
@@ -79,6 +79,10 @@ def heatmap(table: pd.DataFrame, part: pd.DataFrame) -> str:
         cells = []
         for method in methods:
             cell = runs.get((method, category, attack, config))
+            if not cell and isinstance(row[(method, "AUC")], str) and row[(method, "AUC")] == NOT_APPLICABLE:
+                why = esc(f"{method} watermarks at decoding time, not in the weights: this attack does not apply")
+                cells.append(f'<td class="missing" colspan="2" title="{why}">{NOT_APPLICABLE}</td>')
+                continue
             if not cell:
                 cells.append(f'<td class="missing" colspan="2">{MISSING}</td>')
                 continue

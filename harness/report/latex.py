@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.config.plugins import Ablation
-from harness.report.collect import METRICS, MISSING
+from harness.report.collect import METRICS, MISSING, NOT_APPLICABLE
 
 PREAMBLE = r"% needs \usepackage{booktabs} and \usepackage[table]{xcolor}; -- marks a cell with no stored run"
 
@@ -53,6 +53,8 @@ def colour_legend() -> tuple[tuple[str, str], ...]:
 def fmt(metric: str, value, latex: bool = True) -> str:
     """A number as the tables print it: PPL to one decimal, the rest to three; an AUC in LaTeX with its colour; a
     missing cell as ``--`` (LaTeX) or ``missing``."""
+    if isinstance(value, str) and value == NOT_APPLICABLE:
+        return value
     if value is None or pd.isna(value):
         return "--" if latex else MISSING
     text = f"{value:.1f}" if metric == "PPL" else f"{value:.0f}" if metric == "tokens" else f"{value:.3f}"

@@ -22,7 +22,17 @@ import pandas as pd
 
 from harness.config.plugins import ABLATION_LAYOUTS, ATTACK_TABLES
 from harness.report import frames, html, latex
-from harness.report.collect import MISSING, TPRS, attack_tables, in_table, main_runs, method_rank, plugin_class, setups
+from harness.report.collect import (
+    MISSING,
+    NOT_APPLICABLE,
+    TPRS,
+    attack_tables,
+    in_table,
+    main_runs,
+    method_rank,
+    plugin_class,
+    setups,
+)
 from harness.store import files
 from harness.store.files import plain_name
 
@@ -79,7 +89,7 @@ class Setup:
                     if getattr(plugin_class("method", name), "decoding_time", False)]  # fmt: skip
         if decoding:
             text += (f". {', '.join(decoding)} watermark at decoding time, not in the weights: model modifications do "
-                     "not apply to them, so their cells under those rows are empty by design")  # fmt: skip
+                     f"not apply to them, so their cells under those rows say {NOT_APPLICABLE}")  # fmt: skip
         return text
 
 
@@ -333,8 +343,15 @@ def _defuse(value):
         return "'" + value
 
 
+def _cell(value):
+    """A cell of a text column as the CSV writes it: a number as the float columns are written (``%.6g``; pandas
+    writes a float in a text column as ``1.0``), text defused."""
+    return format(value, ".6g") if isinstance(value, float) and value == value else _defuse(value)
+
+
 def defused(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` with ``_defuse`` applied to its text cells, row labels and column labels."""
+    """``table`` with ``_defuse`` applied to its text cells, row labels and column labels, and the numbers of its text
+    columns (a decoding-time method's, which hold ``NOT_APPLICABLE`` beside AUCs) written as the float columns'."""
 
     def labels(index: pd.Index) -> pd.Index:
         if isinstance(index, pd.MultiIndex):
@@ -344,7 +361,7 @@ def defused(table: pd.DataFrame) -> pd.DataFrame:
     out = table.copy()
     for k in range(out.shape[1]):  # (by position: labels may repeat) text columns, str or object dtype
         if not pd.api.types.is_numeric_dtype(out.dtypes.iloc[k]):
-            out.isetitem(k, out.iloc[:, k].map(_defuse))
+            out.isetitem(k, out.iloc[:, k].map(_cell))
     out.index, out.columns = labels(out.index), labels(out.columns)
     return out
 

@@ -340,3 +340,28 @@ def methods_params(name: str, settings: dict) -> dict:
     from harness.config.registry import methods
 
     return methods.build(name, settings).params.model_dump(mode="json")
+
+
+def test_a_decoding_time_method_says_not_applicable_under_attacks_that_change_weights(tmp_path, fake_run, cli):
+    """A decoding-time watermark is not in the weights: under SLERP its cells say n/a, in the CSV, the LaTeX and the
+    report (with why), not "missing", which would say a run was not made; a text attack's cell stays what it is."""
+    import csv
+
+    from harness.store.stages import Store
+
+    store = Store(tmp_path / "runs")
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.95)
+    fake_run(store, "gu-kgw", {}, "slerp", {"t": 0.5}, 0.7)
+    fake_run(store, "kgw-decoding", {}, "none", {}, 0.99)
+    assert cli("tables", "--results", str(store.root), "--out", str(tmp_path / "t")).returncode == 0
+    rows = list(csv.reader(next((tmp_path / "t").rglob("robustness.csv")).open()))
+    column = rows[0].index("KGW (decoding-time)")
+    by_attack = {row[1] or "unaltered": row[column : column + 3] for row in rows[3:]}
+    assert by_attack["SLERP"] == ["n/a"] * 3, by_attack  # AUC, TPR@5, PPL
+    assert float(by_attack["unaltered"][0]) > 0.5 and "." in by_attack["unaltered"][0], by_attack  # a number, %.6g
+    tex = next((tmp_path / "t").rglob("robustness.tex")).read_text()
+    assert "n/a" in tex and "say n/a" in tex
+    report = tmp_path / "report.html"
+    assert cli("report", "--results", str(store.root), "--out", str(report)).returncode == 0
+    page = report.read_text()
+    assert ">n/a</td>" in page and "watermarks at decoding time, not in the weights" in page
