@@ -10,7 +10,9 @@
 # goes on between calls while the machine stays warm; every call then waits up to WAIT_S seconds (or until the grid
 # ends) and writes to $OUT what the store holds so far, without model weights (store.tar.xz.*, split to the size a
 # call brings back), with the grid's log and the device's name. Run it again on the same machine to wait for more;
-# `harness tables` and `harness report` then run here, on the unpacked store.
+# `harness tables` and `harness report` then run here, on the unpacked store. RESTART=1 stops the grid running there
+# (its whole process group; finished stages stay in the store) and starts GRID_GROUPS afresh, e.g. to give up on a
+# training that cannot finish in the lease: RESTART=1 GRID_GROUPS=attacks WAIT_S=170 bash benchmarks/gpu_smol.sh
 set -u
 OUT=${OUT:-/tmp/smol-out}
 GRID=${GRID:-grids/smol-gpu.yaml}
@@ -20,6 +22,13 @@ mkdir -p "$OUT" "$WORK"
 export HARNESS_CACHE=$WORK/cache GRID GRID_GROUPS WORK
 source benchmarks/gpu_env.sh
 [ "$GPU_READY" = 1 ] || exit 0  # a call that only carries a part
+
+if [ "${RESTART:-0}" = 1 ] && [ -e "$WORK/grid.pgid" ]; then
+    kill -- "-$(cat "$WORK/grid.pgid")" 2>/dev/null  # (setsid made it a group of its own: the grid and its children)
+    sleep 3
+    rm -f "$WORK/started" "$WORK/finished" "$WORK/grid.pgid"
+    echo "stopped the running grid; starting: $GRID_GROUPS"
+fi
 
 if [ ! -e "$WORK/started" ]; then
     {
@@ -37,7 +46,8 @@ torch.version.cuda, 'transformers', transformers.__version__, torch.cuda.get_dev
             harness grid "$GRID" --group "$group" --results "$WORK/store"
             echo "### group $group: rc $? at $(date -u +%T)"
         done
-        touch "$WORK/finished"' >"$WORK/grid.log" 2>&1 </dev/null &
+        touch "$WORK/finished"' >>"$WORK/grid.log" 2>&1 </dev/null &
+    echo $! >"$WORK/grid.pgid"  # setsid's child leads its own session and group
 fi
 end=$(($(date +%s) + ${WAIT_S:-60}))
 while [ ! -e "$WORK/finished" ] && [ "$(date +%s)" -lt "$end" ]; do
@@ -47,7 +57,7 @@ echo "grid $([ -e "$WORK/finished" ] && echo finished || echo 'still running'), 
 grep -a "^### \|cells:\|failed" "$WORK/grid.log" | tail -20
 # What the tables and the report need, without weights (a trained model is 0.5 GB; the KGW table 0.3 GB).
 rm -f "$OUT"/store.tar.xz.*
-(cd "$WORK" && find store -type f -size -8M ! -name '*.safetensors' ! -name '*.bin' ! -name '*.pt' ! -name '*.lock' \
+[ -d "$WORK/store" ] && (cd "$WORK" && find store -type f -size -8M ! -name '*.safetensors' ! -name '*.bin' ! -name '*.pt' ! -name '*.lock' \
     -print0 | tar --null -T - -cf - | xz -T0 -3 | split -d -a 1 -b 15m - "$OUT/store.tar.xz.")
 tail -c 2000000 "$WORK/grid.log" >"$OUT/grid.log"
 cp "$WORK/env.log" "$OUT/env.log"
