@@ -407,6 +407,12 @@ class PROStep:
         self.index += 1
         return l_sim.item()
 
+    def progress(self) -> dict[str, str]:
+        """What the training's progress line shows beside the loss: with FPL, the seconds spent so far regenerating
+        the anti-watermarked pool (its sequential decoding is a large share of a GPU step), so that a training cut
+        short still says where its time went."""
+        return {"pool": f"{self.anti_seconds:.0f}s"} if self.p.fpl_on else {}
+
     def report(self) -> dict:
         def last10(name: str) -> float | None:
             values = self.log[name][-10:]

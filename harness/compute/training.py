@@ -107,7 +107,9 @@ def train(
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(float(loss))
-            bar.update(1, loss=f"{losses[-1]:.3f}")
+            # A step that times work of its own (PRO's anti-watermarked pool) shows it beside the loss.
+            shown = step.progress() if hasattr(step, "progress") else {}
+            bar.update(1, loss=f"{losses[-1]:.3f}", **shown)
             if on_step is not None:
                 on_step(len(losses), accelerator.unwrap_model(model))
     trained = accelerator.unwrap_model(model).eval()

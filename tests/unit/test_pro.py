@@ -471,3 +471,20 @@ def test_only_the_centred_score_reads_prompts_and_its_runs_say_so():
     assert "context" not in detector_spec(centred, "k", "text", prompted=False)
     for method in (PRO(PROParams()), methods.build("gu-kgw", {}), methods.build("gu-kth", {})):
         assert detector_spec(method, "k", "ids") == {"method": method.name, "key_from": "k", "reads": "ids"}
+
+
+def test_the_progress_line_shows_the_pool_regenerations_time(random_llamas, tmp_path, monkeypatch):
+    """With FPL the training's progress line says how long the anti-watermarked pool has taken so far (a training
+    cut short on a GPU still says where its time went); without FPL there is no pool to show."""
+    from harness.compute.progress import Progress
+
+    shown = []
+    update = Progress.update
+    monkeypatch.setattr(Progress, "update", lambda self, n=1, **postfix: (shown.append(postfix), update(self, n))[1])
+    base, _ = random_llamas
+    _train(base, tmp_path / "fpl")
+    pools = [p["pool"] for p in shown if "loss" in p]
+    assert len(pools) == SETTINGS.steps and all(p.endswith("s") and float(p[:-1]) >= 0 for p in pools), shown
+    shown.clear()
+    _train(base, tmp_path / "cawp", fpl="false")
+    assert [p for p in shown if "loss" in p] and not [p for p in shown if "pool" in p], shown
