@@ -300,7 +300,12 @@ def natural_key(text: str) -> tuple:
 
 
 # --- what the plugins declare -------------------------------------------------------------------------------------
-@cache
+def decoding_time_methods(part: pd.DataFrame) -> list[str]:
+    """The labels of ``part``'s methods that watermark at decoding time (not in the weights), sorted."""
+    return [label for label, name in sorted(set(zip(part["method"], part["method_name"], strict=True)))
+            if getattr(plugin_class("method", name), "decoding_time", False)]  # fmt: skip
+
+
 @cache
 def edits_weights(name: str | None, params: str) -> bool | None:
     """Whether the stored attack ``name`` with ``params`` (its runs' JSON) changes the model rather than its texts
@@ -316,6 +321,7 @@ def edits_weights(name: str | None, params: str) -> bool | None:
         return None
 
 
+@cache
 def plugin_class(kind: str, name: str | None):
     """The class registered as method or attack ``name`` (``kind``), or None where it is not installed here (or cannot
     be imported). A class that is installed but declares what cannot be (an unknown table name) is an error."""

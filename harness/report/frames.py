@@ -16,6 +16,7 @@ from harness.report.collect import (
     NOT_APPLICABLE,
     TPRS,
     category_rank,
+    decoding_time_methods,
     edits_weights,
     in_table,
     main_runs,
@@ -61,8 +62,7 @@ def _not_applicable(table: pd.DataFrame, part: pd.DataFrame) -> pd.DataFrame:
     """``table`` with ``NOT_APPLICABLE`` in the cells of decoding-time methods (a watermark not in the weights) under
     the rows of attacks that change the weights: no such run can exist, so the cell says why it is empty rather than
     that a run is missing."""
-    decoding = [label for label, name in sorted(set(zip(part["method"], part["method_name"], strict=True)))
-                if getattr(plugin_class("method", name), "decoding_time", False)]  # fmt: skip
+    decoding = decoding_time_methods(part)
     if not decoding:
         return table
     model_rows = {(r.category, r.attack, r.attack_config) for r in part.drop_duplicates(ROW_KEYS).itertuples()

@@ -27,6 +27,7 @@ from harness.report.collect import (
     NOT_APPLICABLE,
     TPRS,
     attack_tables,
+    decoding_time_methods,
     in_table,
     main_runs,
     method_rank,
@@ -85,8 +86,7 @@ class Setup:
         mains = sorted({(r.method, r.method_config) for r in main_runs(self.part).itertuples()},
                        key=lambda mc: method_rank(mc[0]))  # fmt: skip
         text = "; ".join(f"{m}: {c}" for m, c in mains)
-        decoding = [m for m, name in sorted(set(zip(self.part["method"], self.part["method_name"], strict=True)))
-                    if getattr(plugin_class("method", name), "decoding_time", False)]  # fmt: skip
+        decoding = decoding_time_methods(self.part)
         if decoding:
             text += (f". {', '.join(decoding)} watermark at decoding time, not in the weights: model modifications do "
                      f"not apply to them, so their cells under those rows say {NOT_APPLICABLE}")  # fmt: skip
