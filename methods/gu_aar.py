@@ -99,8 +99,9 @@ class GuAAR(WatermarkMethod):
         key = AARKey(vocab_length(base_model), self.params.k, self.params.seed)
         if key.table_bytes() > MAX_TABLE_BYTES:
             raise HarnessError(
-                f"gu-aar's key table for {key.vocab_size} tokens at k={key.k} is {key.table_bytes() / 2**30:.0f} GiB "
-                f"(V * k x V float32, as Gu et al. build it); at most {MAX_TABLE_BYTES / 2**30:.0f} GiB"
+                f"{self.name}'s key table for {key.vocab_size} tokens at k={key.k} is "
+                f"{key.table_bytes() / 2**30:.0f} GiB (V * k x V float32, as Gu et al. build it); at most "
+                f"{MAX_TABLE_BYTES / 2**30:.0f} GiB"
             )
 
     def key(self, tokenizer):

