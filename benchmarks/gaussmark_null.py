@@ -10,9 +10,11 @@ the generated texts of a stored base row:
 - over ``--keys`` keys drawn from N(0, C): how often the independent-text intervals of the mean (0) and of the
   standard deviation (1) hold, and the per-text flag rate at 1%;
 - for the stored key: its mean and mean square with their exact 95% intervals under N(0, C), beside the
-  independent-text ones.
+  independent-text ones;
+- with ``--real-keys K``: the same pass rates over the method's own keys for seeds 1..K (drawn as training draws
+  them), which checks the key generator against N(0, C) (about 70 ms a key on the tiny preset's six matrices).
 
-    python benchmarks/gaussmark_null.py RUN [--results results/runs] [--keys 20000]
+    python benchmarks/gaussmark_null.py RUN [--results results/runs] [--keys 20000] [--real-keys 1000]
 
 RUN is the hash (or a unique prefix) of a GaussMark run of the unwatermarked base row (``harness tables``' runs.csv
 lists them). The texts are scored as a run scores them (decoded, tokenized again, each given its prompt).
@@ -38,7 +40,19 @@ def gradients(det, contexts, sequences):
     return torch.cat(parts, 1)
 
 
-def report(name: str, grads, xi, sigma: float, keys: int) -> None:
+def interval_checks(z):
+    """For each row of ``z`` (keys x texts): whether the independent-text 95% intervals of the mean and of the standard
+    deviation (normal approximation of the chi-square) hold 0 and 1."""
+    import numpy as np
+
+    n = z.shape[1]
+    mean, sd = z.mean(1), z.std(1, ddof=1)
+    chi = 1.96 * math.sqrt(2 * (n - 1))
+    low, high = sd * math.sqrt((n - 1) / (n - 1 + chi)), sd * math.sqrt((n - 1) / (n - 1 - chi))
+    return np.abs(mean) <= 1.96 * sd / math.sqrt(n), (low <= 1) & (1 <= high)
+
+
+def report(name: str, grads, xi, sigma: float, keys: int, own=None) -> None:
     import numpy as np
 
     z_key = ((grads @ xi) / (sigma * grads.norm(dim=1))).numpy()
@@ -48,10 +62,7 @@ def report(name: str, grads, xi, sigma: float, keys: int) -> None:
     eig, vec = np.linalg.eigh(cos)
     eig = np.clip(eig, 0, None)
     z = (np.random.default_rng(0).standard_normal((keys, n)) * np.sqrt(eig)) @ vec.T  # keys x texts, N(0, C)
-    mean, sd = z.mean(1), z.std(1, ddof=1)
-    chi = 1.96 * math.sqrt(2 * (n - 1))
-    low, high = sd * math.sqrt((n - 1) / (n - 1 + chi)), sd * math.sqrt((n - 1) / (n - 1 - chi))
-    mean_ok, sd_ok = np.abs(mean) <= 1.96 * sd / math.sqrt(n), (low <= 1) & (1 <= high)
+    mean_ok, sd_ok = interval_checks(z)
     flagged = (z > 2.3263).mean(1)
     square = (z**2).mean(1)
     print(
@@ -68,6 +79,12 @@ def report(name: str, grads, xi, sigma: float, keys: int) -> None:
           f"independent +-{1.96 / math.sqrt(n):.3f}), sd {z_key.std(ddof=1):.3f}, mean square {(z_key**2).mean():.3f} "
           f"(exact 95% interval {np.quantile(square, 0.025):.3f}-{np.quantile(square, 0.975):.3f}, independent "
           f"{1 - 1.96 * math.sqrt(2 / n):.3f}-{1 + 1.96 * math.sqrt(2 / n):.3f})")  # fmt: skip
+    if own is not None:
+        mean_ok, sd_ok = interval_checks(own)
+        print(
+            f"  over the method's own keys, seeds 1..{len(own)}: the intervals hold 0 for the mean in "
+            f"{mean_ok.mean():.3f}, 1 for the sd in {sd_ok.mean():.3f}, both in {(mean_ok & sd_ok).mean():.3f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run", help="a GaussMark run of the unwatermarked base row: its hash or a unique prefix")
     parser.add_argument("--results", default="results/runs", help="the run store (default results/runs)")
     parser.add_argument("--keys", type=int, default=20000, help="keys drawn from N(0, C) (default 20000)")
+    parser.add_argument("--real-keys", type=int, default=0, help="also the method's own keys of seeds 1..K")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import torch
@@ -98,12 +116,39 @@ def main(argv: list[str] | None = None) -> None:
     det = GaussMarkDetector(read_key(key_dir), base, "cpu", tokenizer, 8)
     rows = [json.loads(line) for line in (found[0].path / "generations.jsonl").read_text().splitlines()]
     xi = torch.cat([det.xi[n].flatten() for n in det.targets]).double()
+    grads = {}
     for name, field in (("human texts", "human"), ("generated texts", "completion")):
         ids = tokenizer([r[field] for r in rows], add_special_tokens=False)["input_ids"]
-        grads = torch.cat([
+        grads[name] = torch.cat([
             gradients(det, [r["prompt_ids"] for r in rows[s : s + 8]], ids[s : s + 8]) for s in range(0, len(rows), 8)
         ])  # fmt: skip
-        report(name, grads, xi, det.sigma, args.keys)
+    real = own_keys_z(det, grads, args.real_keys) if args.real_keys > 0 else {}
+    for name, g in grads.items():
+        report(name, g, xi, det.sigma, args.keys, real.get(name))
+    if real:
+        import numpy as np
+
+        held = np.logical_and.reduce([np.logical_and(*interval_checks(z)) for z in real.values()])
+        print(
+            f"both text sets, all four intervals, over the method's own keys: {held.mean():.3f} (seed 0, the "
+            "preset's, is not among them)"
+        )
+
+
+def own_keys_z(det, grads: dict, count: int) -> dict:
+    """Each text set's z's (keys x texts) under the method's own keys of seeds 1..count, each key drawn once."""
+    import numpy as np
+    import torch
+
+    from methods.gaussmark import noise
+
+    norms = {name: g.norm(dim=1) for name, g in grads.items()}
+    out = {name: [] for name in grads}
+    for seed in range(1, count + 1):
+        key = torch.cat([noise(seed, n, m.weight.shape, det.sigma).flatten() for n, m in det.targets.items()]).double()
+        for name, g in grads.items():
+            out[name].append(((g @ key) / (det.sigma * norms[name])).numpy())
+    return {name: np.stack(z) for name, z in out.items()}
 
 
 if __name__ == "__main__":
