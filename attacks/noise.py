@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from attacks.base import MODEL, AttackContext, ModelAttack, library_versions
-from harness.config.plugins import Params, Sweep
+from harness.config.plugins import Params, Sweep, float32_scale
 
 
 class WeightNoiseParams(Params):
     sigma: float = Field(0.01, ge=0)  # the noise's standard deviation, in units of each weight tensor's own
     seed: int = Field(0, ge=0, lt=2**63)  # the noise's random numbers (one generator, layers in the model's order)
+
+    _sigma = field_validator("sigma")(float32_scale)
 
 
 class WeightNoise(ModelAttack):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from harness.assets import data
-from harness.config.plugins import Params
+from harness.config.plugins import Params, float32_scale
 from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
 from methods.distill import logit_distill
 
@@ -24,6 +24,8 @@ from methods.distill import logit_distill
 class GaussianBiasParams(Params):
     std: float = Field(0.6, gt=0)  # the bias's standard deviation, in logits (the durability study's 0.6)
     seed: int = Field(0, ge=0, lt=2**63)  # the key
+
+    _std = field_validator("std")(float32_scale)
 
 
 def bias(seed: int, size: int, std: float):

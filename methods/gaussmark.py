@@ -25,7 +25,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params
+from harness.config.plugins import Params, float32_scale
 from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained
 
 DEFAULT_WEIGHTS = ("mlp.up_proj",)
@@ -45,6 +45,8 @@ class GaussMarkParams(Params):
             return tuple(p.strip() for p in str(value).split(",") if p.strip())
         return value
 
+    _sigma = field_validator("sigma")(float32_scale)
+
     @field_validator("layers", "weights")
     @classmethod
     def _some(cls, value: tuple) -> tuple:
@@ -61,6 +63,10 @@ def target_names(config, layers: tuple[int, ...], weights: tuple[str, ...]) -> l
     for i in layers:
         if not -count <= i < count:
             raise HarnessError(f"GaussMark layer {i} does not exist: the model has {count} layers (0..{count - 1})")
+    for i in layers:
+        same = [j for j in layers if j != i and j % count == i % count]
+        if same:
+            raise HarnessError(f"GaussMark layers {i} and {same[0]} are the same layer of this {count}-layer model")
     return [f"model.layers.{i % count}.{w}" for i in sorted({i % count for i in layers}) for w in weights]
 
 

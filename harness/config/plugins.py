@@ -31,6 +31,20 @@ class Params(BaseModel):
         return data
 
 
+FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38  # numpy.finfo(float32).max and .tiny
+
+
+def float32_scale(value: float) -> float:
+    """A standard deviation of noise drawn in float32 (a key's, an attack's), for a field validator: refused where the
+    noise would overflow float32 weights or logits (at 16 standard deviations, past any draw) or be all zeros (below
+    float32's smallest normal number), either of which would run and store a result that means nothing."""
+    if value * 16 > FLOAT32_MAX:
+        raise ValueError(f"{value:g} is too large: the noise would overflow float32")
+    if 0 < value < FLOAT32_TINY:
+        raise ValueError(f"{value:g} is too small: the noise would be zero in float32")
+    return value
+
+
 class Plugin:
     """What a method or attack declares (class attributes) and holds (its validated settings)."""
 

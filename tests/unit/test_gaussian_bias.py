@@ -54,7 +54,7 @@ def test_distillation_moves_the_students_logits_along_the_bias(random_llamas, sm
 
 
 @pytest.mark.parametrize("settings", [{"std": "0"}, {"std": "-1"}, {"std": "nan"}, {"std": "inf"}, {"seed": "-2"},
-                                      {"delta": "1"}])  # fmt: skip
+                                      {"delta": "1"}, {"std": "1e39"}, {"std": "1e-50"}])  # fmt: skip
 def test_bad_settings_are_one_line(settings):
     with pytest.raises(HarnessError) as err:
         methods.build("gaussian-bias", settings)

@@ -123,6 +123,8 @@ def test_the_key_noises_only_its_weights(base, tmp_path):
         ({"sigma": "-0.1"}, "sigma"),
         ({"sigma": "nan"}, "sigma"),
         ({"sigma": "inf"}, "sigma"),
+        ({"sigma": "1e300"}, "overflow float32"),
+        ({"sigma": "1e-300"}, "zero in float32"),
         ({"layers": ""}, "name at least one"),
         ({"layers": "1,1"}, "named twice"),
         ({"layers": "x"}, "layers"),
@@ -142,6 +144,7 @@ def test_bad_settings_are_one_line(settings, message):
     [
         ({"layers": "2"}, "layer 2 does not exist: the model has 2 layers"),
         ({"layers": "-3"}, "layer -3 does not exist"),
+        ({"layers": "0,-2"}, "layers 0 and -2 are the same layer of this 2-layer model"),
         ({"weights": "mlp.gate"}, "'mlp.gate' is not a Linear module of a decoder layer"),
         ({"weights": "input_layernorm"}, "is not a Linear module"),
     ],

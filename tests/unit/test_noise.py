@@ -74,7 +74,10 @@ def test_sigma_zero_is_the_unaltered_model(random_llamas, small_preset, tmp_path
     assert metrics[0]["auc"] == metrics[1]["auc"]
 
 
-@pytest.mark.parametrize("setting", ["sigma=-0.1", "sigma=inf", "sigma=nan", "seed=-1", "sigma=abc", "strength=1"])
+BAD_NOISE = ["sigma=-0.1", "sigma=inf", "sigma=nan", "seed=-1", "sigma=abc", "strength=1", "sigma=1e300", "sigma=1e-99"]
+
+
+@pytest.mark.parametrize("setting", BAD_NOISE)
 def test_bad_noise_settings_are_one_line(cli, setting):
     out = cli("run", "--method", "gu-kgw", "--attack", "weight-noise", "--attack-arg", setting, "--dry-run")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
