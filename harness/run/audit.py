@@ -30,7 +30,7 @@ from harness.assets import models
 from harness.config.errors import HarnessError, first_line
 from harness.config.presets import DataSource, Preset, get_preset
 from harness.run import detection, scoring
-from harness.run.pipeline import source_spec
+from harness.run.pipeline import source_spec, training_settings
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store, stage_at
 from methods.base import score_texts
@@ -180,6 +180,40 @@ def check_text_lengths(path: Path, texts: list[tuple[int, str]], tokenizer, cont
                     f"{path}, line {n}: a text of {len(ids):,} tokens, longer than the key's base model takes "
                     f"({context:,}: its max_position_embeddings); split it"
                 )
+
+
+def check_stored_training(store: Store, method, preset: Preset) -> None:
+    """Refuse, before the base model is built or converted for the fingerprint a train stage's hash holds, a method and
+    settings that no finished train stage of ``store`` has, judged by what its spec says without fingerprints (the
+    settings, the training's, the base model's reference); ``Pipeline.train`` then finds the stage itself."""
+    want = json.loads(json.dumps(training_settings(preset, method), default=str))
+    for spec_file in store.folder(kinds.TRAIN, "").glob("*/spec.json"):
+        if not (spec_file.parent / "DONE").is_file():
+            continue
+        try:
+            spec = json.loads(spec_file.read_text())
+        except (OSError, ValueError):
+            continue  # (a damaged stage is no match; verifying it is the run's)
+        if {k: spec.get(k) for k in want} == want and spec.get("base_model", {}).get("ref") == preset.base_model:
+            return
+    raise HarnessError(
+        f"no trained {method.name} with these settings in '{store.root}': train it with 'harness run --preset "
+        f"{preset.name} --method {method.name} ...', or name a stored one by --key"
+    )
+
+
+def check_planned_vocabulary(ref: str, key_tokenizer) -> None:
+    """Refuse a suspect built-in model this machine has not built yet (or a GGUF file not converted yet) whose recipe
+    (header) gives a vocabulary of another size than the key's, before it is built: a key scores the ids of its own
+    tokenizer (``check_model`` compares the vocabularies themselves once the model is there)."""
+    if key_tokenizer is None or not models.planned(ref):
+        return
+    size, want = models.vocab_length(ref), len(key_tokenizer.get_vocab())
+    if size != want:
+        raise HarnessError(
+            f"the key's vocabulary does not fit the tokenizer of '{ref}': {want} tokens against {size}; a key scores "
+            "the ids of the tokenizer it was trained with"
+        )
 
 
 def key_tokenizer(trained: Stage):

@@ -71,6 +71,8 @@ class Request:
         from harness.run.pipeline import Pipeline
 
         store, chosen, texts = self.store, self.chosen, self.texts
+        if self.model is not None:
+            models.check(self.model)  # (before the key is verified: that reads its weights)
         if self.key is not None:
             trained = audit.train_stage(store, self.key)
             params = {k: v for k, v in trained.spec["params"].items() if v is not None}
@@ -78,6 +80,7 @@ class Request:
         else:
             setup = chosen or presets.get_preset("tiny")
             method = methods.build(self.method, parse_assignments(self.method_args or [], "method setting"), setup)
+            audit.check_stored_training(store, method, setup)
             trained = Pipeline(setup, store, device, plan=True).train(method)
             if not trained.done:
                 raise HarnessError(
@@ -101,6 +104,7 @@ class Request:
                 audit.check_text_lengths(self.texts_file, texts, tokenizer, context)
             resolved = None
         else:
+            audit.check_planned_vocabulary(self.model, audit.key_tokenizer(trained))
             resolved = audit.check_causal_lm(self.model)
             models.check_lengths(resolved, eval_lengths(preset), f"the suspect model '{self.model}'")
         pipe = Pipeline(preset, store, device)

@@ -99,13 +99,9 @@ class Pipeline:
     # --- stages ---------------------------------------------------------------------------------------------
     def train(self, method) -> Stage:
         spec = {
-            "stage": kinds.TRAIN,
-            "method": method.name,
-            "method_version": method.version,
-            "params": method.train_params(),
+            **training_settings(self.preset, method),
             "base_model": {k: self.base[k] for k in ("ref", "fingerprint")},
             "train_data": source_spec(self.preset.train_data),
-            "train": self.preset.train.model_dump(exclude=self.preset.train.unhashed()),
         }
         extra = self.refs(method, spec)
         stage = self.store.stage(kinds.TRAIN, spec)
@@ -391,6 +387,18 @@ class Pipeline:
 def model_of(trained: Stage) -> tuple[Path, str]:
     """The watermarked model a train stage holds, and the id downstream stages key it by."""
     return trained.path / MODEL, trained.key
+
+
+def training_settings(preset: Preset, method) -> dict:
+    """What a train stage's spec holds that needs no fingerprint (of the base model, which may have to be built for
+    one, or of the data): the method, its settings and the training's."""
+    return {
+        "stage": kinds.TRAIN,
+        "method": method.name,
+        "method_version": method.version,
+        "params": method.train_params(),
+        "train": preset.train.model_dump(exclude=preset.train.unhashed()),
+    }
 
 
 def source_spec(src) -> dict:

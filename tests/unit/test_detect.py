@@ -347,6 +347,27 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
     assert out.returncode == 2 and "one of the arguments --model --texts is required" in out.stderr
 
 
+def test_what_needs_no_model_is_refused_before_any_is_built(keyed, cli, tmp_path, monkeypatch, random_llamas):
+    """A suspect built-in model whose recipe's vocabulary is not the key's, a method and settings no stored training
+    has, a suspect path that does not exist: each one line, before the tiny LM (or the key's base) is built and before
+    the key's weights are hashed (an empty cache stays empty)."""
+    store, stage = keyed
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("HARNESS_CACHE", str(cache))
+    root, key, model = str(store.root), stage.key, str(random_llamas[0])
+    cases = {
+        ("--key", key, "--model", "builtin:tiny-lm"): "the key's vocabulary does not fit the tokenizer of 'builtin:t",
+        ("--method", "gu-kgw", "--model", model): "no trained gu-kgw with these settings",
+        ("--method", "gaussmark", "--model", model): "no trained gaussmark with these settings",
+        ("--key", key, "--model", str(tmp_path / "missing")): "does not exist",
+    }
+    for args, message in cases.items():
+        out = cli("detect", "--results", root, *args)
+        assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, (args, out)
+    assert not any(cache.iterdir())
+
+
 def _republish(stage_path, edit) -> None:
     """``edit(stage_path)``, then contents.json written anew as a store from elsewhere may hold it (not signed)."""
     from harness.store.stages import CONTENTS, contents
