@@ -169,3 +169,19 @@ def test_p_values():
     assert got.min() >= 1 / 100 and got.max() <= 1.0
     with pytest.raises(ValueError):
         p_values([1.0], [])
+
+
+def test_the_permutation_test_on_threads_is_the_one_on_one_thread(monkeypatch):
+    """The null keys scored on several threads give the same sums, in the same order, bit for bit."""
+    import methods.kth as kth
+
+    key = kth.KTHKey(vocab_size=300, key_len=32, seed=5)
+    rng = np.random.default_rng(1)
+    texts = [rng.integers(0, 300, int(n)).tolist() for n in rng.integers(4, 20, 12)]
+    calls = []
+    monkeypatch.setattr(kth, "null_workers", lambda key: 1)
+    alone = kth.permutation_p(key, texts, "levenshtein", 0.0, 9)
+    monkeypatch.setattr(kth, "null_workers", lambda key: 3)
+    threads = kth.permutation_p(key, texts, "levenshtein", 0.0, 9, progress=calls.append)
+    assert threads == alone and calls == [1] * 9
+    assert 1 <= kth.null_workers(kth.KTHKey(vocab_size=128256, key_len=256, seed=0)) <= 5  # 394 MB a key in 2 GiB
