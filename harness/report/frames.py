@@ -31,6 +31,8 @@ from harness.report.collect import (
 )
 from harness.run.scoring import BASE_ROW
 
+ROW_KEYS = ["category", "attack", "attack_config"]  # what a row of tab:robustness is
+
 
 def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> pd.DataFrame:
     """tab:robustness: rows are the model modifications (category, attack, setting) of the attacks that join it,
@@ -44,12 +46,11 @@ def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> p
     if part.empty:
         return pd.DataFrame()
     runs = part
-    part = mean_over_seeds(part, ["method", "category", "attack", "attack_config"], metrics)
-    table = part.pivot_table(index=["category", "attack", "attack_config"], columns="method", values=metrics,
-                             aggfunc="first")  # fmt: skip
+    part = mean_over_seeds(part, ["method", *ROW_KEYS], metrics)
+    table = part.pivot_table(index=ROW_KEYS, columns="method", values=metrics, aggfunc="first")
     table = table.swaplevel(0, 1, axis=1)
     methods = sorted(part["method"].unique(), key=method_rank)
-    stored = set(zip(part["category"], part["attack"], part["attack_config"], strict=True))
+    stored = set(part[ROW_KEYS].itertuples(index=False, name=None))
     rows = sorted(stored, key=lambda r: (category_rank(r[0]), natural_key(r[1]), natural_key(r[2])))
     table = table.reindex(
         index=pd.MultiIndex.from_tuples(rows, names=table.index.names),
@@ -68,16 +69,10 @@ def _not_applicable(table: pd.DataFrame, part: pd.DataFrame) -> pd.DataFrame:
     model_rows = {(r.category, r.attack, r.attack_config) for r in part.drop_duplicates(ROW_KEYS).itertuples()
                   if edits_weights(r.attack_name, r.attack_params)}  # fmt: skip
     rows = [row for row in table.index if row in model_rows]
-    for label in decoding:
-        for metric in table.columns.get_level_values(1).unique():
-            column = (label, metric)
-            if column in table.columns:
-                table[column] = table[column].astype(object)
-                table.loc[rows, column] = NOT_APPLICABLE
+    for column in [c for c in table.columns if c[0] in decoding]:
+        table[column] = table[column].astype(object)
+        table.loc[rows, column] = NOT_APPLICABLE
     return table
-
-
-ROW_KEYS = ["category", "attack", "attack_config"]
 
 
 def fpr_tpr(df: pd.DataFrame) -> pd.DataFrame:
