@@ -202,13 +202,16 @@ def check_stored_training(store: Store, method, preset: Preset) -> None:
     )
 
 
-def check_planned_vocabulary(ref: str, key_tokenizer) -> None:
+def check_planned_vocabulary(ref: str, trained: Stage) -> None:
     """Refuse a suspect built-in model this machine has not built yet (or a GGUF file not converted yet) whose recipe
-    (header) gives a vocabulary of another size than the key's, before it is built: a key scores the ids of its own
-    tokenizer (``check_model`` compares the vocabularies themselves once the model is there)."""
-    if key_tokenizer is None or not models.planned(ref):
+    (header) gives a vocabulary of another size than the key's (``trained``'s), before it is built: a key scores the
+    ids of its own tokenizer (``check_model`` compares the vocabularies themselves once the model is there)."""
+    if not models.planned(ref):
         return
-    size, want = models.vocab_length(ref), len(key_tokenizer.get_vocab())
+    tokenizer = key_tokenizer(trained)
+    if tokenizer is None:
+        return
+    size, want = models.vocab_length(ref), len(tokenizer.get_vocab())
     if size != want:
         raise HarnessError(
             f"the key's vocabulary does not fit the tokenizer of '{ref}': {want} tokens against {size}; a key scores "

@@ -104,7 +104,7 @@ class Request:
                 audit.check_text_lengths(self.texts_file, texts, tokenizer, context)
             resolved = None
         else:
-            audit.check_planned_vocabulary(self.model, audit.key_tokenizer(trained))
+            audit.check_planned_vocabulary(self.model, trained)
             resolved = audit.check_causal_lm(self.model)
             models.check_lengths(resolved, eval_lengths(preset), f"the suspect model '{self.model}'")
         pipe = Pipeline(preset, store, device)
