@@ -347,25 +347,32 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
 
     d, key = report["decision"], report["key"]
     table = pd.DataFrame(
-        [{"text": r["i"], "tokens": r["tokens"], "score": f"{r['score']:.3f}", "p-value": f"{r['p_value']:.2g}",
+        [{"text": r["i"], "tokens": r["tokens"], "score": f"{r['score']:.3f}",
+          "p-value": f"{r['p_value']:.2g}" if r.get("p_value") is not None else "-",
           "begins": printable(r["text"][:50].replace("\n", " "))} for r in rows[:show]]
     )  # fmt: skip
     shown = table.to_string(index=False) if show and rows else ""  # --show 0: no table, not "Empty DataFrame"
     more = f"... {len(rows) - show} more texts in {report['scores']}" if len(rows) > show else ""
-    verdict = (
-        f"WATERMARKED: p = {d['p_value']:.3g} < alpha = {d['alpha']:g}"
-        if d["watermarked"]
-        else f"not shown to be watermarked: p = {d['p_value']:.3g} >= alpha = {d['alpha']:g}"
-    )
+    if d["p_value"] is None:  # a scheme with no null of its own (harness.run.audit.NO_NULL)
+        base = d["against_base"]
+        tested = f"{d['texts']} texts, {d['tokens']} tokens scored; against the base: AUC {base['auc']:.3f}"
+        verdict = f"none: {d['test']}"
+    else:
+        tested = f"{d['texts']} texts, {d['tokens']} tokens tested; {d['test']}; statistic {d['statistic']:.3f}"
+        verdict = (
+            f"WATERMARKED: p = {d['p_value']:.3g} < alpha = {d['alpha']:g}"
+            if d["watermarked"]
+            else f"not shown to be watermarked: p = {d['p_value']:.3g} >= alpha = {d['alpha']:g}"
+        ) + f" (this test flags a source that never saw the key with probability at most {d['alpha']:g}, over keys)"
     lines = [
         f"key: {key['method']} ({key['config']}), train stage {key['train_stage']}, base model {key['base_model']}",
         f"{report['source']['kind']}: {report['source']['ref']}",
         *(part for part in (shown, more) if part),
         "",
-        f"{d['texts']} texts, {d['tokens']} tokens tested; {d['test']}; statistic {d['statistic']:.3f}",
+        tested,
         f"human texts' median score: {d['human_median_score']:.3f} ({d['human_texts']} texts)"
         + (f"; the base model's: {d['reference_median_score']:.3f}" if "reference_median_score" in d else ""),
-        f"decision: {verdict} (this test flags an unwatermarked source with probability at most {d['alpha']:g})",
+        f"decision: {verdict}",
     ]  # fmt: skip
     return printable("\n".join(lines), keep="\n\t")  # texts (and names from a store) are shown, never obeyed
 

@@ -8,13 +8,17 @@ then tested together for one decision about their source:
 - where the scheme has a null distribution of its own, its pooled test (``Detector.pool``: KGW's green count over the
   distinct (green list, token) pairs of all texts, KTH's summed statistic against the same texts under keys drawn
   afresh);
-- otherwise (PRO) the texts' scores are calibrated against the scores of the unwatermarked base model's own
-  continuations of the same evaluation prompts (the ``generate`` stage ``harness run`` makes for its base row), by a
-  one-sided Mann-Whitney U test: the null is "the source writes like the unwatermarked base under this detector",
-  which an unwatermarked model meets and human text need not (PRO's paper score rewards predictable text: the
-  SmolLM2 base's most predictable texts reach AUC 0.59 against human text). A method may score differently for an
-  audit (``WatermarkMethod.audit_settings``: PRO's centred score, given the prompts a suspect model continued;
-  texts from a file continue no known prompt). Human texts' scores are shown beside it.
+- otherwise (PRO) there is no test with a false-positive rate, and the audit says so: no p-value and no verdict.
+  The texts' scores are compared with those of the unwatermarked base model's own continuations of the same
+  evaluation prompts (the ``generate`` stage ``harness run`` makes for its base row; the AUC against them, and a
+  one-sided Mann-Whitney U test of "the source writes like the base") as evidence only. That null is not "the source
+  never saw the key": an unwatermarked fine-tune of the base writes unlike the base too, and PRO's key (a learned
+  policy that scores likely tokens) rates that shift as watermark (the tiny base's code-instruct donor, which never
+  saw a key, reached AUC 0.68 against the base's texts, p = 1e-10 with 200 texts). A null that holds, the suspect's
+  scores under keys trained afresh from other seeds (exchangeable with the owner's key when the suspect never saw
+  any of them), costs one training a key, and a hundred keys for a p-value that can reach 0.01. A method may score
+  differently for an audit (``WatermarkMethod.audit_settings``: PRO's centred score, given the prompts a suspect model
+  continued; texts from a file continue no known prompt). Human texts' scores are shown beside it.
 
 The scores are a ``detect`` stage of the store, so the same audit is computed once.
 """
@@ -39,8 +43,10 @@ TEXT_SUFFIXES = (".txt", ".jsonl")
 # Bump when the decision drawn from the scores changes (the pooled tests): a detect stage's result is keyed by it.
 # 2: KGW counts distinct (green list, token) pairs (1: distinct (k+1)-grams); a scheme with no null of its own is
 # calibrated on the base model's continuations (1: on human texts); 3: KTH by a permutation test over keys drawn
-# afresh (2: a rank test against the reference statistics of human texts, which flagged unwatermarked models)
-DECISION_VERSION = "3"
+# afresh (2: a rank test against the reference statistics of human texts, which flagged unwatermarked models); 4: a
+# scheme with no null of its own gets no p-value and no verdict (3: a Mann-Whitney p-value against the base's texts,
+# which convicted an unwatermarked fine-tune of the base)
+DECISION_VERSION = "4"
 
 
 # --- the key ----------------------------------------------------------------------------------------------------
@@ -261,24 +267,26 @@ def audit_method(method, given: set[str] = frozenset()):
 
 
 # --- the decision -------------------------------------------------------------------------------------------------
-def calibrated(scores: list[float], reference: list[float], what: str = "human texts") -> dict:
-    """One-sided Mann-Whitney U test that ``scores`` lie above the ``reference`` texts' scores (``what``: whose they
-    are), for a scheme with no null distribution of its own: exact under the null that the texts and the reference
-    texts come from one source."""
+def against_base(scores: list[float], base: list[float]) -> dict:
+    """How the suspect's texts' ``scores`` compare with the unwatermarked base model's continuations of the same
+    prompts (``base``), for a scheme with no null of its own: the AUC against them, and the one-sided Mann-Whitney U
+    p-value of "the source writes like the base". Evidence, not a verdict: the p-value is exact under that null
+    alone, which every unwatermarked derivative of the base that writes otherwise than the base rejects as well."""
     from scipy.stats import mannwhitneyu
 
-    result = mannwhitneyu(scores, reference, alternative="greater")
+    result = mannwhitneyu(scores, base, alternative="greater")
     return {
-        "p_value": float(result.pvalue),
-        "statistic": float(result.statistic / (len(scores) * len(reference))),  # U / (n m): the AUC against them
-        "test": f"one-sided Mann-Whitney U of the texts' scores against those of {len(reference)} {what} "
-        "(statistic: the AUC against them)",
+        "auc": float(result.statistic / (len(scores) * len(base))),  # U / (n m)
+        "writes_like_base_p": float(result.pvalue),
+        "base_texts": len(base),
     }
 
 
-def empirical_p(score: float, reference: list[float]) -> float:
-    """A text's p-value against the reference texts' scores: (1 + #{reference >= score}) / (N + 1)."""
-    return (1 + sum(h >= score for h in reference)) / (len(reference) + 1)
+NO_NULL = (
+    "{method} has no null distribution: no test here bounds how often an unwatermarked model is flagged (its texts "
+    "scored against the unwatermarked base's own continuations tell whether the source writes like the base, and an "
+    "unwatermarked fine-tune or merge of the base does not either), so this audit gives no p-value and no verdict"
+)
 
 
 @dataclass(frozen=True)
@@ -317,7 +325,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         "human": {"eval_data": source_spec(pipe.preset.eval_data), "prompts": e.num_prompts,
                   "prompt_tokens": e.prompt_tokens, "new_tokens": e.new_tokens},
     }  # fmt: skip
-    if not method.detector_has_null:  # calibrated on the base model's own continuations (a generate stage)
+    if not method.detector_has_null:  # compared with the base model's own continuations (a generate stage)
         reference = pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base model")
         spec["reference"] = {"generate": reference.key}
     stage = pipe.store.stage(kinds.DETECT, spec)
@@ -347,11 +355,12 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
                                    "but its pool returned none")  # fmt: skip
             base_gens = files.read_jsonl(reference.path / "generations.jsonl")
             base = [s["score"] for s in score(detection.detector_input(pipe, base_gens, "completion"), base_gens)]
-            what = "continuations of the same prompts by the unwatermarked base model"
-            pooled = {**calibrated([s["score"] for s in scores], base, what), "tokens": sum(map(len, sequences))}
-            pooled["reference_median_score"] = _median(base)
+            evidence = against_base([s["score"] for s in scores], base)
+            pooled = {"p_value": None, "statistic": evidence["auc"], "test": NO_NULL.format(method=method.label),
+                      "tokens": sum(map(len, sequences)), "against_base": evidence,
+                      "reference_median_score": _median(base)}  # fmt: skip
             for s in scores:
-                s["p_value"] = empirical_p(s["score"], base)
+                s.pop("p_value", None)  # (a per-text p-value would claim the rate the pooled one cannot)
         rows = [{"i": i, "tokens": len(seq), **s, "text": t}
                 for i, (seq, s, t) in enumerate(zip(sequences, scores, texts, strict=True))]  # fmt: skip
         files.write_jsonl(out / "scores.jsonl", rows)

@@ -122,7 +122,8 @@ class Request:
                 audit.check_text_lengths(self.texts_file, texts, pipe.tokenizer, context)
             suspect = audit.Suspect("texts", str(self.texts_file), texts=tuple(t for _, t in texts))
         stage, result = audit.audit(pipe, method, trained, suspect)
-        flagged = result["p_value"] < self.alpha
+        # (no verdict where the scheme has no null: audit.NO_NULL)
+        flagged = None if result["p_value"] is None else result["p_value"] < self.alpha
         report = {
             "key": {"train_stage": trained.key, "method": method.name, "config": method.config_label(),
                     "base_model": preset.base_model},

@@ -42,12 +42,16 @@ def test_one_methods_key_does_not_fire_on_the_other_methods_model(pro_store, sha
         out = cli(*args, "--model", str(model))
         assert out.returncode == 0, out.stderr[-3000:]
         decision = json.loads(out.stdout)["decision"]
-        assert decision["p_value"] > 0.01 and not decision["watermarked"], (key_of, model_of, decision)
+        if key_of == "pro":  # no null of its own: no verdict, whatever the model (harness.run.audit.NO_NULL)
+            assert decision["p_value"] is None and decision["watermarked"] is None, decision
+        else:
+            assert decision["p_value"] > 0.01 and not decision["watermarked"], (key_of, model_of, decision)
 
 
-def test_the_pro_key_finds_its_student_and_leaves_the_base_unflagged(pro_store, cli, runs_by_row):
-    """``harness detect`` with a PRO key scores with the centred score and calibrates on the base model's own
-    continuations: the student is found, the unwatermarked base is not."""
+def test_the_pro_key_tells_its_student_from_the_base_but_gives_no_verdict(pro_store, cli, runs_by_row):
+    """``harness detect`` with a PRO key scores with the centred score and compares the texts with the base model's
+    own continuations: the student's stand far above them, the base's do not; as PRO has no null distribution (an
+    unwatermarked fine-tune of the base writes unlike the base too), neither audit gives a p-value or a verdict."""
     key = runs_by_row(pro_store, method="pro")["Unaltered"][0]["detector"]["key_from"]
     args = ("detect", "--results", str(pro_store), "--num-texts", "64", "--json", "--key", key)
     found = {}
@@ -55,7 +59,12 @@ def test_the_pro_key_finds_its_student_and_leaves_the_base_unflagged(pro_store, 
         out = cli(*args, "--model", str(model))
         assert out.returncode == 0, out.stderr[-3000:]
         found[name] = json.loads(out.stdout)
-    assert found["student"]["decision"]["watermarked"] and found["student"]["decision"]["p_value"] < 1e-3, found
-    assert not found["base"]["decision"]["watermarked"] and found["base"]["decision"]["p_value"] > 0.05, found
-    assert "by the unwatermarked base model" in found["base"]["decision"]["test"]
+    for report in found.values():
+        d = report["decision"]
+        assert d["p_value"] is None and d["watermarked"] is None and "no p-value and no verdict" in d["test"], d
+        assert all("p_value" not in t for t in report["texts"]), report["texts"][:2]
+    assert found["student"]["decision"]["against_base"]["auc"] > 0.9, found["student"]["decision"]
+    assert 0.3 < found["base"]["decision"]["against_base"]["auc"] < 0.7, found["base"]["decision"]
     assert found["base"]["key"]["config"].endswith("centred score, no FPL")
+    shown = cli("detect", "--results", str(pro_store), "--num-texts", "64", "--key", key, "--model", "builtin:tiny-lm")
+    assert "decision: none: PRO has no null distribution" in shown.stdout and "WATERMARKED" not in shown.stdout

@@ -80,13 +80,12 @@ def test_pooled_kgw_counts_one_unit_per_seed_and_token():
     assert pooled_score(excluded, [[0, 5, 6, 0]]).num_scored == 1  # (0, 5): no list; (6, 0): excluded target
 
 
-def test_calibrated_test_against_human_texts():
+def test_against_base_is_evidence_with_the_auc_and_the_writes_like_base_p_value():
     rng = np.random.default_rng(0)
-    null = [audit.calibrated(list(rng.normal(size=30)), list(rng.normal(size=30)))["p_value"] for _ in range(300)]
-    assert abs(np.mean(np.array(null) < 0.05) - 0.05) < 3 * (0.05 * 0.95 / 300) ** 0.5
-    shifted = audit.calibrated(list(rng.normal(1.5, size=30)), list(rng.normal(size=30)))
-    assert shifted["p_value"] < 1e-4 and shifted["statistic"] > 0.8  # the statistic is the AUC against human texts
-    assert audit.empirical_p(2.0, [0.0, 1.0, 3.0]) == 0.5 and audit.empirical_p(9.0, [0.0]) == 0.5
+    null = [audit.against_base(list(rng.normal(size=30)), list(rng.normal(size=30))) for _ in range(300)]
+    assert abs(np.mean([n["writes_like_base_p"] < 0.05 for n in null]) - 0.05) < 3 * (0.05 * 0.95 / 300) ** 0.5
+    shifted = audit.against_base(list(rng.normal(1.5, size=30)), list(rng.normal(size=30)))
+    assert shifted["writes_like_base_p"] < 1e-4 and shifted["auc"] > 0.8 and shifted["base_texts"] == 30
 
 
 def test_kth_pool_holds_its_stated_rate_on_texts_unlike_human_ones():
@@ -140,8 +139,15 @@ def keyed(tmp_path_factory, random_llamas):
     from harness.run.pipeline import Pipeline
     from harness.store.stages import Store
 
-    base = random_llamas[1]
-    preset = TINY.model_copy(
+    preset = _setup(random_llamas[1])
+    store = Store(tmp_path_factory.mktemp("detect") / "runs")
+    stage = Pipeline(preset, store, "cpu").train(methods.build("gu-kgw", {}, preset))
+    return store, stage
+
+
+def _setup(base):
+    """The tiny preset on the random ``base``, trained one step and evaluated on 6 short prompts (``SETUP``)."""
+    return TINY.model_copy(
         update={
             "base_model": str(base),
             "oracle_model": str(base),
@@ -149,9 +155,6 @@ def keyed(tmp_path_factory, random_llamas):
             "eval": TINY.eval.model_copy(update={"num_prompts": 6, "prompt_tokens": 8, "new_tokens": 16}),
         }
     )
-    store = Store(tmp_path_factory.mktemp("detect") / "runs")
-    stage = Pipeline(preset, store, "cpu").train(methods.build("gu-kgw", {}, preset))
-    return store, stage
 
 
 SETUP = ("--set", "eval.num_prompts=6", "--set", "eval.prompt_tokens=8", "--set", "eval.new_tokens=16")
@@ -441,3 +444,26 @@ def test_the_audit_table_shows_as_many_texts_as_asked():
     assert "text number 0" in one and "text number 1" not in one and "... 1 more texts" in one
     both = format_audit(report, rows, 5)
     assert "text number 1" in both and "more texts" not in both
+
+
+def test_a_scheme_with_no_null_of_its_own_gets_no_p_value_and_no_verdict(keyed, cli, random_llamas):
+    """PRO's key (a policy trained one step here) audits a model: its texts are scored and compared with the base's
+    own continuations, as evidence, but no p-value or verdict is given, per text or pooled: the comparison's null is
+    "writes like the base", which unwatermarked fine-tunes of the base reject as well (harness.run.audit.NO_NULL)."""
+    from harness.config.registry import methods
+    from harness.run.pipeline import Pipeline
+
+    store, _ = keyed
+    setup = _setup(random_llamas[1])
+    stage = Pipeline(setup, store, "cpu").train(methods.build("pro", {"fpl": False}, setup))
+    args = ("detect", "--results", str(store.root), "--key", str(stage.path), "--model", str(random_llamas[0]), *SETUP)
+    out = cli(*args, "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    d = report["decision"]
+    assert d["p_value"] is None and d["watermarked"] is None and "no p-value and no verdict" in d["test"], d
+    assert 0 <= d["against_base"]["auc"] <= 1 and d["against_base"]["base_texts"] == 6 == d["texts"], d
+    assert all("p_value" not in t for t in report["texts"]), report["texts"][:1]
+    shown = cli(*args)
+    assert shown.returncode == 0 and "decision: none: PRO has no null distribution" in shown.stdout, shown.stdout
+    assert "WATERMARKED" not in shown.stdout and "probability at most" not in shown.stdout
