@@ -111,7 +111,7 @@ def published_default_seed(method: WatermarkMethod, seed: int) -> str | None:
     """``method.published_key`` of a key drawn from ``seed`` by a method whose ``seed`` setting draws it: published
     where it is the setting's default, which ships with the code."""
     default = type(method).Params.model_fields["seed"].default
-    return f"the harness's default key seed {default}, published with its code" if seed == default else None
+    return f"the harness's default key seed {default}, in its code" if seed == default else None
 
 
 def score_texts(method, detector: Detector, sequences: list[list[int]], prompts: list[list[int]] | None) -> list[dict]:

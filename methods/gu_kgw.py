@@ -105,7 +105,7 @@ class GuKGW(WatermarkMethod):
         from methods.kgw import HASH_KEY
 
         if key["detector"].get("hash_key", HASH_KEY) == HASH_KEY:
-            return f"lm-watermarking's default hash key {HASH_KEY}, published"
+            return f"lm-watermarking's default hash key {HASH_KEY}"
         return None
 
     def train(self, ctx: TrainContext, out: Path) -> dict:

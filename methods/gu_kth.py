@@ -130,7 +130,7 @@ class GuKTH(WatermarkMethod):
     def published_key(self, key: dict) -> str | None:
         from methods.kth import DEFAULT_SEED
 
-        return f"Gu et al.'s default key seed {DEFAULT_SEED}, published" if key["key"]["seed"] == DEFAULT_SEED else None
+        return f"Gu et al.'s default key seed {DEFAULT_SEED}" if key["key"]["seed"] == DEFAULT_SEED else None
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from methods.distill import sampling_distillation

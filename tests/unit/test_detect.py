@@ -446,7 +446,7 @@ def test_the_audit_table_shows_as_many_texts_as_asked():
     both = format_audit(report, rows, 5)
     assert "text number 1" in both and "more texts" not in both
     assert "published" not in both  # a key of the owner's own (no "published" in the report: one of before)
-    report["key"]["published"] = "the default key seed 42, published"
+    report["key"]["published"] = "the default key seed 42"
     lines = format_audit(report, rows, 0).splitlines()
     assert lines[-2].startswith("decision:") and lines[-1].startswith("the key is a published one (the default key")
     assert "cannot show that a model derives from the owner's" in lines[-1]
