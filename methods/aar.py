@@ -20,6 +20,7 @@ import torch
 from transformers import LogitsProcessor
 
 EPS = 1e-20  # Gu et al.'s clamp
+DEFAULT_SEED = 42  # Gu et al.'s key seed, published
 # The key table is V * k x V float32, built whole as theirs is: refused past this (LLaMA-3's 128k tokens at k=1: 64 GB).
 MAX_TABLE_BYTES = 8 << 30
 
@@ -28,7 +29,7 @@ MAX_TABLE_BYTES = 8 << 30
 class AARKey:
     vocab_size: int  # V: len(tokenizer), as Gu et al.
     k: int  # previous tokens hashed (summed)
-    seed: int = 42
+    seed: int = DEFAULT_SEED
 
     def to_dict(self) -> dict:
         return asdict(self)

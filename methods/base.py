@@ -107,6 +107,13 @@ class Detector(ABC):
         return None
 
 
+def published_default_seed(method: WatermarkMethod, seed: int) -> str | None:
+    """``method.published_key`` of a key drawn from ``seed`` by a method whose ``seed`` setting draws it: published
+    where it is the setting's default, which ships with the code."""
+    default = type(method).Params.model_fields["seed"].default
+    return f"the harness's default key seed {default}, in its code" if seed == default else None
+
+
 def score_texts(method, detector: Detector, sequences: list[list[int]], prompts: list[list[int]] | None) -> list[dict]:
     """``detector.score`` on ``sequences``, given their ``prompts`` where ``method``'s detector reads them (and they
     are known); every caller scores through this, so a detector that reads no prompt keeps the one-argument form."""
@@ -169,6 +176,12 @@ class WatermarkMethod(Plugin, ABC):
                 f"{self.name} watermarks at decoding time, not in the weights: model attacks ({attack.name}) do not "
                 "apply to it (text attacks do)"
             )
+        return None
+
+    def published_key(self, key: dict) -> str | None:
+        """Why ``key`` (a train stage's ``key.json``, as ``read_key`` gives it) is a published one, in a few words
+        (e.g. a paper's default seed): anyone can write text it flags, so it cannot show that a model derives from
+        its owner's. None: a key of the owner's own (drawn from a seed they keep, or trained)."""
         return None
 
     def detector_reads_prompt(self) -> bool:

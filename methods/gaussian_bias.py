@@ -17,13 +17,21 @@ from pydantic import Field, field_validator
 
 from harness.assets import data
 from harness.config.plugins import Params, float32_scale
-from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
+from methods.base import (
+    Detector,
+    TrainContext,
+    WatermarkMethod,
+    published_default_seed,
+    read_key,
+    save_trained,
+    score_long_enough,
+)
 from methods.distill import logit_distill
 
 
 class GaussianBiasParams(Params):
     std: float = Field(0.6, gt=0)  # the bias's standard deviation, in logits (the durability study's 0.6)
-    seed: int = Field(0, ge=0, lt=2**63)  # the key
+    seed: int = Field(0, ge=0, lt=2**63)  # the key (0, the default, is published with the code)
 
     _std = field_validator("std")(float32_scale)
 
@@ -95,6 +103,9 @@ class GaussianBias(WatermarkMethod):
     def detection_key(self, size: int) -> dict:
         """What ``train`` writes as ``key.json`` for a model of ``size`` logits: the bias's seed and scale."""
         return {"method": self.name, "std": self.params.std, "seed": self.params.seed, "size": size}
+
+    def published_key(self, key: dict) -> str | None:
+        return published_default_seed(self, key["seed"])
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         return BiasDetector(read_key(key_dir))

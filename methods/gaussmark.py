@@ -26,7 +26,7 @@ from pydantic import Field, field_validator
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params, float32_scale
-from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained
+from methods.base import Detector, TrainContext, WatermarkMethod, published_default_seed, read_key, save_trained
 
 DEFAULT_WEIGHTS = ("mlp.up_proj",)
 
@@ -35,7 +35,7 @@ class GaussMarkParams(Params):
     sigma: float = Field(0.01, gt=0)  # the noise's standard deviation, absolute (as the paper and the study set it)
     layers: tuple[int, ...] = (-1,)  # decoder layers (negative: from the last), e.g. layers=0,2
     weights: tuple[str, ...] = DEFAULT_WEIGHTS  # a decoder layer's Linear modules, e.g. mlp.up_proj,mlp.down_proj
-    seed: int = Field(0, ge=0, lt=2**63)  # the key's random numbers
+    seed: int = Field(0, ge=0, lt=2**63)  # the key's random numbers (0, the default, is published with the code)
     batch_size: int = Field(8, gt=0)  # texts per backward pass at detection
 
     @field_validator("layers", "weights", mode="before")
@@ -142,6 +142,9 @@ class GaussMark(WatermarkMethod):
         }
         save_trained(out, model, tokenizer, key)
         return {"steps": 0, "noised_weights": len(names), "noised_entries": sum(a * b for a, b in shapes.values())}
+
+    def published_key(self, key: dict) -> str | None:
+        return published_default_seed(self, key["seed"])
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         from harness.assets import models

@@ -22,7 +22,7 @@ from methods.base import Detector, TrainContext, WatermarkMethod, read_key, scor
 
 class GuAARParams(Params):
     k: int = Field(2, ge=1)  # previous tokens summed into the key's row (Gu et al.: 2, 3, 4)
-    seed: int = Field(42, ge=0, lt=2**63)  # Gu et al.'s DEFAULT_SEED
+    seed: int = Field(42, ge=0, lt=2**63)  # the key: Gu et al.'s DEFAULT_SEED, published; one's own for a secret key
     prompt_tokens: int = Field(50, gt=0)  # teacher prompts (Gu et al.: 50)
     batch_size: int | None = Field(None, gt=0)  # None: the preset's train.batch_size
     seq_len: int | None = Field(None, gt=1)  # None: the preset's train.seq_len
@@ -108,6 +108,11 @@ class GuAAR(WatermarkMethod):
         from methods.aar import AARKey
 
         return AARKey(vocab_size=len(tokenizer), k=self.params.k, seed=self.params.seed)
+
+    def published_key(self, key: dict) -> str | None:
+        from methods.aar import DEFAULT_SEED
+
+        return f"Gu et al.'s default key seed {DEFAULT_SEED}" if key["key"]["seed"] == DEFAULT_SEED else None
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from methods.distill import sampling_distillation

@@ -21,6 +21,10 @@ class GuKGWParams(Params):
     teacher_drop_special: bool | None = None
     detector_drop_special: bool = False  # Gu et al.'s detector keeps them
     ignore_repeated_ngrams: bool = False
+    # The hash key: None = lm-watermarking's default 15485863 (the paper's, and public: anyone can write text it
+    # flags); a number kept secret = a hash key of one's own drawn from it (``methods.kgw.secret_hash_key``).
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    added_later = ("seed",)
 
     @model_validator(mode="before")
     @classmethod
@@ -84,7 +88,7 @@ class GuKGW(WatermarkMethod):
 
     def key(self, tokenizer, drop_special: bool):
         """The KGW key for this tokenizer (``KGWKey``); special ids removed from green lists if ``drop_special``."""
-        from methods.kgw import KGWKey
+        from methods.kgw import HASH_KEY, KGWKey, secret_hash_key
 
         special = {tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
         p = self.params
@@ -93,8 +97,16 @@ class GuKGW(WatermarkMethod):
             delta=p.delta,
             seeding_scheme=f"simple_{p.k}",
             vocab_size=len(tokenizer.get_vocab()),
+            hash_key=HASH_KEY if p.seed is None else secret_hash_key(p.seed),
             excluded_ids=tuple(sorted(i for i in special if i is not None)) if drop_special else (),
         )
+
+    def published_key(self, key: dict) -> str | None:
+        from methods.kgw import HASH_KEY
+
+        if key["detector"].get("hash_key", HASH_KEY) == HASH_KEY:
+            return f"lm-watermarking's default hash key {HASH_KEY}"
+        return None
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         tokenizer = ctx.load_tokenizer()

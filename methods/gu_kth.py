@@ -32,7 +32,7 @@ from methods.base import (
 class GuKTHParams(Params):
     s: int = Field(1, ge=1)  # number of distinct key shifts (paper: 4, 2, 1)
     m: int = Field(256, ge=1)  # key length (Gu et al.: 256)
-    seed: int = 42  # key seed (Gu et al.: 42)
+    seed: int = 42  # key seed (Gu et al.: 42, published; a number of one's own for a secret key)
     vocab_size: int | None = Field(None, ge=2)  # key columns; None: len(tokenizer) of the base model, as Gu et al.
     prompt_tokens: int = Field(50, gt=0)  # teacher prompts (Gu et al.: 50)
     batch_size: int | None = Field(None, gt=0)  # None: the preset's train.batch_size (paper: 128 for KTH)
@@ -126,6 +126,11 @@ class GuKTH(WatermarkMethod):
 
         p = self.params
         return KTHKey(vocab_size=p.vocab_size or len(tokenizer), key_len=p.m, seed=p.seed, num_shifts=p.s)
+
+    def published_key(self, key: dict) -> str | None:
+        from methods.kth import DEFAULT_SEED
+
+        return f"Gu et al.'s default key seed {DEFAULT_SEED}" if key["key"]["seed"] == DEFAULT_SEED else None
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from methods.distill import sampling_distillation

@@ -12,12 +12,16 @@ vocabulary). Here a batch's distinct seeds are computed once each and cached.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-HASH_KEY = 15485863
+HASH_KEY = 15485863  # lm-watermarking's default hash key: the paper's, and public
+# A key of one's own (``secret_hash_key``) has this many bits: the seeds ``hash_key * sum(context ids)`` stay below
+# 2**63 (int64 tensors) for any context sum below 2**23, two ids of a vocabulary of up to 4M tokens.
+SECRET_KEY_BITS = 40
 # seeding scheme -> (context width, whether the seed depends on the context)
 SEEDING_SCHEMES = {"simple_0": (1, False), "simple_1": (1, True), "simple_2": (2, True)}
 
@@ -39,6 +43,8 @@ class KGWKey:
             raise ValueError(f"unknown seeding scheme {self.seeding_scheme!r}; known: {sorted(SEEDING_SCHEMES)}")
         if not 0.0 < self.gamma < 1.0:
             raise ValueError(f"gamma must be in (0, 1), got {self.gamma}")
+        if not 1 <= self.hash_key or self.hash_key * self.context_width * self.vocab_size >= 2**63:
+            raise ValueError(f"hash key {self.hash_key} must be at least 1 and keep its seeds below 2**63")
 
     @property
     def context_width(self) -> int:
@@ -55,6 +61,13 @@ class KGWKey:
     def from_dict(cls, data: dict) -> KGWKey:
         data = {k: v for k, v in data.items() if k != "scheme"}
         return cls(**{**data, "excluded_ids": tuple(data.get("excluded_ids", ()))})
+
+
+def secret_hash_key(seed: int) -> int:
+    """A hash key of one's own, drawn from ``seed`` (a number kept secret): ``SECRET_KEY_BITS`` bits of a SHA-256 of
+    it, never 0 (which would give every context one list); any seed, small ones included, spreads over the range."""
+    digest = hashlib.sha256(f"kgw-hash-key:{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (2**SECRET_KEY_BITS - 1) + 1
 
 
 def packable(key: KGWKey) -> bool:

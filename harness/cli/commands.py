@@ -373,6 +373,10 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
         f"human texts' median score: {d['human_median_score']:.3f} ({d['human_texts']} texts)"
         + (f"; the base model's: {d['reference_median_score']:.3f}" if "reference_median_score" in d else ""),
         f"decision: {verdict}",
+        *(
+            [f"the key is a published one ({key['published']}): it cannot show that a model derives from the owner's, "
+             "as anyone can write text it flags"] if key.get("published") else []
+        ),
     ]  # fmt: skip
     return printable("\n".join(lines), keep="\n\t")  # texts (and names from a store) are shown, never obeyed
 

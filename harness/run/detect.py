@@ -15,6 +15,7 @@ from harness.config.presets import Preset
 from harness.run import audit
 from harness.store import files
 from harness.store.stages import Store
+from methods.base import read_key
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Request:
         flagged = None if result["p_value"] is None else result["p_value"] < self.alpha
         report = {
             "key": {"train_stage": trained.key, "method": method.name, "config": method.config_label(),
-                    "base_model": preset.base_model},
+                    "base_model": preset.base_model, "published": method.published_key(read_key(trained.path))},
             "source": {"kind": suspect.kind, "ref": suspect.ref},
             "decision": {"watermarked": flagged, "alpha": self.alpha, **result},
             "scores": str(stage.path / "scores.jsonl"),

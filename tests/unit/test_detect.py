@@ -182,12 +182,16 @@ def test_texts_are_scored_one_by_one_and_pooled(keyed, cli, tmp_path):
     d = report["decision"]
     assert 0 <= d["p_value"] <= 1 and d["texts"] == 2 and d["human_texts"] == 6 and "binomial" in d["test"]
     assert d["watermarked"] == (d["p_value"] < 0.01) and report["key"]["train_stage"] == stage.key
+    assert "15485863" in report["key"]["published"]  # the preset's key is lm-watermarking's
     # The same audit again is read from its stage; a .txt file holds one text per line.
     (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n\n")
     again = cli(
         "detect", "--results", str(store.root), "--key", stage.key, "--texts", str(tmp_path / "texts.txt"), *SETUP
     )
     assert again.returncode == 0 and "decision:" in again.stdout and "2 texts" in again.stdout, again
+    lines = again.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("decision:"))
+    assert lines[at + 1].startswith("the key is a published one (lm-watermarking's default hash key 15485863")
 
 
 def test_json_output_is_json_alone_when_a_library_prints(keyed, cli, tmp_path, monkeypatch):
@@ -444,6 +448,11 @@ def test_the_audit_table_shows_as_many_texts_as_asked():
     assert "text number 0" in one and "text number 1" not in one and "... 1 more texts" in one
     both = format_audit(report, rows, 5)
     assert "text number 1" in both and "more texts" not in both
+    assert "published" not in both  # a key of the owner's own (no "published" in the report: one of before)
+    report["key"]["published"] = "the default key seed 42"
+    lines = format_audit(report, rows, 0).splitlines()
+    assert lines[-2].startswith("decision:") and lines[-1].startswith("the key is a published one (the default key")
+    assert "cannot show that a model derives from the owner's" in lines[-1]
 
 
 def test_a_scheme_with_no_null_of_its_own_gets_no_p_value_and_no_verdict(keyed, cli, random_llamas):
