@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from harness.config.errors import HarnessError
 from harness.config.plugins import Ablation, Plugin
 from harness.config.presets import DataSource, TrainSettings
 
@@ -197,6 +198,13 @@ class WatermarkMethod(Plugin, ABC):
         """The settings that decide the trained student, hashed into its train stage: two configurations that train
         the same student share one stage (the runs keep every setting). All of them unless a method says otherwise."""
         return self.params.model_dump()
+
+    def draw_key(self, out: Path, base_model: str) -> None:
+        """Write into ``out`` the detection key ``train`` would write on ``base_model`` (``key.json`` and the files it
+        names), without training: a scheme whose key does not depend on the trained student draws it from its
+        settings (a seed) and the base, so its null can be tested over keys drawn afresh (``benchmarks/audit_null.py``,
+        ``tests/unit/test_audit_null.py``). A key learned in training cannot be drawn so."""
+        raise HarnessError(f"{self.label}'s key is learned in training: it cannot be drawn without training a student")
 
     @abstractmethod
     def detector(self, key_dir: Path, tokenizer, ctx: DetectContext | None = None) -> Detector:

@@ -23,6 +23,7 @@ from methods.base import (
     WatermarkMethod,
     published_default_seed,
     read_key,
+    save_key,
     save_trained,
     score_long_enough,
 )
@@ -99,6 +100,11 @@ class GaussianBias(WatermarkMethod):
         )  # fmt: skip
         save_trained(out, student, tokenizer, self.detection_key(size))
         return report
+
+    def draw_key(self, out: Path, base_model: str) -> None:
+        from harness.assets.models import config
+
+        save_key(out, self.detection_key(config(base_model).vocab_size))  # (the logits' size, as train reads it)
 
     def detection_key(self, size: int) -> dict:
         """What ``train`` writes as ``key.json`` for a model of ``size`` logits: the bias's seed and scale."""

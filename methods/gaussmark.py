@@ -26,7 +26,15 @@ from pydantic import Field, field_validator
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params, float32_scale
-from methods.base import Detector, TrainContext, WatermarkMethod, published_default_seed, read_key, save_trained
+from methods.base import (
+    Detector,
+    TrainContext,
+    WatermarkMethod,
+    published_default_seed,
+    read_key,
+    save_key,
+    save_trained,
+)
 
 DEFAULT_WEIGHTS = ("mlp.up_proj",)
 
@@ -133,15 +141,28 @@ class GaussMark(WatermarkMethod):
                 weight = modules[name].weight
                 weight.add_(noise(self.params.seed, name, weight.shape, self.params.sigma).to(weight.device))
                 shapes[name] = list(weight.shape)
-        key = {
-            "method": self.name,
-            "sigma": self.params.sigma,
-            "seed": self.params.seed,
-            "weights": shapes,
-            "architecture": architecture(model.config),
-        }
+        key = self.detection_key(model.config, shapes)
         save_trained(out, model, tokenizer, key)
         return {"steps": 0, "noised_weights": len(names), "noised_entries": sum(a * b for a, b in shapes.values())}
+
+    def detection_key(self, config, shapes: dict[str, list[int]]) -> dict:
+        """What ``train`` writes as ``key.json`` for a base model of ``config`` whose noised weights have ``shapes``:
+        the noise's seed and scale (the noise itself is drawn again from them)."""
+        p = self.params
+        return {"method": self.name, "sigma": p.sigma, "seed": p.seed, "weights": shapes,
+                "architecture": architecture(config)}  # fmt: skip
+
+    def draw_key(self, out: Path, base_model: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from harness.assets import models
+
+        config = models.config(base_model)
+        with torch.device("meta"):  # (the shapes alone: no weight loads)
+            modules = dict(AutoModelForCausalLM.from_config(config).named_modules())
+        names = target_names(config, self.params.layers, self.params.weights)
+        save_key(out, self.detection_key(config, {n: list(modules[n].weight.shape) for n in names}))
 
     def published_key(self, key: dict) -> str | None:
         return published_default_seed(self, key["seed"])

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
-from methods.base import Detector, TrainContext, WatermarkMethod, read_key, score_long_enough
+from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_key, score_long_enough
 
 
 class GuAARParams(Params):
@@ -119,6 +119,11 @@ class GuAAR(WatermarkMethod):
 
         return sampling_distillation(self, ctx, out, "aar-teacher-texts", f"AAR teacher texts (k={self.params.k})",
                                      teacher_texts)  # fmt: skip
+
+    def draw_key(self, out: Path, base_model: str) -> None:
+        from harness.assets.models import load_tokenizer
+
+        save_key(out, self.detection_key(load_tokenizer(base_model)))
 
     def detection_key(self, tokenizer) -> dict:
         """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the AAR key."""

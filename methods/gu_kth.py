@@ -25,6 +25,7 @@ from methods.base import (
     TrainContext,
     WatermarkMethod,
     read_key,
+    save_key,
     score_long_enough,
 )
 
@@ -137,6 +138,11 @@ class GuKTH(WatermarkMethod):
 
         return sampling_distillation(self, ctx, out, "kth-teacher-texts", f"KTH teacher texts (s={self.params.s})",
                                      teacher_texts)  # fmt: skip
+
+    def draw_key(self, out: Path, base_model: str) -> None:
+        from harness.assets.models import load_tokenizer
+
+        save_key(out, self.detection_key(load_tokenizer(base_model)))
 
     def detection_key(self, tokenizer) -> dict:
         """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the KTH key and the detector's settings."""

@@ -181,36 +181,29 @@ def _detect_context(folder: Path, prompt_tokens: int, new_tokens: int, tokenizer
 
 
 def _write_key(method, tokenizer, folder: Path, seed: int, base: str | None) -> None:
-    """The detection key ``method`` writes when it trains on a base model with ``tokenizer``, made by its own key code
-    (PRO's with a random, untrained policy M of its own class: a real detector of an unlearned key; a method that
-    trains nothing, GaussMark's noise or a decoding-time row, by its own ``train`` on the random ``base``). Every
+    """The detection key ``method`` writes when it trains on a base model with ``tokenizer``: drawn by its own
+    ``draw_key`` where the key does not depend on training (on the random ``base``, or a random model of ``tokenizer``),
+    else PRO's with a random, untrained policy M of its own class: a real detector of an unlearned key. Every
     registered method needs a way here, so that its table rows are what its detector writes."""
-    from harness.config.presets import TINY
-    from methods.base import TrainContext, save_key
+    if method.name != "pro":
+        base = base or str(make_random_llama(folder.parent / "base", 0, tokenizer, num_hidden_layers=1))
+        method.draw_key(folder, base)
+        return
+    import torch
 
-    if method.name == "gaussmark" or method.decoding_time:  # (they train nothing: their train writes the key)
-        method.train(TrainContext(base, [], TINY.train, "cpu"), folder)
-    elif method.name == "gaussian-bias":
-        save_key(folder, method.detection_key(len(tokenizer)))
-    elif method.name in ("gu-kgw", "gloaguen-kgw", "gu-kth", "gu-aar"):
-        save_key(folder, method.detection_key(tokenizer))
-    elif method.name == "pro":
-        import torch
+    from harness.assets.encoder import shared_embedder
+    from harness.assets.models import resolve
+    from methods.base import save_key
+    from methods.pro import save_policy
+    from methods.pro_policy import PolicyMLP
 
-        from harness.assets.encoder import shared_embedder
-        from harness.assets.models import resolve
-        from methods.pro import save_policy
-        from methods.pro_policy import PolicyMLP
-
-        p = method.params
-        emb_folder = resolve(p.embedding_model)
-        embedder = shared_embedder(emb_folder, "cpu", cache_size=p.embed_cache, batch_size=p.embed_batch)
-        torch.manual_seed(seed)
-        policy = PolicyMLP(embedder.dim, len(tokenizer), hidden=p.policy_hidden).eval()
-        save_key(folder, method.detection_key(emb_folder, embedder, policy))
-        save_policy(folder, policy)
-    else:
-        raise NotImplementedError(f"tests/conftest.py has no way to write a detection key of method '{method.name}'")
+    p = method.params
+    emb_folder = resolve(p.embedding_model)
+    embedder = shared_embedder(emb_folder, "cpu", cache_size=p.embed_cache, batch_size=p.embed_batch)
+    torch.manual_seed(seed)
+    policy = PolicyMLP(embedder.dim, len(tokenizer), hidden=p.policy_hidden).eval()
+    save_key(folder, method.detection_key(emb_folder, embedder, policy))
+    save_policy(folder, policy)
 
 
 @functools.cache
