@@ -300,9 +300,9 @@ class Store:
 
 
 def _finished(markers) -> list[Path]:
-    """The ``DONE`` files of ``markers`` that mark a published stage: its folder's name is plain (a hash), not the
-    temporary ``.<hash>.partial-*`` of a build or an export that was killed (pathlib's glob also finds those)."""
-    return [p for p in markers if files.PLAIN_NAME.fullmatch(p.parent.name)]
+    """The ``DONE`` files of ``markers`` that mark a published stage, not one in the temporary ``.<hash>.partial-*``
+    folder of a build or an export that was killed (pathlib's glob finds hidden folders too)."""
+    return [p for p in markers if not p.parent.name.startswith(".")]
 
 
 def stage_at(folder: Path) -> Stage:
