@@ -44,10 +44,16 @@ def check_described(folder: Path) -> None:
 
     shapes = tensor_shapes(folder)
     held = sum(math.prod(shape) for shape in shapes.values())
+    from huggingface_hub.errors import StrictDataclassError
+
+    from harness.assets.models import load_error
+
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # (the loader says what, in one line)
         return
+    except StrictDataclassError as err:  # a field of the wrong type ("hidden_size": "x"): the loader fails alike
+        raise load_error(str(folder), err) from None
     if not held or getattr(config, "quantization_config", None):
         return
     layers = getattr(config, "num_hidden_layers", None)
@@ -68,6 +74,34 @@ def check_described(folder: Path) -> None:
             f"model folder '{folder}' does not hold the model its config.json describes: a causal LM of "
             f"{described:,} parameters, and its weights hold {held:,} numbers"
         )
+    check_tensors(folder, skeleton, shapes)
+
+
+def check_tensors(folder: Path, skeleton, shapes: dict[str, list[int]]) -> None:
+    """One line where the weights of ``folder`` (``shapes``: their names and shapes) lack a parameter of the model its
+    config describes (``skeleton``, on the meta device), or hold one of another shape (a vocabulary smaller than its
+    embeddings): transformers would initialize the missing one afresh and run another model. Weights that are tied
+    (the output layer is the embeddings) count once, under either name. Judged only where the weights name the
+    parameters as the model does (most of them are found by name): another naming is transformers' to convert, and
+    ``models.check_loaded`` checks what it loaded."""
+    groups: dict[int, list] = {}
+    for name, param in skeleton.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), [list(param.shape)]).append(name)
+    found = [names for _, *names in groups.values() if any(n in shapes for n in names)]
+    if len(found) * 2 < len(groups):
+        return
+    for shape, *names in groups.values():
+        held = [n for n in names if n in shapes]
+        if not held:
+            raise HarnessError(
+                f"model folder '{folder}' does not hold the model its config.json describes: its weights lack "
+                f"{names[0]}"
+            )
+        if shapes[held[0]] != shape:
+            raise HarnessError(
+                f"model folder '{folder}' does not hold the model its config.json describes: {held[0]} is "
+                f"{'x'.join(map(str, shapes[held[0]]))} in its weights and {'x'.join(map(str, shape))} in its config"
+            )
 
 
 class weight_reader(Mapping):  # noqa: N801 (reads as a function)

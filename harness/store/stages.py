@@ -95,7 +95,7 @@ class Stage:
             published = json.loads((self.path / CONTENTS).read_text())
         except FileNotFoundError:
             return f"{CONTENTS} is missing"
-        except ValueError:
+        except (ValueError, RecursionError):  # (JSON nested past Python's recursion limit)
             return f"{CONTENTS} is damaged"
         if not isinstance(published, dict):
             return f"{CONTENTS} is damaged"

@@ -245,11 +245,15 @@ BAD_TEXTS = {
     "empty.jsonl": (b"", "holds no text"),
     "array.jsonl": (b'{"text": "fine"}\n["a", "list"]\n', "line 2: no 'text' field"),
     "null.jsonl": (b"null\n", "line 1: no 'text' field"),
+    # JSON's escapes reach what UTF-8 cannot hold (a lone surrogate breaks the first write of the text), and its
+    # nesting Python's recursive parser (RecursionError).
+    "surrogate.jsonl": (b'{"text": "fine"}\n{"text": "a \\ud800 b"}\n', "line 2: a lone surrogate (\\ud800)"),
+    "deep.jsonl": (b'{"text": "fine", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested too deeply"),
     # The key's base model takes 128 tokens: a longer text is refused, naming its line; one too long to fit in any
     # tokenization is refused before tokenizing (a 47 MB line took 58 s and 6.7 GB to score).
     "long.jsonl": (b'{"text": "fine"}\n' + json.dumps({"text": "fox " * 300}).encode(), "line 2: a text of 302 tokens"),
     "wide.txt": (b"fine\n" + b"word " * 400_000, "line 2: a text of 2,000,000 characters, more than the 128 tokens"),
-    "huge.txt": (b"fine text\n" * (1 << 21), "holds more than 16 MiB of text"),
+    "huge.txt": (b"fine text\n" * (1 << 21), "is larger than 16 MiB"),
     "many.txt": (b"a\n" * 100_001, "holds 100,001 texts, more than 100,000"),
 }
 
