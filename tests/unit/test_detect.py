@@ -301,6 +301,8 @@ def test_texts_are_split_at_newlines_alone_and_shown_escaped(keyed, cli, tmp_pat
 
 
 def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder, other_tokenizer_llama, random_llamas):
+    from safetensors.torch import load_file, save_file
+
     store, stage = keyed
     root, key, model = str(store.root), stage.key, str(random_llamas[0])
     table = next((store.root / "stages" / "kgw-green-table").iterdir())
@@ -314,6 +316,14 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
     shutil.copytree(random_llamas[0], cut)
     (cut / "model.safetensors").write_bytes((cut / "model.safetensors").read_bytes()[:-64])
+    holed = tmp_path / "holed"  # a suspect without one of its weights: transformers would initialize it afresh
+    shutil.copytree(random_llamas[0], holed)
+    tensors = load_file(holed / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, holed / "model.safetensors", metadata={"format": "pt"})
+    nested = tmp_path / "nested"
+    shutil.copytree(random_llamas[0], nested)
+    (nested / "config.json").write_text('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     cases = {
         ("--key", "0123abcd", "--model", model): "no stage '0123abcd'",
         ("--key", "zz!", "--model", model): "neither a folder nor a stage hash",
@@ -339,6 +349,8 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
         ("--key", key, "--model", model, "--num-texts", "99999999999999999999"): "--num-texts must be at most 1,0",
         ("--key", key, "--model", str(gguf)): "is not a readable GGUF file (GGUF magic invalid)",
         ("--key", key, "--model", str(cut)): "model.safetensors' does not read as safetensors",
+        ("--key", key, "--model", str(holed)): "its weights lack model.norm.weight",
+        ("--key", key, "--model", str(nested)): "config.json': nested too deeply to read",
     }
     before = _stages(store)
     for args, message in cases.items():

@@ -130,3 +130,19 @@ def test_every_load_refuses_weights_that_are_not_the_model_its_config_names(rand
     assert "lm_head.weight" not in load_file(tied / "model.safetensors")
     models.check(str(tied))
     assert models.load_causal_lm(str(tied), "cpu").lm_head.weight is not None
+
+
+@pytest.mark.parametrize(
+    ("modules", "words"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "modules.json': nested too deeply to read"),
+        ('{"type": "x"}', "modules.json is not a list of modules"),
+        ('[{"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}]', "cannot read model file"),
+    ],
+)
+def test_an_embedding_models_module_files_that_do_not_read_are_one_line(tmp_path, modules, words):
+    from harness.assets.encoder import pooling_of
+
+    (tmp_path / "modules.json").write_text(modules)
+    with pytest.raises(HarnessError, match=re.escape(words)):
+        pooling_of(str(tmp_path))
