@@ -67,14 +67,14 @@ def hub_config(ref: str):
     except (OSError, ValueError):
         pass
     except config_errors() as err:  # in the cache, and not a config transformers takes
-        raise load_error(ref, err) from None
+        raise _load_error(ref, err) from None
     unreachable = hub_unreachable()
     if unreachable:
         raise HarnessError(f"cannot load model '{ref}': it is not in the local Hugging Face cache and {unreachable}")
     try:
         return AutoConfig.from_pretrained(ref)
     except config_errors() as err:
-        raise load_error(ref, err) from None
+        raise _load_error(ref, err) from None
 
 
 @functools.cache
@@ -136,7 +136,7 @@ def config(ref: str):
     try:
         return AutoConfig.from_pretrained(resolve(ref))
     except config_errors() as err:
-        raise load_error(ref, err) from None
+        raise _load_error(ref, err) from None
 
 
 def vocab_length(ref: str) -> int:
@@ -192,7 +192,7 @@ def check_causal_lm(resolved: str, ref: str) -> None:
         try:
             config = AutoConfig.from_pretrained(resolved)
         except config_errors() as err:
-            raise load_error(ref, err) from None
+            raise _load_error(ref, err) from None
     else:
         config = hub_config(resolved)
     architectures = getattr(config, "architectures", None) or []
@@ -349,11 +349,8 @@ def config_errors() -> tuple[type[Exception], ...]:
     return (OSError, ValueError, RecursionError, StrictDataclassError)
 
 
-def load_error(path_or_id: str, err: Exception) -> HarnessError:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):  # "Validation error for field 'x':" then what is wrong with it
-        return HarnessError(f"cannot load model '{path_or_id}': {lines[0]} {lines[1]}")
-    return HarnessError(f"cannot load model '{path_or_id}': {first_line(err)}")
+def _load_error(path_or_id: str, err: Exception) -> HarnessError:
+    return HarnessError(f"cannot load model '{path_or_id}': {weights.load_problem(err)}")
 
 
 def load_tokenizer(path_or_id: str):
@@ -362,7 +359,7 @@ def load_tokenizer(path_or_id: str):
     try:
         return AutoTokenizer.from_pretrained(path_or_id)
     except config_errors() as err:
-        raise load_error(path_or_id, err) from None
+        raise _load_error(path_or_id, err) from None
 
 
 def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "auto"):
@@ -385,9 +382,9 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
             **({"device_map": device} if quantized else {}),
         )
     except (*config_errors(), SafetensorError) as err:
-        raise load_error(path_or_id, err) from None
+        raise _load_error(path_or_id, err) from None
     except RuntimeError as err:  # a tensor of another shape than its config gives (a vocabulary smaller than it)
-        raise load_error(path_or_id, err) from None
+        raise _load_error(path_or_id, err) from None
     if not quantized:  # (a quantized model's packed tensors are named and shaped by its library, which checks them)
         check_loaded(path_or_id, info)
     return (model if quantized else model.to(device)).eval().requires_grad_(False)

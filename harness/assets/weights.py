@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, first_line
 
 
 def non_finite_weight(folder: Path | str) -> str | None:
@@ -32,6 +32,15 @@ def tensor_shapes(folder: Path) -> dict[str, list[int]]:
     return shapes
 
 
+def load_problem(err: BaseException) -> str:
+    """What a library's error says in one line: its first, or where that only introduces the next (huggingface_hub's
+    "Validation error for field 'x':"), both."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return first_line(err)
+
+
 def check_described(folder: Path) -> None:
     """One line where the config of the model folder ``folder`` describes a causal LM of far more parameters than its
     safetensors files hold (4,096 layers in a config beside the weights of two): transformers builds the model its
@@ -46,14 +55,12 @@ def check_described(folder: Path) -> None:
     held = sum(math.prod(shape) for shape in shapes.values())
     from huggingface_hub.errors import StrictDataclassError
 
-    from harness.assets.models import load_error
-
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # (the loader says what, in one line)
         return
     except StrictDataclassError as err:  # a field of the wrong type ("hidden_size": "x"): the loader fails alike
-        raise load_error(str(folder), err) from None
+        raise HarnessError(f"cannot load model '{folder}': {load_problem(err)}") from None
     if not held or getattr(config, "quantization_config", None):
         return
     layers = getattr(config, "num_hidden_layers", None)
