@@ -14,7 +14,7 @@ from pathlib import Path
 from harness.config.errors import HarnessError, first_line
 from harness.config.presets import DataSource
 from harness.config.refs import SMALL_CORPUS, TINY_CODE_INSTRUCT, TINY_CORPUS, load_target, looks_like_path
-from harness.store.files import file_sha256
+from harness.store.files import file_sha256, parse_json
 
 # Built-in datasets: name -> (a file bundled in harness/assets/bundled, or a "module:function" that builds the file
 # on first use and returns its path; splits; fields). The corpora are split by the held-out rule below; the
@@ -128,10 +128,7 @@ def _jsonl_rows(files_: list[Path]) -> Iterator[dict]:
                 for number, line in enumerate(fh, 1):
                     if not line.strip():
                         continue
-                    try:
-                        row = json.loads(line)
-                    except ValueError as err:
-                        raise HarnessError(f"dataset file '{file}' line {number}: not valid JSON ({err})") from None
+                    row = parse_json(line, f"dataset file '{file}' line {number}")
                     if not isinstance(row, dict):
                         raise HarnessError(f"dataset file '{file}' line {number}: expected a JSON object")
                     yield row

@@ -63,18 +63,23 @@ def pooling_of(folder: str) -> tuple[str, bool]:
     """(pooling, normalize) of an encoder folder: sentence-transformers' ``modules.json`` / ``*_Pooling/config.json``
     when present (mean or cls; ``Normalize`` module -> L2-normalised), else CLS without normalisation (plain
     encoders such as the paper's compositional-bert-large, a SimCSE-style BERT, use the CLS token)."""
+    from harness.assets.models import read_json
     from harness.config.errors import HarnessError
 
     path = Path(folder)
     modules_file = path / "modules.json"
     if not modules_file.exists():
         return "cls", False
-    modules = json.loads(modules_file.read_text())
+    modules = read_json(modules_file, finite=False)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise HarnessError(f"embedding model {folder}: modules.json is not a list of modules")
     pooling, normalize = "cls", False
     for module in modules:
-        kind = module.get("type", "")
+        kind = str(module.get("type", ""))
         if kind.endswith(".Pooling"):
-            cfg = json.loads((path / module.get("path", "") / "config.json").read_text())
+            cfg = read_json(path / str(module.get("path", "")) / "config.json")
+            if not isinstance(cfg, dict):
+                raise HarnessError(f"embedding model {folder}: its pooling config is not a JSON object")
             if cfg.get("pooling_mode_cls_token"):
                 pooling = "cls"
             elif cfg.get("pooling_mode_mean_tokens"):

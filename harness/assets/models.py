@@ -21,7 +21,7 @@ from harness.assets import gguf, weights
 from harness.compute import distributed
 from harness.config.errors import HarnessError, first_line
 from harness.config.refs import BUILTIN_MODELS, load_target, looks_like_path
-from harness.store.files import file_sha256
+from harness.store.files import file_sha256, parse_json
 
 PICKLE_FILES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 ALLOW_PICKLE_ENV = "HARNESS_ALLOW_PICKLE"
@@ -66,12 +66,14 @@ def hub_config(ref: str):
         return AutoConfig.from_pretrained(ref, local_files_only=True)
     except (OSError, ValueError):
         pass
+    except config_errors() as err:  # in the cache, and not a config transformers takes
+        raise _load_error(ref, err) from None
     unreachable = hub_unreachable()
     if unreachable:
         raise HarnessError(f"cannot load model '{ref}': it is not in the local Hugging Face cache and {unreachable}")
     try:
         return AutoConfig.from_pretrained(ref)
-    except (OSError, ValueError) as err:
+    except config_errors() as err:
         raise _load_error(ref, err) from None
 
 
@@ -129,7 +131,12 @@ def config(ref: str):
     from transformers import AutoConfig
 
     found = planned_config(ref)
-    return found if found is not None else AutoConfig.from_pretrained(resolve(ref))
+    if found is not None:
+        return found
+    try:
+        return AutoConfig.from_pretrained(resolve(ref))
+    except config_errors() as err:
+        raise _load_error(ref, err) from None
 
 
 def vocab_length(ref: str) -> int:
@@ -142,19 +149,12 @@ def context_length(ref: str) -> int | None:
     """The longest sequence the model ``ref`` takes (its config's ``max_position_embeddings``; None where its config
     does not say), read from its config alone (from its recipe while it is ``planned``; another built-in is built
     first, as the run would next)."""
-    import json as json_
-
     found = planned_config(ref)
     if found is not None:
         return found.max_position_embeddings
     folder = Path(resolve(ref))
     if (folder / "config.json").is_file():
-        try:
-            config = json_.loads((folder / "config.json").read_text())
-        except (OSError, ValueError) as err:
-            raise HarnessError(
-                f"model file '{folder / 'config.json'}' does not read as JSON: {first_line(err)}"
-            ) from None
+        config = read_json(folder / "config.json")
     else:
         try:
             config = hub_config(ref).to_dict()
@@ -191,7 +191,7 @@ def check_causal_lm(resolved: str, ref: str) -> None:
     if Path(resolved).is_dir():
         try:
             config = AutoConfig.from_pretrained(resolved)
-        except (OSError, ValueError) as err:
+        except config_errors() as err:
             raise _load_error(ref, err) from None
     else:
         config = hub_config(resolved)
@@ -259,11 +259,26 @@ def _check_files(folder: str, listing: tuple) -> None:
 
     for name, _, _ in listing:
         file = Path(folder) / name
+        if file.suffix == ".json":  # a config holding NaN is refused: it describes a model that computes NaN
+            read_json(file, finite=name in CONFIG_FILES)
+            continue
         try:
             FORMATS[file.suffix](file)
-        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as err:
             raise HarnessError(f"model file '{file}' does not read as {file.suffix[1:]}: {first_line(err)}") from None
     weights.check_described(Path(folder))
+
+
+CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def read_json(file: Path, finite: bool = True):
+    """A JSON file of a model folder, or one line naming it (``files.parse_json``)."""
+    try:
+        text = file.read_bytes()
+    except OSError as err:
+        raise HarnessError(f"cannot read model file '{file}': {err.strerror or err}") from None
+    return parse_json(text, f"model file '{file}'", finite=finite)
 
 
 def resolve(ref: str) -> str:
@@ -325,8 +340,17 @@ def fingerprint(path_or_id: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def config_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a model's files it cannot read: besides OSError and ValueError, a RecursionError
+    (JSON nested too deeply) and huggingface_hub's StrictDataclassError (a config field of the wrong type,
+    ``"hidden_size": "x"``)."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    return (OSError, ValueError, RecursionError, StrictDataclassError)
+
+
 def _load_error(path_or_id: str, err: Exception) -> HarnessError:
-    return HarnessError(f"cannot load model '{path_or_id}': {first_line(err)}")
+    return HarnessError(f"cannot load model '{path_or_id}': {weights.load_problem(err)}")
 
 
 def load_tokenizer(path_or_id: str):
@@ -334,7 +358,7 @@ def load_tokenizer(path_or_id: str):
 
     try:
         return AutoTokenizer.from_pretrained(path_or_id)
-    except (OSError, ValueError) as err:
+    except config_errors() as err:
         raise _load_error(path_or_id, err) from None
 
 
@@ -348,17 +372,38 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
     if Path(path_or_id).is_dir():
         check_weights(Path(path_or_id), path_or_id)
         config = Path(path_or_id) / "config.json"
-        quantized = config.exists() and "quantization_config" in json.loads(config.read_text())
+        quantized = config.exists() and "quantization_config" in read_json(config)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model, info = AutoModelForCausalLM.from_pretrained(
             path_or_id,
             dtype=dtype,
             use_safetensors=None if pickle_allowed() else True,
+            output_loading_info=True,
             **({"device_map": device} if quantized else {}),
         )
-    except (OSError, ValueError, SafetensorError) as err:
+    except (*config_errors(), SafetensorError) as err:
         raise _load_error(path_or_id, err) from None
+    except RuntimeError as err:  # a tensor of another shape than its config gives (a vocabulary smaller than it)
+        raise _load_error(path_or_id, err) from None
+    if not quantized:  # (a quantized model's packed tensors are named and shaped by its library, which checks them)
+        check_loaded(path_or_id, info)
     return (model if quantized else model.to(device)).eval().requires_grad_(False)
+
+
+def check_loaded(path_or_id: str, info: dict) -> None:
+    """One line for a model whose weight files lack a tensor its config names, or hold one it does not, or one of
+    another shape (transformers' loading info): transformers would initialize the missing ones afresh, or drop the
+    others, and the model would run as another one. Tied weights (an output layer that is the embeddings) are not
+    missing: transformers leaves them out of its report."""
+    for key, what in (
+        ("missing_keys", "lack the tensor"),
+        ("unexpected_keys", "hold a tensor its config does not name,"),
+        ("mismatched_keys", "hold a tensor of another shape than its config gives,"),
+    ):
+        found = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(key) or ())
+        if found:
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise HarnessError(f"cannot load model '{path_or_id}': its weight files {what} {found[0]}{more}")
 
 
 def load_trainable(path_or_id: str, device: str | None = None):

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, first_line
 
 
 def non_finite_weight(folder: Path | str) -> str | None:
@@ -32,6 +32,15 @@ def tensor_shapes(folder: Path) -> dict[str, list[int]]:
     return shapes
 
 
+def load_problem(err: BaseException) -> str:
+    """What a library's error says in one line: its first, or where that only introduces the next (huggingface_hub's
+    "Validation error for field 'x':"), both."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return first_line(err)
+
+
 def check_described(folder: Path) -> None:
     """One line where the config of the model folder ``folder`` describes a causal LM of far more parameters than its
     safetensors files hold (4,096 layers in a config beside the weights of two): transformers builds the model its
@@ -44,10 +53,14 @@ def check_described(folder: Path) -> None:
 
     shapes = tensor_shapes(folder)
     held = sum(math.prod(shape) for shape in shapes.values())
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # (the loader says what, in one line)
         return
+    except StrictDataclassError as err:  # a field of the wrong type ("hidden_size": "x"): the loader fails alike
+        raise HarnessError(f"cannot load model '{folder}': {load_problem(err)}") from None
     if not held or getattr(config, "quantization_config", None):
         return
     layers = getattr(config, "num_hidden_layers", None)
@@ -68,6 +81,34 @@ def check_described(folder: Path) -> None:
             f"model folder '{folder}' does not hold the model its config.json describes: a causal LM of "
             f"{described:,} parameters, and its weights hold {held:,} numbers"
         )
+    check_tensors(folder, skeleton, shapes)
+
+
+def check_tensors(folder: Path, skeleton, shapes: dict[str, list[int]]) -> None:
+    """One line where the weights of ``folder`` (``shapes``: their names and shapes) lack a parameter of the model its
+    config describes (``skeleton``, on the meta device), or hold one of another shape (a vocabulary smaller than its
+    embeddings): transformers would initialize the missing one afresh and run another model. Weights that are tied
+    (the output layer is the embeddings) count once, under either name. Judged only where the weights name the
+    parameters as the model does (most of them are found by name): another naming is transformers' to convert, and
+    ``models.check_loaded`` checks what it loaded."""
+    groups: dict[int, list] = {}
+    for name, param in skeleton.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), [list(param.shape)]).append(name)
+    found = [names for _, *names in groups.values() if any(n in shapes for n in names)]
+    if len(found) * 2 < len(groups):
+        return
+    for shape, *names in groups.values():
+        held = [n for n in names if n in shapes]
+        if not held:
+            raise HarnessError(
+                f"model folder '{folder}' does not hold the model its config.json describes: its weights lack "
+                f"{names[0]}"
+            )
+        if shapes[held[0]] != shape:
+            raise HarnessError(
+                f"model folder '{folder}' does not hold the model its config.json describes: {held[0]} is "
+                f"{'x'.join(map(str, shapes[held[0]]))} in its weights and {'x'.join(map(str, shape))} in its config"
+            )
 
 
 class weight_reader(Mapping):  # noqa: N801 (reads as a function)

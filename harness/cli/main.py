@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 
 from harness.cli import commands
 from harness.cli.parser import build_parser
@@ -19,7 +20,41 @@ class Printable(logging.Formatter):
         return printable(super().format(record), keep="\n\t")
 
 
+class Shown:
+    """Standard output with every character a terminal acts on written as its escape (``printable``; lines and tabs
+    kept): cell names, labels, paths and texts that the harness prints come from specs, stores and files, which
+    may be someone else's."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(printable(text, keep="\n\t"))
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Python's warnings as Python shows them, escaped as the harness's own output is: a library's warning may quote
+    content (matplotlib names a label's glyph it has no font for, raw)."""
+    text = warnings.formatwarning(message, category, filename, lineno, line)
+    try:
+        (file or sys.stderr).write(printable(text, keep="\n\t"))
+    except OSError:  # (as Python's own: a closed or gone stderr loses the warning, never the command)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    stdout, shown = sys.stdout, warnings.showwarning
+    sys.stdout, warnings.showwarning = Shown(sys.stdout), show_warning
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, warnings.showwarning = stdout, shown
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     memory.tune_allocator()  # before any model is built or loaded (harness/compute/memory.py)
     imports.defer_hqq_import()  # before transformers is imported: 2 s less start-up (harness/compute/imports.py)

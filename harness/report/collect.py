@@ -51,7 +51,7 @@ def collect(store: Store) -> pd.DataFrame:
                 rows.append(_row(run))
         except HarnessError as err:  # edited after it was published
             problem = str(err)
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as err:
             problem = f"unreadable ({type(err).__name__}: {err})"
         if problem is not None:
             log.warning("skipping run %s: %s", run, problem)
@@ -200,7 +200,7 @@ def collect_attribution(store: Store) -> pd.DataFrame:
                     "AUC": m.get("auc"),
                 }
             )
-        except (HarnessError, OSError, ValueError, KeyError, TypeError) as err:
+        except (HarnessError, OSError, ValueError, KeyError, TypeError, RecursionError) as err:
             log.warning("skipping attribution %s: %s", folder, f"{type(err).__name__}: {err}")
     return pd.DataFrame(rows)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.config.errors import printable
 from harness.config.plugins import Sweep
 from harness.report import collect
 from harness.report.collect import main_runs, method_rank, natural_key, param, setups, unaltered
@@ -39,9 +40,14 @@ def _pyplot():
 
 def _save(fig, folder: Path, name: str) -> list[Path]:
     """``fig`` as ``<name>.png`` and ``<name>.pdf`` in ``folder``, each replaced whole (``files.replacing``: a full
-    disk or a kill never leaves a cut figure), with no time stamp or version in them; the figure is closed after."""
+    disk or a kill never leaves a cut figure), with no time stamp or version in them; the figure is closed after.
+    Its texts are ``printable``: matplotlib has no glyph for a control character, and its warning quotes it raw."""
     import matplotlib.pyplot as plt
+    from matplotlib.text import Text
 
+    for text in fig.findobj(Text):  # (labels, titles and legends come from a store, which may be someone else's)
+        if text.get_text() != printable(text.get_text(), keep="\n"):
+            text.set_text(printable(text.get_text(), keep="\n"))
     paths = [folder / f"{name}.png", folder / f"{name}.pdf"]
     try:
         with files.replacing(paths[0]) as fh:

@@ -154,7 +154,11 @@ def run_details(part: pd.DataFrame, store: Store) -> str:
     for r in part.sort_values(RUN_ORDER).itertuples():
         folder = store.root / r.run
         spec = json.loads((folder / "spec.json").read_text())
-        manifest = json.loads((folder / "manifest.json").read_text())
+        try:  # (what a run says of its making; its numbers are read and checked before, in collect)
+            manifest = json.loads((folder / "manifest.json").read_text())
+        except (OSError, ValueError, RecursionError):
+            manifest = None
+        manifest = manifest if isinstance(manifest, dict) else {}
         about = {k: manifest.get(k) for k in ("started", "seconds", "git_sha", "host", "versions", "report")}
         label = f"{r.method} ({r.method_config}) / {attack_label(r.attack, r.attack_config)}"
         out.append(f'<details id="run-{esc(r.run)}"><summary>{esc(label)}: AUC {r.AUC:.3f}, run {esc(r.run)}'

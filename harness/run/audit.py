@@ -127,18 +127,7 @@ def read_texts(path: Path) -> list[tuple[int, str]]:
     and ``MAX_TEXTS`` texts."""
     if path.suffix not in TEXT_SUFFIXES:
         raise HarnessError(f"texts file '{path}' must be .txt (one text per line) or .jsonl (a 'text' field per line)")
-    if not path.exists():
-        raise HarnessError(f"texts file '{path}' does not exist")
-    if not path.is_file():  # a folder; a FIFO or a device would block, or never end
-        raise HarnessError(f"texts file '{path}' is not a regular file")
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_TEXTS_BYTES + 1)
-        if len(data) > MAX_TEXTS_BYTES:
-            raise HarnessError(f"texts file '{path}' holds more than {MAX_TEXTS_BYTES // 2**20} MiB of text; split it")
-        raw = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise HarnessError(f"cannot read texts file '{path}': {getattr(err, 'strerror', None) or err}") from None
+    raw = files.read_bounded(path, "texts file", MAX_TEXTS_BYTES)
     if "\0" in raw:
         line = raw.count("\n", 0, raw.index("\0")) + 1
         raise HarnessError(f"{path}, line {line}: a NUL byte, which no text holds (not a text file)")
@@ -151,10 +140,7 @@ def read_texts(path: Path) -> list[tuple[int, str]]:
     else:
         texts = []
         for n, line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                raise HarnessError(f"{path}, line {n}: not JSON") from None
+            record = files.parse_json(line, f"{path}, line {n}")
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise HarnessError(f"{path}, line {n}: no 'text' field holding a string")
             texts.append((n, record["text"]))

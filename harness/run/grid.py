@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.config import presets
 from harness.config.errors import HarnessError
+from harness.store import files
 
 log = logging.getLogger(__name__)
 
@@ -201,22 +202,14 @@ def load(path: Path) -> Grid:
 
     path = Path(path)
     source = str(path)
-    if not path.exists():
-        raise HarnessError(f"no grid spec at '{path}'")
-    if not path.is_file():
-        raise HarnessError(f"grid spec '{path}' is not a file")
-    try:
-        with path.open("rb") as fh:
-            blob = fh.read(MAX_SPEC_BYTES + 1)
-        if len(blob) > MAX_SPEC_BYTES:
-            raise HarnessError(f"grid spec '{path}' is larger than {MAX_SPEC_BYTES // 1024} KiB: not a grid spec")
-        text = blob.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise HarnessError(f"cannot read grid spec '{path}': {err}") from None
+    text = files.read_bounded(path, "grid spec", MAX_SPEC_BYTES)
     try:
         root = _document(text, source)
         raw = yaml.SafeLoader(text).construct_document(root) if root is not None else None
         lines = _lines(root)
+        files.check_surrogates(raw, source)
+    except RecursionError:  # (PyYAML's composer and these walks recurse)
+        raise HarnessError(f"{source}: nested too deeply to read") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.config.errors import HarnessError
 from harness.store import files
-from harness.store.stages import CONTENTS, EditedStage, Store, contents
+from harness.store.stages import CONTENTS, LOCKS, EditedStage, Store, contents, lock_file
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,29 @@ EXPORTED = "exported_without"
 
 def export(store: Store, dest: Path, keep_texts: bool = False) -> tuple[int, list[str]]:
     """Copy ``store``'s runs and attribution stages into the store at ``dest`` (made if missing; stages already there
-    are replaced). Returns (copied, the ones left out because they do not verify, each with its reason)."""
+    are replaced). Returns (copied, the ones left out because they do not verify, each with its reason).
+
+    Each stage is copied into a temporary sibling (``.<hash>.partial-<host>-<pid>``, never read as a stage), its
+    ``DONE`` written last, and renamed into place, under the destination's lock for that stage, so an export killed
+    midway leaves no folder that reads as finished; what it left is removed by the next export (``Store.sweep``). One
+    export at a time writes into ``dest``: a second is refused in one line while the first runs."""
     dest = Path(dest)
     if dest.resolve() == store.root.resolve():
         raise HarnessError(f"cannot export the store '{store.root}' into itself")
     files.check_writable(dest, "export folder")
+    into = Store(dest)
+    (dest / LOCKS).mkdir(exist_ok=True)
+    held = files.try_lock(dest / LOCKS / "export.lock")
+    if held is None:
+        raise HarnessError(f"another 'harness export' is writing into '{dest}': run this one once it has finished")
+    try:
+        into.sweep()  # the temporary folders of exports (and builds) that were killed
+        return _copy_all(store, into, keep_texts)
+    finally:
+        held.release()
+
+
+def _copy_all(store: Store, into: Store, keep_texts: bool) -> tuple[int, list[str]]:
     left_out, copied = [], 0
     drop = () if keep_texts else (TEXTS,)
     for stage in store.results():
@@ -43,22 +61,35 @@ def export(store: Store, dest: Path, keep_texts: bool = False) -> tuple[int, lis
             left_out.append(f"{stage.path}: {problem}")
             log.warning("not exported: %s: %s", stage.path, problem)
             continue
-        target = dest / stage.path.relative_to(store.root)
-        partial = target.with_name(f".{target.name}.partial-{files.owner_tag()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(stage.path, partial, ignore=shutil.ignore_patterns(*drop))
-        dropped = [name for name in drop if (stage.path / name).exists()]
+        target = into.folder(stage.kind, stage.key)
+        with files.locked(lock_file(into.root, stage.kind, stage.key), f"the export of {stage.key}"):
+            _copy(stage.path, target, drop)
+        copied += 1
+    return copied, left_out
+
+
+def _copy(source: Path, target: Path, drop: tuple[str, ...]) -> None:
+    """Publish a copy of the stage folder ``source`` at ``target``, less the files ``drop``: built whole under a
+    temporary name, ``contents.json`` then ``DONE`` written last, then renamed into place (call holding its lock)."""
+    files.remove_partials(target)
+    partial = target.with_name(f".{target.name}.partial-{files.owner_tag()}")
+    try:
+        shutil.copytree(source, partial, ignore=shutil.ignore_patterns(*drop, "DONE", CONTENTS))
+        dropped = [name for name in drop if (source / name).exists()]
         if dropped:
             manifest = json.loads((partial / "manifest.json").read_text())
             manifest[EXPORTED] = dropped
             (partial / "manifest.json").write_text(json.dumps(manifest, indent=2))
         (partial / CONTENTS).write_text(json.dumps(contents(partial), indent=1, sort_keys=True))
+        (partial / "DONE").write_text("")
         if target.exists():
             shutil.rmtree(target)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial.rename(target)
-        copied += 1
-    return copied, left_out
+    except OSError as err:
+        raise HarnessError(f"cannot export '{source}' to '{target}': {err.strerror or err}") from None
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def exported_without(folder: Path) -> list[str]:

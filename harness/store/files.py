@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from harness.compute import memory
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, first_line
 from harness.store.versions import machine  # a build records the processor: its float bits depend on it
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,56 @@ def write_atomic(file: Path, data: str | bytes) -> None:
         fh.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
+def read_bounded(path: Path, what: str, limit: int) -> str:
+    """The UTF-8 text of the file ``path`` that a user gave (``what`` it is, for messages), read no further than
+    ``limit`` bytes (a device such as /dev/zero never ends): anything else is one line naming the file."""
+    path = Path(path)
+    if not path.exists():
+        raise HarnessError(f"{what} '{path}' does not exist")
+    if not path.is_file():  # a folder; a FIFO or a device would block, or never end
+        raise HarnessError(f"{what} '{path}' is not a regular file")
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+            raise HarnessError(f"{what} '{path}' is larger than {size}; split it")
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise HarnessError(f"cannot read {what} '{path}': {getattr(err, 'strerror', None) or err}") from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_surrogates(value, where: str) -> None:
+    """One line starting with ``where`` if a string in the parsed JSON or YAML ``value`` holds a lone surrogate
+    (``"\\ud800"``: both escape it; no UTF-8 text holds it, and writing it out fails later)."""
+    found = _SURROGATE.search(json.dumps(value, ensure_ascii=False, default=str))
+    if found:
+        raise HarnessError(f"{where}: a lone surrogate (\\u{ord(found.group()):04x}), which no UTF-8 text holds")
+
+
+def parse_json(text: str | bytes, where: str, finite: bool = False):
+    """``text`` parsed as JSON, or one line starting with ``where`` (a file, a file and line) when it is not JSON, is
+    nested too deeply to read (Python's parser recurses), or holds a lone surrogate (``check_surrogates``).
+    ``finite``: NaN and Infinity, which Python writes and reads but JSON has not, are refused too (a model config
+    holding them is a model that computes NaN)."""
+
+    def constant(name: str):
+        raise ValueError(f"{name} is not a JSON value")
+
+    try:
+        value = json.loads(text, **({"parse_constant": constant} if finite else {}))
+        if (b"\\u" if isinstance(text, bytes) else "\\u") in text:  # (only an escape makes one)
+            check_surrogates(value, where)
+    except RecursionError:
+        raise HarnessError(f"{where}: nested too deeply to read") from None
+    except ValueError as err:
+        raise HarnessError(f"{where}: not JSON ({first_line(err)})") from None
+    return value
+
+
 def write_jsonl(file: Path, rows: list[dict]) -> None:
     with Path(file).open("w") as fh:
         for row in rows:
@@ -198,7 +248,7 @@ def unreadable(file: Path) -> str | None:
     """Why ``file`` does not read in its format (truncated, cut mid-write), or None if it reads."""
     try:
         FORMATS[file.suffix](file)
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as err:
         return f"not valid {file.suffix[1:]}: {type(err).__name__}"
     return None
 

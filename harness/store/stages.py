@@ -95,7 +95,7 @@ class Stage:
             published = json.loads((self.path / CONTENTS).read_text())
         except FileNotFoundError:
             return f"{CONTENTS} is missing"
-        except ValueError:
+        except (ValueError, RecursionError):  # (JSON nested past Python's recursion limit)
             return f"{CONTENTS} is damaged"
         if not isinstance(published, dict):
             return f"{CONTENTS} is damaged"
@@ -278,12 +278,12 @@ class Store:
 
     def runs(self) -> list[Path]:
         """Finished run folders, oldest first."""
-        found = [p for p in self.root.glob("*/DONE") if p.parent.name not in (STAGES, DAMAGED)]
+        found = [p for p in _finished(self.root.glob("*/DONE")) if p.parent.name not in (STAGES, DAMAGED)]
         return [p.parent for p in sorted(found, key=lambda p: p.stat().st_mtime)]
 
     def attributions(self) -> list[Path]:
         """Finished attribution stage folders, by hash."""
-        return [p.parent for p in sorted((self.root / STAGES / kinds.ATTRIBUTION).glob("*/DONE"))]
+        return [p.parent for p in sorted(_finished((self.root / STAGES / kinds.ATTRIBUTION).glob("*/DONE")))]
 
     def results(self) -> list[Stage]:
         """What tables and reports read: the finished runs (oldest first), then the attribution stages."""
@@ -294,9 +294,15 @@ class Store:
     def finished(self) -> list[Stage]:
         """Every finished stage, specs not read: those of every kind but runs (by kind, then hash), then the runs
         (oldest first)."""
-        return [stage_at(p.parent) for p in sorted((self.root / STAGES).glob("*/*/DONE"))] + [
+        return [stage_at(p.parent) for p in sorted(_finished((self.root / STAGES).glob("*/*/DONE")))] + [
             self.at(kinds.RUN, p.name) for p in self.runs()
         ]
+
+
+def _finished(markers) -> list[Path]:
+    """The ``DONE`` files of ``markers`` that mark a published stage, not one in the temporary ``.<hash>.partial-*``
+    folder of a build or an export that was killed (pathlib's glob finds hidden folders too)."""
+    return [p for p in markers if not p.parent.name.startswith(".")]
 
 
 def stage_at(folder: Path) -> Stage:

@@ -252,6 +252,12 @@ def _edit_config(folder, **changes) -> None:
     (folder / "config.json").write_text(json.dumps({**config, **changes}))
 
 
+def _nest_config(folder) -> None:
+    """A config with a field nested 100,000 deep (Python's JSON parser recurses: RecursionError)."""
+    text = (folder / "config.json").read_text().rstrip().removesuffix("}")
+    (folder / "config.json").write_text(text + ', "extra": ' + "[" * 100_000 + "]" * 100_000 + "}")
+
+
 DAMAGED_MODEL_FILES = {
     "safetensors cut short": (
         lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
@@ -272,9 +278,33 @@ DAMAGED_MODEL_FILES = {
         lambda d: _edit_config(d, intermediate_size=2**24),
         "does not hold the model its config.json describes: a causal LM of",
     ),
-    "config not JSON": (lambda d: (d / "config.json").write_text('{"model_type": "lla'), "config.json' does not read"),
-    "tokenizer not JSON": (lambda d: (d / "tokenizer.json").write_text('{"version": '), "tokenizer.json' does not"),
+    "config not JSON": (lambda d: (d / "config.json").write_text('{"model_type": "lla'), "config.json': not JSON"),
+    "tokenizer not JSON": (lambda d: (d / "tokenizer.json").write_text('{"version": '), "tokenizer.json': not JSON"),
+    # A tensor the config names that the weights lack (transformers initializes it afresh, and the model runs as
+    # another), or holds at another shape (a vocabulary smaller than the embeddings).
+    "a weight missing": (lambda d: _drop_tensor(d, "model.norm.weight"), "its weights lack model.norm.weight"),
+    "the output layer missing": (lambda d: _drop_tensor(d, "lm_head.weight"), "its weights lack lm_head.weight"),
+    "a vocabulary smaller than the weights": (
+        lambda d: _edit_config(d, vocab_size=10),
+        "model.embed_tokens.weight is 370x32 in its weights and 10x32 in its config",
+    ),
+    # What transformers raises on, with a traceback: JSON nested past Python's recursion limit, a field of the wrong
+    # type; and what it takes and computes NaN with.
+    "config nested deeply": (_nest_config, "config.json': nested too deeply to read"),
+    "config holding NaN": (lambda d: _edit_config(d, rms_norm_eps=float("nan")), "(NaN is not a JSON value)"),
+    "config field of the wrong type": (
+        lambda d: _edit_config(d, hidden_size="wide"),
+        "Field 'hidden_size' expected int, got str",
+    ),
 }
+
+
+def _drop_tensor(folder, name: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    del tensors[name]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
 
 
 @pytest.mark.parametrize("case", sorted(DAMAGED_MODEL_FILES))
@@ -307,7 +337,9 @@ def test_bad_harness_device_variable(cli, monkeypatch):
     [
         ("", "is empty"),
         ("\n\n", "holds no documents"),
-        ('{"text": "ok"}\n' * 200 + '{"text": "broken\n' + '{"text": "ok"}\n', "line 201: not valid JSON"),
+        ('{"text": "ok"}\n' * 200 + '{"text": "broken\n' + '{"text": "ok"}\n', "line 201: not JSON"),
+        ('{"text": "ok", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n", "line 1: nested too deeply to read"),
+        ('{"text": "ok"}\n{"text": "\\udfff"}\n', "line 2: a lone surrogate (\\udfff)"),
         ('{"body": "x"}\n', "has no field 'text'"),
         ('["a list"]\n', "line 1: expected a JSON object"),
         ('{"text": 3}\n', "holds int, not text"),

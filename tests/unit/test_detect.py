@@ -252,11 +252,15 @@ BAD_TEXTS = {
     "empty.jsonl": (b"", "holds no text"),
     "array.jsonl": (b'{"text": "fine"}\n["a", "list"]\n', "line 2: no 'text' field"),
     "null.jsonl": (b"null\n", "line 1: no 'text' field"),
+    # JSON's escapes reach what UTF-8 cannot hold (a lone surrogate breaks the first write of the text), and its
+    # nesting Python's recursive parser (RecursionError).
+    "surrogate.jsonl": (b'{"text": "fine"}\n{"text": "a \\ud800 b"}\n', "line 2: a lone surrogate (\\ud800)"),
+    "deep.jsonl": (b'{"text": "fine", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: nested too deeply"),
     # The key's base model takes 128 tokens: a longer text is refused, naming its line; one too long to fit in any
     # tokenization is refused before tokenizing (a 47 MB line took 58 s and 6.7 GB to score).
     "long.jsonl": (b'{"text": "fine"}\n' + json.dumps({"text": "fox " * 300}).encode(), "line 2: a text of 302 tokens"),
     "wide.txt": (b"fine\n" + b"word " * 400_000, "line 2: a text of 2,000,000 characters, more than the 128 tokens"),
-    "huge.txt": (b"fine text\n" * (1 << 21), "holds more than 16 MiB of text"),
+    "huge.txt": (b"fine text\n" * (1 << 21), "is larger than 16 MiB"),
     "many.txt": (b"a\n" * 100_001, "holds 100,001 texts, more than 100,000"),
 }
 
@@ -304,6 +308,8 @@ def test_texts_are_split_at_newlines_alone_and_shown_escaped(keyed, cli, tmp_pat
 
 
 def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder, other_tokenizer_llama, random_llamas):
+    from safetensors.torch import load_file, save_file
+
     store, stage = keyed
     root, key, model = str(store.root), stage.key, str(random_llamas[0])
     table = next((store.root / "stages" / "kgw-green-table").iterdir())
@@ -317,6 +323,14 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
     shutil.copytree(random_llamas[0], cut)
     (cut / "model.safetensors").write_bytes((cut / "model.safetensors").read_bytes()[:-64])
+    holed = tmp_path / "holed"  # a suspect without one of its weights: transformers would initialize it afresh
+    shutil.copytree(random_llamas[0], holed)
+    tensors = load_file(holed / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, holed / "model.safetensors", metadata={"format": "pt"})
+    nested = tmp_path / "nested"
+    shutil.copytree(random_llamas[0], nested)
+    (nested / "config.json").write_text('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     cases = {
         ("--key", "0123abcd", "--model", model): "no stage '0123abcd'",
         ("--key", "zz!", "--model", model): "neither a folder nor a stage hash",
@@ -342,6 +356,8 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
         ("--key", key, "--model", model, "--num-texts", "99999999999999999999"): "--num-texts must be at most 1,0",
         ("--key", key, "--model", str(gguf)): "is not a readable GGUF file (GGUF magic invalid)",
         ("--key", key, "--model", str(cut)): "model.safetensors' does not read as safetensors",
+        ("--key", key, "--model", str(holed)): "its weights lack model.norm.weight",
+        ("--key", key, "--model", str(nested)): "config.json': nested too deeply to read",
     }
     before = _stages(store)
     for args, message in cases.items():

@@ -5,6 +5,11 @@ and named; an exported run cannot be rescored (its texts are gone), one line."""
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +78,75 @@ def test_bad_export_inputs(cli, store, tmp_path):
     (tmp_path / "afile").write_text("")
     onto_file = cli("export", str(tmp_path / "afile"), "--results", str(store.root))
     assert onto_file.returncode == 2 and len(onto_file.stderr.strip().splitlines()) == 1
+
+
+def test_an_export_killed_midway_leaves_nothing_read_as_a_run(store, cli, tmp_path):
+    """A kill mid-copy (SIGKILL: no clean-up runs) leaves a temporary folder that is never read as a run, even one
+    holding a whole verified copy with its DONE (what earlier exports left), and the next export removes it."""
+    dest = tmp_path / "exported"
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, str(store.root), str(dest)], capture_output=True, text=True, timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    (leftover,) = [p for p in dest.iterdir() if ".partial-" in p.name]
+    assert not (leftover / "DONE").exists()  # DONE is written last
+    # What an export of earlier code left: a complete copy, DONE and all, under the temporary name of a dead process.
+    old = dest / f".{store.runs()[0].name}.partial-{socket.gethostname()}-{2**22 + 7}"
+    shutil.copytree(store.runs()[0], old)
+    assert Store(dest).runs() == [] and Store(dest).results() == []
+    made = cli("tables", "--results", str(dest), "--out", str(tmp_path / "t"), "--no-figures")
+    assert made.returncode == 2 and "no finished runs" in made.stderr.lower(), made.stderr
+
+    again = cli("export", str(dest), "--results", str(store.root))
+    assert again.returncode == 0, again.stderr
+    assert not [p for p in dest.iterdir() if ".partial-" in p.name]
+    assert sorted(p.name for p in Store(dest).runs()) == sorted(p.name for p in store.runs())
+
+
+KILLED_EXPORT = """
+import os, shutil, signal, sys
+from pathlib import Path
+from harness.store import export
+from harness.store.stages import Store
+
+copytree = shutil.copytree
+def copy_then_die(src, dst, **kw):
+    copytree(src, dst, **kw)
+    os.kill(os.getpid(), signal.SIGKILL)
+export.shutil.copytree = copy_then_die
+export.export(Store(Path(sys.argv[1])), Path(sys.argv[2]))
+"""
+
+
+def test_two_exports_into_one_folder_at_once(store, cli, tmp_path):
+    """While one export writes into a folder, a second is refused in one line (exit 2) and changes nothing; two
+    processes started at once end with every run exported and nothing half-copied."""
+    from harness.store import files
+
+    dest = tmp_path / "exported"
+    (dest / ".locks").mkdir(parents=True)
+    held = files.try_lock(dest / ".locks" / "export.lock")  # (flock: another open of it is refused, in-process too)
+    try:
+        second = cli("export", str(dest), "--results", str(store.root))
+    finally:
+        held.release()
+    assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1
+    assert "another 'harness export'" in second.stderr and not Store(dest).runs()
+
+    both = [
+        subprocess.Popen(
+            [sys.executable, "-m", "harness", "export", str(dest), "--results", str(store.root)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for proc in both:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode in (0, 2), err
+        assert "Traceback" not in err and (proc.returncode == 0 or len(err.strip().splitlines()) == 1), err
+    assert 0 in [p.returncode for p in both]
+    assert not [p for p in dest.iterdir() if ".partial-" in p.name]
+    assert sorted(p.name for p in Store(dest).runs()) == sorted(p.name for p in store.runs())
+    assert all(Store(dest).at("run", p.name).problem() is None for p in Store(dest).runs())

@@ -201,14 +201,27 @@ def test_the_shipped_grids_are_valid():
 
 
 def test_a_spec_path_that_is_no_file_is_one_line(tmp_path):
-    cases = [("/dev/zero", "is not a file"), (tmp_path, "is not a file"), (tmp_path / "x.yaml", "no grid spec at")]
+    cases = [
+        ("/dev/zero", "is not a regular file"),
+        (tmp_path, "is not a regular file"),
+        (tmp_path / "x.yaml", "does not exist"),
+    ]
     for path, words in cases:
         with pytest.raises(HarnessError, match=words):
             grid.load(path)
     big = tmp_path / "big.yaml"
     big.write_text("preset: tiny\n" + "# padding\n" * 200_000)
-    with pytest.raises(HarnessError, match="larger than 1024 KiB"):
+    with pytest.raises(HarnessError, match="larger than 1 MiB"):
         grid.load(big)
+    # YAML nested past Python's recursion limit (PyYAML's composer recurses), and a lone surrogate (YAML's escapes,
+    # as JSON's, make one; writing it out fails later)
+    for text, words in (
+        ("preset: tiny\ngroups: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply to read"),
+        ('preset: tiny\nname: "a \\ud800"\n', "a lone surrogate"),
+    ):
+        big.write_text(text)
+        with pytest.raises(HarnessError, match=words):
+            grid.load(big)
 
 
 @pytest.mark.parametrize(

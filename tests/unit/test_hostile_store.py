@@ -148,3 +148,54 @@ def test_no_injected_handler_runs_in_headless_chromium(hostile, cli, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "<title>harness report</title>" in run.stdout  # an injected handler would have set it to "pwned"
     assert "pwned</title>" not in run.stdout
+
+
+CONTROLS = "\x00\x07\x1b"
+
+
+def test_control_characters_in_labels_reach_no_terminal_raw(two_method_store, harness, tmp_path):
+    """A run label holding NUL, BEL and ESC: matplotlib has no glyph for them and its warning (on stderr, outside
+    the harness's own output) quoted them raw; ``tables`` and ``report`` show them escaped, in the figures too."""
+    store = two_method_store
+    for path in store.runs():
+        spec = json.loads((path / "spec.json").read_text())
+        spec["config"]["method"]["label"] += "\x00\x07\x1b[2J"
+        spec["config"]["attack"]["label"] += "\x1b]0;pwned\x07"
+        Stage("run", {}, path.name, path, store.root).update({"spec.json": json.dumps(spec, indent=2)})
+    for args in (["tables", "--out", str(tmp_path / "t")], ["report", "--out", str(tmp_path / "r.html")]):
+        out = harness(*args, "--results", str(store.root))
+        assert out.returncode == 0, out.stderr
+        assert not any(c in out.stdout + out.stderr for c in CONTROLS), (out.stdout, out.stderr)
+
+
+def test_control_characters_in_a_grid_reach_no_terminal_raw(cli, tmp_path):
+    """An ESC in the name of a grid's local fine-tuning dataset is shown escaped in the dry run's cell list, as in
+    everything the harness prints (its standard output goes through ``printable``)."""
+    data = tmp_path / "data\x1b[2J\x07.jsonl"
+    data.write_text(json.dumps({"prompt": "Write a function.", "response": "def f(): return 1 " * 30}) + "\n")
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(
+        "preset: tiny\ngroups:\n  g:\n    methods: {gu-kgw: [{}]}\n"
+        f"    attacks: {{finetune: [{{dataset: {json.dumps(str(data))}}}]}}\n"
+    )
+    out = cli("grid", str(spec), "--results", str(tmp_path / "runs"), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert not any(c in out.stdout + out.stderr for c in CONTROLS), (out.stdout, out.stderr)
+    assert "finetune(data\\x1b[2J\\x07" in out.stdout
+
+
+def test_json_nested_too_deeply_in_a_store_is_skipped_not_a_traceback(two_method_store, cli, tmp_path):
+    """A run whose published metrics, or manifest, is JSON nested past Python's recursion limit (it verifies: it is
+    what the store published) is left out with one warning, as an unreadable run is."""
+    store = two_method_store
+    deep = "[" * 100_000 + "]" * 100_000
+    runs = store.runs()
+    for path, name in ((runs[0], "metrics.json"), (runs[1], "manifest.json")):
+        Stage("run", {}, path.name, path, store.root).update({name: deep})
+    for args in (
+        ["tables", "--out", str(tmp_path / "t"), "--no-figures"],
+        ["report", "--out", str(tmp_path / "r.html")],
+    ):
+        out = cli(*args, "--results", str(store.root))
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert runs[0].name not in (tmp_path / "t" / "runs.csv").read_text()

@@ -101,3 +101,48 @@ def test_a_hub_model_with_no_hub_in_reach_is_one_line_at_once(monkeypatch):
         assert "the hub (127.0.0.1) cannot be reached" in models.hub_unreachable()
     finally:
         models.hub_unreachable.cache_clear()
+
+
+def test_every_load_refuses_weights_that_are_not_the_model_its_config_names(random_llamas, llama_builder, tmp_path):
+    """``load_causal_lm``, which every load goes through, refuses weights that lack a tensor the config names
+    (transformers would initialize it afresh) or hold one it does not (dropped), whatever checked the folder before;
+    an output layer tied to the embeddings is not missing."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    for edit, words in (
+        (lambda t: t.pop("model.norm.weight"), "lack the tensor model.norm.weight"),
+        (
+            lambda t: t.update({"model.extra.weight": torch.zeros(2)}),
+            "hold a tensor its config does not name, model.extra.weight",
+        ),
+    ):
+        folder = tmp_path / words.split()[-1]
+        shutil.copytree(random_llamas[0], folder)
+        tensors = load_file(folder / "model.safetensors")
+        edit(tensors)
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        with pytest.raises(HarnessError, match=f"cannot load model '{folder}': its weight files {words}"):
+            models.load_causal_lm(str(folder), "cpu")
+    tied = llama_builder(tmp_path / "tied", 3, tie_word_embeddings=True)
+    assert "lm_head.weight" not in load_file(tied / "model.safetensors")
+    models.check(str(tied))
+    assert models.load_causal_lm(str(tied), "cpu").lm_head.weight is not None
+
+
+@pytest.mark.parametrize(
+    ("modules", "words"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "modules.json': nested too deeply to read"),
+        ('{"type": "x"}', "modules.json is not a list of modules"),
+        ('[{"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}]', "cannot read model file"),
+    ],
+)
+def test_an_embedding_models_module_files_that_do_not_read_are_one_line(tmp_path, modules, words):
+    from harness.assets.encoder import pooling_of
+
+    (tmp_path / "modules.json").write_text(modules)
+    with pytest.raises(HarnessError, match=re.escape(words)):
+        pooling_of(str(tmp_path))
