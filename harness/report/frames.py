@@ -73,8 +73,8 @@ def mixed_footings(part: pd.DataFrame) -> bool:
 
 def on_one_footing(part: pd.DataFrame) -> pd.DataFrame:
     """``part`` with its PPLs on one footing: where they mix two (``mixed_footings``), every row's PPL on its text
-    tokenized again (``PPL_retokenized``; missing for a run scored before it was stored), as the same text measured
-    two ways differs (a typo edit at p = 0 changes no text yet moved SmolLM2's median PPL from 369 to 525)."""
+    tokenized again (``PPL_retokenized``; missing for a run scored before it was stored): the same text measured on
+    the ids a model sampled reads otherwise, as a sampled sequence is often not the tokenizer's own split of it."""
     return part.assign(PPL=pd.to_numeric(part["PPL_retokenized"])) if mixed_footings(part) else part
 
 
