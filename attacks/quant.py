@@ -345,7 +345,8 @@ class BnB4Params(Params):
     """bitsandbytes' 4-bit settings, as transformers' ``BitsAndBytesConfig(load_in_4bit=True, ...)`` takes them:
     ``quant_type`` nf4 (QLoRA's NormalFloat, what most 4-bit loads use) or fp4 (bitsandbytes' default), double
     quantization of the blocks' scales (``double_quant``), and the dtype the 4-bit layers compute in (``auto``: the
-    model's own dtype, e.g. float32 for the tiny model, bfloat16 for LLaMA-3-8B)."""
+    model's own dtype, e.g. float32 for the tiny model, bfloat16 for LLaMA-3-8B). The durability study's
+    ``bitsandbytes/4bit_qlora`` is nf4 without double quantization, this attack's default: a quantization, no LoRA."""
 
     quant_type: Literal["nf4", "fp4"] = "nf4"
     double_quant: bool = False

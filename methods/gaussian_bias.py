@@ -1,7 +1,14 @@
-"""A distilled Gaussian logit bias, as Gloaguen et al.'s durability study runs the "Unremovable" watermark (Christ et
-al., 2024): the key is a fixed bias b ~ N(0, std^2) over the vocabulary, the teacher is the base model's logits plus
-b at every position, and the student learns it by the harness's logit distillation (methods/distill.py, as Gu-KGW):
-the architecture keeps no bias term, so the watermark lives in the weights, where an attacker must remove it.
+"""A Gaussian logit bias distilled into the weights: the "Unremovable" watermark (Christ et al., 2024) of Gloaguen et
+al.'s durability study, in the harness's reading. The key is a fixed bias b ~ N(0, std^2) over the vocabulary; the
+teacher is the base model's logits plus b at every position, and the student learns it by the harness's logit
+distillation (methods/distill.py, as Gu-KGW), so the watermark lives in the ordinary weights, where every attack acts.
+
+The study's code puts b in the head instead: its ``Llama2BiasModel`` (src/watermarks/unremovable/) adds an explicit
+``lm_head_bias`` parameter to a Llama's logits, which ``watermark_model`` sets to b, with no training. That form is
+not offered: HF Llama's ``lm_head`` has no bias, so it needs a model class of its own (model type ``llama2_bias``)
+that only its own code loads: the harness never runs a checkpoint's code (``trust_remote_code``), mergekit and
+llama.cpp's GGUF converter take the architectures they know, and a plain Llama load drops ``lm_head_bias`` (an
+unexpected key) and the watermark with it (README: the field's other weight watermarks).
 
 Detection reads a text's distinct tokens U: z = sum_{v in U} b_v / (std * sqrt(|U|)). Given U (which does not depend
 on the key under the null), the b_v are independent N(0, std^2), so z is exactly N(0, 1): the one-sided p-value is

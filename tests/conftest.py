@@ -261,7 +261,7 @@ def _fake_run(
     from attacks.base import TextAttack
     from harness.config.presets import TINY
     from harness.config.registry import attacks, methods
-    from harness.run import scoring
+    from harness.run import metrics, scoring
     from harness.store import files
 
     preset = preset or TINY
@@ -279,6 +279,9 @@ def _fake_run(
     rng = np.random.default_rng(int(digest[:8], 16))
     pos_at, neg_at = _draw_for_auc([r["score"] for r in rows], auc, n, rng)
     pos = [{**rows[i], "ppl": float(rng.uniform(5, 9))} for i in pos_at]
+    ppl_on = metrics.ppl_footing(preset.oracle_model == preset.base_model, isinstance(a, TextAttack))
+    if ppl_on == metrics.SAMPLED_IDS:  # the pipeline stores the PPL of the decoded text tokenized again beside it
+        pos = [{**s, "ppl_retokenized": 1.4 * s["ppl"]} for s in pos]
     neg = [rows[i] for i in neg_at]
     rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if isinstance(a, TextAttack) else {}
     gens = [{"i": i, **rewritten} for i in range(n)]
@@ -286,7 +289,7 @@ def _fake_run(
 
     def build(out):
         files.write_jsonl(out / "generate.jsonl", gens)  # stands for the generate stage's file, which runs link
-        scoring.publish_scores(out, out / "generate.jsonl", gens, pos, neg)
+        scoring.publish_scores(out, out / "generate.jsonl", gens, pos, neg, ppl_on=ppl_on)
         (out / "generate.jsonl").unlink()
         return {}
 

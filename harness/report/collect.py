@@ -168,6 +168,7 @@ def _row(run: Path) -> dict:
         "cosine": (m.get("paraphrase") or {}).get("mean_embedding_cosine"),
         "edit_rate": (m.get("paraphrase") or {}).get("applied_rate"),  # a text edit's rate as applied
         "PPL_on": m.get("ppl_on"),  # sampled ids or re-tokenized text: compare PPL on the same footing only
+        "PPL_retokenized": metrics.retokenized_ppl(m),  # on re-tokenized text, the footing of text attacks' rows
         # Detection by text length (None where the detector keeps no prefix scores, or the run predates them).
         "tokens_to_detect": m.get(f"tokens_to_detect@{metrics.LENGTH_FPR:g}"),
         "detected_by_end": m.get(f"detected_by_end@{metrics.LENGTH_FPR:g}"),

@@ -32,6 +32,7 @@ from harness.report.collect import (
 from harness.run.scoring import BASE_ROW
 
 ROW_KEYS = ["category", "attack", "attack_config"]  # what a row of tab:robustness is
+UNALTERED_TEXTS = "unaltered"  # an attack's own table: the column of the texts before it rewrote them
 
 
 def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> pd.DataFrame:
@@ -40,12 +41,11 @@ def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> p
     page, where every stored cell belongs) every row stored for a main configuration: the other tables' attacks and
     the unwatermarked base model's reference rows too."""
     metrics = list(METRICS) + (["AUC_lo", "AUC_hi"] if ci else [])
-    part = main_runs(df)
-    if not every_row:
-        part = part[in_table(part, "robustness")]
+    part = robustness_runs(df, every_row)
     if part.empty:
         return pd.DataFrame()
     runs = part
+    part = on_one_footing(part)
     part = mean_over_seeds(part, ["method", *ROW_KEYS], metrics)
     table = part.pivot_table(index=ROW_KEYS, columns="method", values=metrics, aggfunc="first")
     table = table.swaplevel(0, 1, axis=1)
@@ -57,6 +57,32 @@ def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> p
         columns=pd.MultiIndex.from_product([methods, metrics], names=["method", "metric"]),
     )
     return _not_applicable(table, runs)
+
+
+def robustness_runs(df: pd.DataFrame, every_row: bool = False) -> pd.DataFrame:
+    """The runs of tab:robustness (``robustness``)."""
+    part = main_runs(df)
+    return part if every_row else part[in_table(part, "robustness")]
+
+
+def mixed_footings(part: pd.DataFrame) -> bool:
+    """Whether ``part``'s PPLs were measured on more than one footing (``PPL_on``: a text attack's rows, measured on
+    their text tokenized again, beside rows measured on the ids their model sampled)."""
+    return part["PPL_on"].nunique(dropna=True) > 1
+
+
+def on_one_footing(part: pd.DataFrame) -> pd.DataFrame:
+    """``part`` with its PPLs on one footing: where they mix two (``mixed_footings``), every row's PPL on its text
+    tokenized again (``PPL_retokenized``; missing for a run scored before it was stored): the same text measured on
+    the ids a model sampled reads otherwise, as a sampled sequence is often not the tokenizer's own split of it."""
+    return part.assign(PPL=pd.to_numeric(part["PPL_retokenized"])) if mixed_footings(part) else part
+
+
+def ppl_note(df: pd.DataFrame, every_row: bool = False) -> str:
+    """What tab:robustness's caption says of its PPL where its rows mix footings (``on_one_footing``); else nothing."""
+    if not mixed_footings(robustness_runs(df, every_row)):
+        return ""
+    return " (of each row's texts tokenized again, as a text attack's rows are measured)"
 
 
 def _not_applicable(table: pd.DataFrame, part: pd.DataFrame) -> pd.DataFrame:
@@ -89,21 +115,27 @@ def fpr_tpr(df: pd.DataFrame) -> pd.DataFrame:
 
 def own(df: pd.DataFrame, attack: str, ci: bool = False) -> pd.DataFrame:
     """The table of one attack of its own (tab:dipper for DIPPER): AUC of each method's main configuration under
-    each of its settings, with how much the texts were rewritten (mean unigram overlap with the original) and kept
-    (mean MiniLM cosine), and for an edit the rate it applied (``edit_rate``: below its ``p`` where, say, few words
-    have a synonym)."""
-    part = main_runs(df)
-    part = part[part["attack_name"] == attack]
+    each of its settings, with the rewrites' median PPL, how much the texts were rewritten (mean unigram overlap with
+    the original) and kept (mean MiniLM cosine), and for an edit the rate it applied (``edit_rate``: below its ``p``
+    where, say, few words have a synonym); first, the PPL of the texts before the attack, on the rewrites' footing
+    (their text tokenized again: ``on_one_footing``)."""
+    mains = main_runs(df)
+    part = mains[mains["attack_name"] == attack]
     if part.empty:
         return pd.DataFrame()
-    values = ["AUC", "overlap", "cosine"] + (["edit_rate"] if part["edit_rate"].notna().any() else [])
+    values = ["AUC", "PPL", "overlap", "cosine"] + (["edit_rate"] if part["edit_rate"].notna().any() else [])
     values += ["AUC_lo", "AUC_hi"] if ci else []
     part = mean_over_seeds(part, ["method", "attack_config"], values)
     table = part.pivot_table(index="method", columns="attack_config", values=values, aggfunc="first")
     table = table.swaplevel(0, 1, axis=1)
     configs = sorted(part["attack_config"].unique(), key=natural_key)
     methods = sorted(part["method"].unique(), key=method_rank)
-    return table.reindex(index=methods, columns=pd.MultiIndex.from_product([configs, values]))
+    table = table.reindex(index=methods, columns=pd.MultiIndex.from_product([configs, values]))
+    # The unaltered texts' PPL measured as the rewrites' is (tokenized again): what each setting's PPL compares with.
+    before = mains[unaltered(mains)].assign(PPL=lambda d: pd.to_numeric(d["PPL_retokenized"]))
+    before = mean_over_seeds(before, ["method"], ["PPL"]).set_index("method")["PPL"]
+    table.insert(0, (UNALTERED_TEXTS, "PPL"), before.reindex(methods).to_numpy())
+    return table
 
 
 def ft_steps(df: pd.DataFrame, featured: str) -> pd.DataFrame:

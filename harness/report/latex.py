@@ -123,7 +123,7 @@ def tpr_tex(table: pd.DataFrame, caption: str, label_column: str, columns: list[
 
 def own_tex(table: pd.DataFrame, caption: str, label: str) -> str:
     """An attack's own table (tab:dipper): a row per method, the AUC under each setting (``label`` and setting)."""
-    configs = list(dict.fromkeys(table.columns.get_level_values(0)))
+    configs = [c for c in dict.fromkeys(table.columns.get_level_values(0)) if (c, "AUC") in table.columns]
     cells = pd.DataFrame({"Watermark method": [esc(m) for m in table.index]})
     for c in configs:
         cells[f"{label} ({c})"] = [fmt("AUC", v) for v in table[(c, "AUC")]]

@@ -175,7 +175,8 @@ TABLES: tuple[Table, ...] = (
         build=lambda setup, _: frames.robustness(setup.part, setup.ci, every_row=setup.page),
         latex=lambda table, caption, _: latex.robustness_tex(table, caption),
         caption=lambda setup, _: (
-            f"AUC, TPR at 5% FPR and median PPL under model modifications ({setup.about}; {setup.configs()})."
+            f"AUC, TPR at 5% FPR and median PPL{frames.ppl_note(setup.part, setup.page)} under model modifications "
+            f"({setup.about}; {setup.configs()})."
         ),
         joined_by="Attack.tables",
         # On the page, every row stored for a main configuration (the base's reference rows and other tables'
@@ -193,8 +194,9 @@ TABLES: tuple[Table, ...] = (
     Table(
         "own",
         "tab:dipper for DIPPER",
-        "a table of its own per attack that joins it, named after it: AUC under each of its settings, with how much "
-        "the texts were rewritten and kept",
+        "a table of its own per attack that joins it, named after it: AUC under each of its settings, with the PPL "
+        "of the rewrites and of the texts before them (both tokenized again) and how much the texts were rewritten "
+        "and kept",
         build=lambda setup, attack: frames.own(setup.part, attack, setup.ci),
         latex=lambda table, caption, attack: latex.own_tex(table, caption, plugin_class("attack", attack).label),
         caption=_own_caption,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from harness.assets import data
 from harness.compute import distributed
 from harness.compute.generation import completion_perplexity
+from harness.run import metrics
 from harness.store.stages import Stage
 from methods.base import DetectContext, score_texts
 
@@ -46,21 +47,31 @@ def detector_input(pipe, gens: list[dict], field: str) -> list[list[int]]:
     return pipe.tokenizer([g[field] for g in gens], add_special_tokens=False)["input_ids"]
 
 
-def perplexities(pipe, gens: list[dict], desc: str) -> list[float]:
-    """Completion perplexity under the oracle; texts are re-tokenized when its tokenizer differs (e.g. LLaMA-2
-    scoring LLaMA-3 text, as in the paper)."""
+def perplexities(pipe, gens: list[dict], desc: str) -> tuple[list[float], list[float] | None]:
+    """Completion perplexity under the oracle, on the footing ``metrics.ppl_footing`` names; and, where that is the
+    ids the model sampled, of its decoded text tokenized again as well (else None): the footing a text attack's row
+    has, so that an edited row and its unaltered one can be compared on it. Texts are re-tokenized for an oracle of
+    another tokenizer (e.g. LLaMA-2 scoring LLaMA-3 text, as in the paper)."""
     oracle_tok = pipe.oracle_tokenizer["tokenizer"]
-    if pipe.oracle_tokenizer["shares"]:
-        prompts = [g["prompt_ids"] for g in gens]
-        completions = [g["completion_ids"] for g in gens]
-    else:
+    pad = oracle_tok.pad_token_id if oracle_tok.pad_token_id is not None else oracle_tok.eos_token_id
+
+    def measure(prompts: list[list[int]], completions: list[list[int]], what: str) -> list[float]:
+        return distributed.map_shards(
+            lambda part, first: completion_perplexity(
+                pipe.oracle_model, part, completions[first : first + len(part)], pipe.preset.eval.ppl_batch_size,
+                pad or 0, what,
+            ),
+            prompts,
+        )  # fmt: skip
+
+    if not pipe.oracle_tokenizer["shares"]:
         prompts = oracle_tok([g["prompt"] for g in gens])["input_ids"]
         completions = oracle_tok([g["completion"] for g in gens], add_special_tokens=False)["input_ids"]
-    pad = oracle_tok.pad_token_id if oracle_tok.pad_token_id is not None else oracle_tok.eos_token_id
-    return distributed.map_shards(
-        lambda part, first: completion_perplexity(
-            pipe.oracle_model, part, completions[first : first + len(part)], pipe.preset.eval.ppl_batch_size,
-            pad or 0, desc,
-        ),
-        prompts,
-    )  # fmt: skip
+        return measure(prompts, completions, desc), None
+    prompts = [g["prompt_ids"] for g in gens]
+    ppl = measure(prompts, [g["completion_ids"] for g in gens], desc)
+    if metrics.rewritten(gens):  # a text attack's ids are its text tokenized again already (run/rewrites.py)
+        return ppl, None
+    # Tokenized as run/rewrites.py tokenizes a rewrite: a text an edit leaves as it was gets the same ids there.
+    again = pipe.tokenizer([g["completion"] for g in gens], add_special_tokens=False)["input_ids"]
+    return ppl, measure(prompts, again, f"{desc}, re-tokenized")

@@ -171,6 +171,13 @@ def ppl_footing(oracle_shares_tokenizer: bool, rewritten: bool) -> str:
     return SAMPLED_IDS if oracle_shares_tokenizer and not rewritten else RETOKENIZED
 
 
+def retokenized_ppl(m: dict) -> float | None:
+    """A run's median PPL (``metrics.json``: ``m``) of its decoded texts tokenized again, the footing every row can be
+    measured on (a text attack's has no other): its own PPL where it was measured so, else the one stored beside the
+    sampled ids' (None for a run scored before both were)."""
+    return m.get("median_ppl") if m.get("ppl_on") == RETOKENIZED else m.get("median_ppl_retokenized")
+
+
 def _stored_footing(folder: Path, rewritten: bool) -> str:
     """A stored run's ``ppl_footing``: from its manifest, or for runs scored before it was recorded, by whether its
     oracle is its base model (both are named in its spec)."""
@@ -214,6 +221,8 @@ def run_metrics(folder: Path, new_tokens: int | None = None, ppl_on: str | None 
     if all("ppl" in s for s in pos):  # attribution scores carry none
         result["median_ppl"] = median([s["ppl"] for s in pos])
         result["ppl_on"] = ppl_on or _stored_footing(folder, rewritten(gens))
+        if all("ppl_retokenized" in s for s in pos):  # a sampled-ids row's PPL on its decoded text tokenized again
+            result["median_ppl_retokenized"] = median([s["ppl_retokenized"] for s in pos])
     if rewritten(gens):  # a text attack: how much it rewrote, and how much meaning it kept
         from harness.run import textsim
 

@@ -319,8 +319,10 @@ class Pipeline:
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
             pos, neg = detection.detect(self, method, trained, gens)
-            ppl = detection.perplexities(self, gens, f"perplexity ({row})")
+            ppl, again = detection.perplexities(self, gens, f"perplexity ({row})")
             scored = [{**s, "ppl": q} for s, q in zip(pos, ppl, strict=True)]
+            if again is not None:  # the sampled ids' PPL, and the decoded text's as a text attack's row measures it
+                scored = [{**s, "ppl_retokenized": q} for s, q in zip(scored, again, strict=True)]
             new_tokens = self.preset.eval.new_tokens
             ppl_on = metrics.ppl_footing(self.oracle_tokenizer["shares"], metrics.rewritten(gens))
             scoring.publish_scores(out, generated.path / "generations.jsonl", gens, scored, neg, new_tokens, ppl_on)

@@ -110,6 +110,34 @@ def test_text_attack_rewrites_the_unaltered_generations(random_llamas, tmp_path,
     assert cells[2].metrics["n_pos"] == 6
 
 
+def test_an_edit_that_changes_nothing_has_the_unaltered_ppl_on_the_same_footing(random_llamas, tmp_path):
+    """A typo edit at p = 0 leaves every text as it was: its row's PPL (its texts tokenized again, all a text attack's
+    row can measure) equals the unaltered row's PPL of its texts tokenized again, stored beside the sampled ids'."""
+    from harness.assets.models import load_tokenizer
+
+    base, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    cells = Pipeline(make_preset(tmp_path, base, base), store, "cpu").run(
+        methods.build("gu-kgw", {}), attacks.build("typo", {"p": "0"})
+    )
+    assert [c.row for c in cells] == ["Unwatermarked base", "Unaltered", "Typos p=0"]
+    unaltered, typo = cells[1], cells[2]
+    gens = read_jsonl(unaltered.run.path / "generations.jsonl")
+    assert [g["completion"] for g in read_jsonl(typo.run.path / "generations.jsonl")] == [g["completion"] for g in gens]
+    assert (unaltered.metrics["ppl_on"], typo.metrics["ppl_on"]) == ("sampled ids", "re-tokenized text")
+    assert typo.metrics["median_ppl"] == pytest.approx(unaltered.metrics["median_ppl_retokenized"], rel=1e-5)
+    assert "median_ppl_retokenized" not in typo.metrics  # its one PPL is on that footing already
+    before = [s for s in read_jsonl(unaltered.run.path / "scores.jsonl") if s["label"] == 1]
+    after = [s for s in read_jsonl(typo.run.path / "scores.jsonl") if s["label"] == 1]
+    assert [s["ppl"] for s in after] == pytest.approx([s["ppl_retokenized"] for s in before], rel=1e-5)
+    tok = load_tokenizer(str(base))
+    again = tok([g["completion"] for g in gens], add_special_tokens=False)["input_ids"]
+    assert any(a != g["completion_ids"] for a, g in zip(again, gens, strict=True))  # the footings differ here
+    for a, g, s in zip(again, gens, before, strict=True):
+        if a == g["completion_ids"]:  # the same ids either way: the same PPL
+            assert s["ppl"] == pytest.approx(s["ppl_retokenized"], rel=1e-5)
+
+
 def test_detector_reads_retokenized_text_by_default(random_llamas, tmp_path):
     """Scores come from the decoded text tokenized again (as a user submits text); ``eval.score_on=ids`` scores the
     sampled ids and is a different run that reuses the same generations."""

@@ -103,7 +103,7 @@ def test_fake_runs_hold_rows_that_the_real_detector_wrote(method, fake_run, dete
         run = fake_run(Store(tmp_path / "runs"), method, {}, "none", {}, auc)
         stored = [json.loads(line) for line in (run / "scores.jsonl").read_text().splitlines()]
         for row in stored:
-            row = {k: v for k, v in row.items() if k not in ("i", "label", "ppl")}  # what the run adds
+            row = {k: v for k, v in row.items() if k not in ("i", "label", "ppl", "ppl_retokenized")}  # the run adds
             assert json.dumps(row, sort_keys=True) in written, row
         assert json.loads((run / "metrics.json").read_text())["auc"] == pytest.approx(auc, abs=0.12)
 
@@ -365,3 +365,28 @@ def test_a_decoding_time_method_says_not_applicable_under_attacks_that_change_we
     assert cli("report", "--results", str(store.root), "--out", str(report)).returncode == 0
     page = report.read_text()
     assert ">n/a</td>" in page and "watermarks at decoding time, not in the weights" in page
+
+
+def test_edited_rows_and_the_unaltered_row_show_ppl_on_the_same_footing(fake_run, tmp_path):
+    """A text attack's rows measure PPL on their texts tokenized again; where a table holds them beside model rows
+    (measured on the sampled ids) every row shows its PPL on the text tokenized again, and the attack's own table
+    gives the unaltered texts' PPL on that footing."""
+    store = Store(tmp_path / "runs")
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.95)
+    fake_run(store, "gu-kgw", {}, "slerp", {"t": 0.5}, 0.8)
+    fake_run(store, "gu-kgw", {}, "typo", {"p": 0.1}, 0.9)
+    df = collect.collect(store)
+    by_row = df.set_index("attack_config")
+    assert by_row.loc["", "PPL_retokenized"] != by_row.loc["", "PPL"]  # the unaltered row: both footings stored
+    assert by_row.loc["p=0.1", "PPL_retokenized"] == by_row.loc["p=0.1", "PPL"]  # the edit's: its one PPL
+    model_rows = frames.robustness(df)[("Gu-KGW", "PPL")]  # one footing: the sampled ids'
+    assert model_rows.to_dict() == {(r.category, r.attack, r.attack_config): r.PPL for r in df.itertuples()
+                                    if r.attack_name != "typo"}  # fmt: skip
+    assert frames.ppl_note(df) == ""
+    page = frames.robustness(df, every_row=True)[("Gu-KGW", "PPL")]  # the edit's row too: all re-tokenized
+    assert page.to_dict() == {(r.category, r.attack, r.attack_config): r.PPL_retokenized for r in df.itertuples()}
+    assert "tokenized again" in frames.ppl_note(df, every_row=True)
+    own = frames.own(df, "typo")
+    assert own.loc["Gu-KGW", ("unaltered", "PPL")] == by_row.loc["", "PPL_retokenized"]
+    assert own.loc["Gu-KGW", ("p=0.1", "PPL")] == by_row.loc["p=0.1", "PPL"]
+    assert "unaltered" not in latex.own_tex(own, "caption", "Typos")  # the LaTeX shows the AUCs
