@@ -40,7 +40,15 @@ def cmd_list() -> None:
 def format_cells(cells) -> str:
     import pandas as pd
 
-    from harness.run.metrics import RETOKENIZED
+    from harness.run.metrics import RETOKENIZED, retokenized_ppl
+
+    # A text attack's row measures PPL on its text tokenized again: beside one, every row is shown on that footing.
+    footings = {c.metrics.get("ppl_on") for c in cells}
+    mixed = RETOKENIZED in footings and len(footings) > 1
+
+    def ppl(m: dict) -> str:
+        value = retokenized_ppl(m) if mixed else m["median_ppl"]
+        return "missing" if value is None else f"{value:.2f}"
 
     rows = [
         {
@@ -49,18 +57,17 @@ def format_cells(cells) -> str:
             "AUC 95% CI": "[{:.3f}, {:.3f}]".format(*c.metrics["auc_ci95"]),
             "TPR@1%": f"{c.metrics['tpr@0.01']:.3f}",
             "TPR@5%": f"{c.metrics['tpr@0.05']:.3f}",
-            "median PPL": f"{c.metrics['median_ppl']:.2f}" + ("*" if c.metrics.get("ppl_on") == RETOKENIZED else ""),
+            "median PPL": ppl(c.metrics),
             "texts": f"{c.metrics['n_pos']}+{c.metrics['n_neg']}",
             "run": c.run.key + (" (reused)" if c.reused else ""),
         }
         for c in cells
     ]
     table = pd.DataFrame(rows).to_string(index=False)
-    footings = {c.metrics.get("ppl_on") for c in cells}
-    if RETOKENIZED in footings and len(footings) > 1:
+    if mixed:
         table += (
-            "\n* perplexity of the decoded text tokenized again (a text attack's rewrite), the others of the ids the "
-            "model sampled: the two differ even for the same text, so compare PPL only among rows of one kind"
+            "\nmedian PPL of each row's text tokenized again, as a text attack's rows are measured (the ids a model "
+            "sampled read otherwise, even for the same text); missing: a run scored before that was stored"
         )
     warning = analytic_fpr_warning(cells)
     return table + (f"\n{warning}" if warning else "")
