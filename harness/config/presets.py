@@ -29,9 +29,11 @@ class TrainSettings(Params):
     seq_len: int = Field(gt=1)
     lr: float = Field(gt=0)
     warmup_frac: float = Field(0.1, ge=0, lt=1)
-    betas: tuple[float, float] = (0.9, 0.999)  # --set train.betas=0.9,0.95 (or [0.9, 0.95])
+    betas: tuple[float, float] = (0.9, 0.999)  # --set train.betas=0.9,0.95 (or [0.9, 0.95]); each in [0, 1)
     weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = 1.0
+    # None: no clipping. Positive: torch scales the gradients by max_grad_norm / norm, so a negative one would flip
+    # every gradient (training climbs the loss) and zero would erase them, with no error from torch.
+    max_grad_norm: float | None = Field(1.0, gt=0)
     # Learning-rate schedule after the linear warmup: cosine decay to 0 at ``steps`` (the paper's), or constant.
     schedule: Literal["cosine", "constant"] = "cosine"
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
@@ -51,6 +53,15 @@ class TrainSettings(Params):
     @classmethod
     def _pair(cls, value):
         return [part.strip() for part in value.split(",")] if isinstance(value, str) else value
+
+    @field_validator("betas")
+    @classmethod
+    def _decay_rates(cls, value: tuple[float, float]) -> tuple[float, float]:
+        """AdamW's moment decay rates, each in [0, 1), which torch checks only when the optimiser is made (after the
+        models have loaded, as a traceback)."""
+        if not all(0 <= beta < 1 for beta in value):
+            raise ValueError(f"each of AdamW's betas must be in [0, 1), not {value[0]:g}, {value[1]:g}")
+        return value
 
     @property
     def tokens(self) -> int:
