@@ -110,15 +110,27 @@ class GuKTH(WatermarkMethod):
         return {"prompt_tokens + seq_len": p.prompt_tokens + p.seq_len} if p.seq_len else {}
 
     def validate(self, base_model: str | None = None) -> None:
-        if self.params.vocab_size is None or base_model is None:
+        """The key covers the base model's vocabulary, and its tables (m x V) fit: refused before any work where not
+        (torch would fail to allocate them only once training starts)."""
+        if base_model is None:
             return
         from harness.assets.models import vocab_length
+        from methods.aar import MAX_TABLE_BYTES
+        from methods.kth import KTHKey
 
         found = vocab_length(base_model)
-        if found != self.params.vocab_size:
+        p = self.params
+        if p.vocab_size is not None and found != p.vocab_size:
             raise HarnessError(
-                f"gu-kth key vocab_size={self.params.vocab_size} differs from the base model's vocabulary ({found} "
+                f"{self.name} key vocab_size={p.vocab_size} differs from the base model's vocabulary ({found} "
                 "tokens): a key must cover exactly the model's tokens"
+            )
+        key = KTHKey(vocab_size=found, key_len=p.m, seed=p.seed, num_shifts=p.s)
+        if key.table_bytes() > MAX_TABLE_BYTES:
+            raise HarnessError(
+                f"{self.name}'s key of m={p.m} rows for {found} tokens needs {key.table_bytes() / 2**30:,.0f} GiB to "
+                f"detect with (m x V float32 uniforms and float64 costs); at most {MAX_TABLE_BYTES / 2**30:.0f} GiB: "
+                f"m of at most {MAX_TABLE_BYTES // (12 * found):,} here"
             )
 
     def key(self, tokenizer):
