@@ -159,6 +159,22 @@ class Pipeline:
             spec["data"] = {name: source_spec(src) for name, src in sources.items()}
         return resolved
 
+    @staticmethod
+    def check_other_models(attack, watermarked: Path) -> None:
+        """Refuse a model the attack reads besides its input (a merge's donor) that is the watermarked model itself, by
+        any spelling of its folder or as a copy: known once it is trained (a donor that exists already can be it only
+        then), and before any model is generated from. mergekit refuses a duplicate input only as a traceback, and
+        merges a copy with itself."""
+        if not watermarked.is_dir():
+            return
+        for name, ref in attack.model_refs().items():
+            folder = models.on_disk(ref)
+            if folder is not None and models.same_model(folder, watermarked):
+                raise HarnessError(
+                    f"attack {attack.name}: its {name} '{ref}' is the watermarked model itself ({watermarked}): name "
+                    "another model"
+                )
+
     def attack(self, attack, trained: Stage | Output) -> list[Output]:
         """The attacked model(s): one per entry of ``attack.outputs()``, all from one attack stage. Its input is the
         watermarked model (``trained``: its train stage) or another attack's output (a chain's next link), keyed by
@@ -355,6 +371,7 @@ class Pipeline:
                 self.store.sweep()
             self.prompts  # noqa: B018  (reads and checks the evaluation data before any training)
         trained = self.train(method)
+        self.check_other_models(attack, model_of(trained)[0])
         oracle = {k: self.oracle[k] for k in ("ref", "fingerprint")}
 
         def run_spec(attack_, config_label, generated: Stage, attack_spec: dict | None) -> dict:

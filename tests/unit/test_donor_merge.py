@@ -174,3 +174,56 @@ def test_donors_are_judged_before_any_build(cli, tmp_path, monkeypatch):
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "differs from the base model" in out.stderr and not built("builtin:smollm2-135m")
     assert not built("builtin:tiny-lm") and not list((tmp_path / "runs").rglob("*"))  # nothing stored
+
+
+def test_one_donor_spelt_several_ways_or_copied_is_one_donor(three, tmp_path, monkeypatch):
+    """Donors are told apart by where they resolve to and by content, not by how they are spelt: mergekit would
+    refuse the duplicate input as a traceback, and merge a copy in twice."""
+    import shutil
+
+    _, base, donor = three
+    monkeypatch.chdir(donor.parent)
+    link = tmp_path / "link"
+    link.symlink_to(donor)
+    for spellings in ([str(donor), f"./{donor.name}", f"{donor}/"], [str(donor), str(link)]):
+        with pytest.raises(HarnessError, match=f"merge donors '{str(donor)}' and .* are one model") as err:
+            merge(donors=",".join(spellings)).validate(None)  # (a dry run on a base not built: no base needed)
+        assert "\n" not in str(err.value)
+    copy = shutil.copytree(donor, tmp_path / "copy")
+    with pytest.raises(HarnessError, match="are one model"):
+        merge(donors=f"{donor},{copy}").validate(str(base))
+    merge(donors=f"{donor},{base}").validate(str(base))  # two models, of one architecture and vocabulary
+
+
+def test_the_watermarked_model_is_refused_as_its_own_donor(three, tmp_path):
+    """By its folder spelt any way, or a copy of it: before any model is generated from (``Pipeline.run`` checks it
+    once the watermarked model is trained), where mergekit would fail on duplicate inputs after the generations."""
+    import shutil
+
+    from harness.run.pipeline import Pipeline
+
+    watermarked, _, donor = three
+    for ref in (
+        str(watermarked),
+        f"{watermarked}/../{watermarked.name}",
+        str(shutil.copytree(watermarked, tmp_path / "c")),
+    ):
+        with pytest.raises(HarnessError, match="its donor1 .* is the watermarked model itself") as err:
+            Pipeline.check_other_models(merge(donors=ref), watermarked)
+        assert "\n" not in str(err.value)
+    Pipeline.check_other_models(merge(donors=str(donor)), watermarked)
+    Pipeline.check_other_models(merge(donors=str(donor)), tmp_path / "not-trained-yet")
+
+
+def test_a_folder_donor_of_a_built_in_base_is_judged_on_the_base_built(three, monkeypatch):
+    """The vocabulary check of a folder donor loads the built-in base's tokenizer from its folder: its name is no hub id
+    ("Repo id must use alphanumeric chars")."""
+    from harness.assets import tiny
+    from harness.config.refs import BUILTIN_MODELS, TINY_LM, BuiltinModel
+
+    _, base, donor = three
+    monkeypatch.setattr(tiny, "stand_in", lambda: str(base), raising=False)
+    monkeypatch.setattr(tiny, "stand_in_built", lambda: True, raising=False)
+    built = BuiltinModel("harness.assets.tiny:stand_in", "harness.assets.tiny:stand_in_built", "nothing")
+    monkeypatch.setitem(BUILTIN_MODELS, TINY_LM, built)
+    merge(donors=str(donor)).validate(TINY_LM)
