@@ -176,6 +176,33 @@ BAD_INPUTS = {
     ),
     "huge seed": (["run", "--method", "gu-kgw", "--set", f"train.seed={2**64}"], "train.seed: Input should be less"),
     "huge eval seed": (["run", "--method", "gu-kgw", "--set", f"eval.seed={-(2**63) - 1}"], "eval.seed: Input"),
+    # Numbers past what the tensors and generators they go into hold, or of a sign the library does not check: each
+    # ran (and stored a result that means nothing) or failed late as a traceback.
+    "negative grad norm": (["run", "--method", "gu-kgw", "--set", "train.max_grad_norm=-1"], "max_grad_norm: Input"),
+    "betas past 1": (["run", "--method", "gu-kgw", "--set", "train.betas=0.9,1"], "betas must be in [0, 1)"),
+    "betas below 0": (["run", "--method", "gu-kgw", "--set", "train.betas=[-0.1, 0.9]"], "betas must be in [0, 1)"),
+    "lr past float32": (["run", "--method", "gu-kgw", "--set", "train.lr=1e39"], "train.lr: Value error, 1e+39 is"),
+    "lr below float32": (["run", "--method", "gu-kgw", "--set", "train.lr=1e-40"], "below float32's smallest"),
+    "lora alpha past float32": (
+        ["run", "--method", "gu-kgw", "--attack", "lora", "--attack-arg", "alpha=1e39"],
+        "alpha: Value error, 1e+39 is past float32's range",
+    ),
+    "merge weight past float32": (
+        ["run", "--method", "gu-kgw", "--attack", "merge", "--attack-arg", "weight=3.5e38"],
+        "weight: Value error, 3.5e+38 is past float32's range",
+    ),
+    "kth key too large": (
+        ["run", "--method", "gu-kth", "--method-arg", "m=1000000000"],
+        "gu-kth's key of m=1000000000 rows for 4096 tokens needs 45,776 GiB",
+    ),
+    "kth seed past 64 bits": (
+        ["run", "--method", "kth-decoding", "--method-arg", f"seed={2**64}"],
+        "seed: Value error, 18446744073709551616 does not fit in 64 bits",
+    ),
+    "calibration seed past 64 bits": (
+        ["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", f"seed={-(2**63) - 1}"],
+        "does not fit in 64 bits",
+    ),
     "unknown command": (["fly"], "invalid choice"),
     "escape in a name": (
         ["run", "--method", "gu\x1b]0;owned\x07\nkgw"],
