@@ -72,6 +72,8 @@ class TrainSettings(Params):
 _POSITIVE_INT = TypeAdapter(PositiveInt)
 
 
+# The sampler divides float32 logits by the temperature: any logit below 2^64 in size stays finite at this one.
+MIN_TEMPERATURE = 2.0**-64
 MAX_PROMPTS = 1_000_000  # evaluation prompts (the paper's grid: 5,000); past islice's limit, a count was a traceback
 
 
@@ -81,7 +83,7 @@ class EvalSettings(Params):
     num_prompts: int = Field(gt=1, le=MAX_PROMPTS)
     prompt_tokens: int = Field(gt=0)
     new_tokens: int = Field(gt=2)
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0)  # (at least MIN_TEMPERATURE)
     seed: int = Field(42, ge=-(2**63), le=2**63 - 1)  # (the sampler hashes it as a 64-bit integer)
     # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 256 on a
     # CPU), recorded in the generation's manifest. Draws are per prompt, so the batch does not choose the texts; it
@@ -91,6 +93,16 @@ class EvalSettings(Params):
     # What detectors read: the decoded text tokenized again (as a user submits text; Gu et al. and the paper), or the
     # sampled token ids. Part of the run hash, not of the generation's.
     score_on: Literal["text", "ids"] = "text"
+
+    @field_validator("temperature")
+    @classmethod
+    def _divisor(cls, value: float) -> float:
+        if value < MIN_TEMPERATURE:
+            raise ValueError(
+                f"{value:g} is below 2^-64: the sampler divides float32 logits by it, so the largest would be infinite "
+                "and tie (a draw of the first of them, not the likeliest)"
+            )
+        return value
 
     @field_validator("batch_size", mode="before")
     @classmethod

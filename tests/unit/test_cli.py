@@ -203,6 +203,11 @@ BAD_INPUTS = {
         ["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", f"seed={-(2**63) - 1}"],
         "does not fit in 64 bits",
     ),
+    "temperature below 2^-64": (["run", "--method", "gu-kgw", "--set", "eval.temperature=1e-30"], "below 2^-64"),
+    "pro policy too large": (
+        ["run", "--method", "pro", "--method-arg", "policy_hidden=100000"],
+        "pro's policy M at policy_hidden=100000 (E's 384 inputs, 4096 tokens) needs 305 GiB",
+    ),
     "unknown command": (["fly"], "invalid choice"),
     "escape in a name": (
         ["run", "--method", "gu\x1b]0;owned\x07\nkgw"],
