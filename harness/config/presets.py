@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator, model_validator
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
@@ -62,6 +62,17 @@ class TrainSettings(Params):
         if not all(0 <= beta < 1 for beta in value):
             raise ValueError(f"each of AdamW's betas must be in [0, 1), not {value[0]:g}, {value[1]:g}")
         return value
+
+    @model_validator(mode="after")
+    def _decay_below_one(self) -> TrainSettings:
+        """AdamW multiplies every weight by 1 - lr * weight_decay at each step: at 1 or more that zeroes or flips
+        them, which torch does not check."""
+        if self.lr * self.weight_decay >= 1:
+            raise ValueError(
+                f"lr * weight_decay ({self.lr:g} * {self.weight_decay:g}) must stay below 1: AdamW multiplies every "
+                "weight by 1 - lr * weight_decay at each step"
+            )
+        return self
 
     @property
     def tokens(self) -> int:
