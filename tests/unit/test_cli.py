@@ -203,7 +203,7 @@ BAD_INPUTS = {
         ["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", f"seed={-(2**63) - 1}"],
         "does not fit in 64 bits",
     ),
-    "weight decay past 1 / lr": (["run", "--method", "gu-kgw", "--set", "train.weight_decay=1000"], "lr * weight_decay"),
+    "decay past 1 / lr": (["run", "--method", "gu-kgw", "--set", "train.weight_decay=1000"], "lr * weight_decay"),
     "temperature below 2^-64": (["run", "--method", "gu-kgw", "--set", "eval.temperature=1e-30"], "below 2^-64"),
     "pro policy too large": (
         ["run", "--method", "pro", "--method-arg", "policy_hidden=100000"],
