@@ -97,14 +97,18 @@ class Pipeline:
         return {"tokenizer": tokenizer, "shares": shares}
 
     # --- stages ---------------------------------------------------------------------------------------------
-    def train(self, method) -> Stage:
+    def train_stage(self, method) -> tuple[Stage, dict[str, str]]:
+        """The train stage of ``method`` (built or not) and the method's other models resolved to folders."""
         spec = {
             **training_settings(self.preset, method),
             "base_model": {k: self.base[k] for k in ("ref", "fingerprint")},
             "train_data": source_spec(self.preset.train_data),
         }
         extra = self.refs(method, spec)
-        stage = self.store.stage(kinds.TRAIN, spec)
+        return self.store.stage(kinds.TRAIN, spec), extra
+
+    def train(self, method) -> Stage:
+        stage, extra = self.train_stage(method)
 
         def build(out: Path) -> dict:
             texts = data.iter_texts(self.preset.train_data)

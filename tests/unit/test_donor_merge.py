@@ -215,6 +215,28 @@ def test_the_watermarked_model_is_refused_as_its_own_donor(three, tmp_path):
     Pipeline.check_other_models(merge(donors=str(donor)), tmp_path / "not-trained-yet")
 
 
+def test_a_grid_refuses_a_stored_watermarked_model_as_a_donor_before_any_cell(three, small_preset, tmp_path):
+    """What a grid checks first (``jobs.check_cells`` with its store): the watermarked model a cell trains, stored
+    already, named as that cell's donor."""
+    import shutil
+
+    from harness.config.registry import methods
+    from harness.run.jobs import check_own_models
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
+
+    _, base, donor = three
+    preset = small_preset(tmp_path, base)
+    method = methods.build("gu-kgw", {}, preset)
+    stage, _ = Pipeline(preset, Store(tmp_path / "runs"), plan=True).train_stage(method)
+    stored = shutil.copytree(donor, stage.path / "model")  # (as a finished training leaves it)
+    with pytest.raises(HarnessError, match="is the watermarked model itself"):
+        check_own_models(preset, method, merge(donors=str(stored)), tmp_path / "runs")
+    check_own_models(
+        preset, methods.build("gu-kgw", {"delta": 1}, preset), merge(donors=str(stored)), tmp_path / "runs"
+    )
+
+
 def test_a_folder_donor_of_a_built_in_base_is_judged_on_the_base_built(three, monkeypatch):
     """The vocabulary check of a folder donor loads the built-in base's tokenizer from its folder: its name is no hub id
     ("Repo id must use alphanumeric chars")."""
