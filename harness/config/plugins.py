@@ -103,12 +103,10 @@ def machine_number(value: int | float) -> int | float:
 
 def float32_scale(value: float) -> float:
     """A standard deviation of noise drawn in float32 (a key's, an attack's), for a field validator: refused where the
-    noise would overflow float32 weights or logits (at 16 standard deviations, past any draw) or be all zeros (below
-    float32's smallest normal number), either of which would run and store a result that means nothing."""
+    noise would overflow float32 weights or logits (at 16 standard deviations, past any draw), which the check of
+    every number (``machine_number``: within float32's range, not below its smallest normal number) leaves open."""
     if value * 16 > FLOAT32_MAX:
         raise ValueError(f"{value:g} is too large: the noise would overflow float32")
-    if 0 < value < FLOAT32_TINY:
-        raise ValueError(f"{value:g} is too small: the noise would be zero in float32")
     return value
 
 
