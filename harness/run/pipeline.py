@@ -166,9 +166,9 @@ class Pipeline:
     @staticmethod
     def check_other_models(attack, watermarked: Path) -> None:
         """Refuse a model the attack reads besides its input (a merge's donor) that is the watermarked model itself, by
-        any spelling of its folder or as a copy: known once it is trained (a donor that exists already can be it only
-        then), and before any model is generated from. mergekit refuses a duplicate input only as a traceback, and
-        merges a copy with itself."""
+        any spelling of its folder or as a copy: possible only once it is stored (a donor exists already), and checked
+        before any stage is built. mergekit refuses a duplicate input only as a traceback, and merges a copy with
+        itself."""
         if not watermarked.is_dir():
             return
         for name, ref in attack.model_refs().items():
@@ -374,8 +374,8 @@ class Pipeline:
             if distributed.is_main():
                 self.store.sweep()
             self.prompts  # noqa: B018  (reads and checks the evaluation data before any training)
+        self.check_other_models(attack, model_of(self.train_stage(method)[0])[0])  # (before even a reuse is logged)
         trained = self.train(method)
-        self.check_other_models(attack, model_of(trained)[0])
         oracle = {k: self.oracle[k] for k in ("ref", "fingerprint")}
 
         def run_spec(attack_, config_label, generated: Stage, attack_spec: dict | None) -> dict:

@@ -215,6 +215,30 @@ def test_the_watermarked_model_is_refused_as_its_own_donor(three, tmp_path):
     Pipeline.check_other_models(merge(donors=str(donor)), tmp_path / "not-trained-yet")
 
 
+def test_harness_run_refuses_the_watermarked_model_as_its_own_donor_in_one_line(cli, three, small_preset, tmp_path):
+    """Its stored folder spelt another way, or a copy of it: one line and exit 2 for the run and its dry run, before
+    any stage is built or reused (no generation is added to the store)."""
+    import shutil
+
+    _, base, _ = three
+    corpus = small_preset(tmp_path, base).train_data.path  # (the little corpus it writes)
+    sets = {"train_data.path": corpus, "eval_data.path": corpus, "train.steps": 2, "train.batch_size": 2,
+            "train.seq_len": 16, "eval.num_prompts": 4, "eval.prompt_tokens": 4, "eval.new_tokens": 4,
+            "eval.batch_size": 4}  # fmt: skip
+    common = ["run", "--method", "gu-kgw", "--base-model", str(base), "--oracle-model", str(base), "--device", "cpu",
+              "--results", str(tmp_path / "runs")]  # fmt: skip
+    common += [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
+    assert cli(*common).returncode == 0
+    (trained,) = (tmp_path / "runs" / "stages" / "train").glob("*/model")
+    generated = sorted((tmp_path / "runs" / "stages" / "generate").iterdir())
+    for donor in (f"{trained}/../model/", shutil.copytree(trained, tmp_path / "copy")):
+        for dry in ([], ["--dry-run"]):
+            out = cli(*common, "--attack", "merge", "--attack-arg", f"donors={donor}", *dry)
+            assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+            assert "its donor1" in out.stderr and "is the watermarked model itself" in out.stderr, out.stderr
+    assert sorted((tmp_path / "runs" / "stages" / "generate").iterdir()) == generated
+
+
 def test_a_grid_refuses_a_stored_watermarked_model_as_a_donor_before_any_cell(three, small_preset, tmp_path):
     """What a grid checks first (``jobs.check_cells`` with its store): the watermarked model a cell trains, stored
     already, named as that cell's donor."""
