@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
+from harness.config.presets import MAX_PROMPTS
 from methods.base import (
     DetectContext,
     Detector,
@@ -40,7 +41,8 @@ class GuKTHParams(Params):
     generate_batch: int = Field(64, gt=0)  # teacher texts per generate call (greedy, equal-length prompts)
     statistic: Literal["levenshtein", "min-offset"] = "levenshtein"  # Gu et al.'s detector is the alignment one
     gamma: float = Field(0.0, ge=0)  # insertion/deletion cost of the alignment (Gu et al.: 0)
-    reference_texts: int = Field(10_000, gt=0)  # Gu et al.: 10,000 human texts
+    # Gu et al.: 10,000 human texts; at most as many as evaluation prompts (4x as many documents are read for them).
+    reference_texts: int = Field(10_000, gt=0, le=MAX_PROMPTS)
 
     @model_validator(mode="after")
     def _shifts_fit_the_key(self) -> GuKTHParams:

@@ -204,6 +204,10 @@ BAD_INPUTS = {
         "does not fit in 64 bits",
     ),
     "decay past 1 / lr": (["run", "--method", "gu-kgw", "--set", "train.weight_decay=1000"], "lr * weight_decay"),
+    "kth reference texts": (
+        ["run", "--method", "gu-kth", "--method-arg", f"reference_texts={2**62}"],
+        "reference_texts: Input should be less than or equal to 1000000",
+    ),
     "temperature below 2^-64": (["run", "--method", "gu-kgw", "--set", "eval.temperature=1e-30"], "below 2^-64"),
     "pro policy too large": (
         ["run", "--method", "pro", "--method-arg", "policy_hidden=100000"],
