@@ -34,6 +34,22 @@ class Link(Params):
 class ChainParams(Params):
     links: tuple[Link, ...]
 
+    @field_validator("links", mode="before")
+    @classmethod
+    def _mappings(cls, links):
+        """Each link a mapping whose settings are a mapping: said by link number (pydantic would name a type)."""
+        if not isinstance(links, list | tuple):
+            raise ValueError(f"links must be a list of {{attack: A, settings: {{...}}}}, not {links!r:.60}")
+        for number, link in enumerate(links, 1):
+            if isinstance(link, Link):
+                continue
+            if not isinstance(link, dict):
+                raise ValueError(f"link {number} must be a mapping {{attack: A, settings: {{...}}}}, not {link!r:.60}")
+            settings = link.get("settings")
+            if settings is not None and not isinstance(settings, dict):
+                raise ValueError(f"link {number}: its settings must be a mapping like {{t: 0.5}}, not {settings!r:.60}")
+        return links
+
     @field_validator("links")
     @classmethod
     def _links_follow(cls, links: tuple[Link, ...]) -> tuple[Link, ...]:
@@ -103,9 +119,9 @@ class Chain(Attack):
             return settings
         resolved = []
         for link in links:
-            if isinstance(link, dict) and isinstance(link.get("attack"), str):
-                own = link.get("settings") or {}
-                link = {**link, "settings": {**preset.attacks.get(link["attack"], {}), **own}}
+            own = link.get("settings") if isinstance(link, dict) else None
+            if isinstance(link, dict) and isinstance(link.get("attack"), str) and isinstance(own, dict | None):
+                link = {**link, "settings": {**preset.attacks.get(link["attack"], {}), **(own or {})}}
             resolved.append(link)
         return {**settings, "links": resolved}
 

@@ -117,12 +117,24 @@ class DonorMerge(ModelAttack):
         return {f"donor{i + 1}": ref for i, ref in enumerate(self.params.donors)}
 
     def validate(self, base_model: str | None = None) -> None:
-        """Each donor has the base's architecture and vocabulary, judged from configs (and tokenizers where both are
-        on this machine) before any work; a built-in donor is a fine-tune of a named base, which must be this one."""
-        if base_model is None:
-            return
+        """Each donor is another model (one folder spelt two ways, or a copy of it, is one donor), with the base's
+        architecture and vocabulary, judged from configs (and tokenizers where both are on this machine) before any
+        work; a built-in donor is a fine-tune of a named base, which must be this one."""
         from harness.assets import donors, models
 
+        found: dict[Path, str] = {}
+        for ref in self.params.donors:
+            folder = models.on_disk(ref)
+            twin = next((r for f, r in found.items() if folder is not None and models.same_model(folder, f)), None)
+            if twin is not None:
+                raise HarnessError(
+                    f"merge donors '{twin}' and '{ref}' are one model ({folder}): name each donor once (mergekit "
+                    "would refuse the duplicate input, or weigh it twice)"
+                )
+            if folder is not None:
+                found[folder] = ref
+        if base_model is None:
+            return
         for ref in self.params.donors:
             if ref in donors.DONORS:
                 if donors.DONORS[ref].base != base_model:
@@ -190,7 +202,9 @@ def same_vocabulary(base: str, donor: str, name: str | None = None) -> None:
     with other tokens' rows)."""
     from harness.assets import models
 
-    ours, theirs = models.load_tokenizer(base).get_vocab(), models.load_tokenizer(donor).get_vocab()
+    # (references resolved first: a built-in's name is no hub id)
+    ours = models.load_tokenizer(models.resolve(base)).get_vocab()
+    theirs = models.load_tokenizer(models.resolve(donor)).get_vocab()
     if ours != theirs:
         differ = sum(1 for token, i in theirs.items() if ours.get(token) != i) + max(0, len(ours) - len(theirs))
         raise HarnessError(

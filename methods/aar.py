@@ -21,7 +21,8 @@ from transformers import LogitsProcessor
 
 EPS = 1e-20  # Gu et al.'s clamp
 DEFAULT_SEED = 42  # Gu et al.'s key seed, published
-# The key table is V * k x V float32, built whole as theirs is: refused past this (LLaMA-3's 128k tokens at k=1: 64 GB).
+# The key table is V * k x V float32, built whole as theirs is: refused past this (LLaMA-3's 128k tokens at k=1: 64 GB);
+# KTH's key tables (methods/kth.py) are held to it too.
 MAX_TABLE_BYTES = 8 << 30
 
 

@@ -32,7 +32,7 @@ class GuKGWParams(Params):
         if isinstance(values, dict) and values.get("teacher_drop_special") is None:
             try:
                 k = int(values.get("k", 1))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # (k: .inf in a grid)
                 return values  # the field check reports the bad k by name
             values = {**values, "teacher_drop_special": k == 1}
         return values

@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
+from harness.config.presets import MAX_PROMPTS
 from methods.base import (
     DetectContext,
     Detector,
@@ -41,7 +42,8 @@ class GuKTHParams(Params):
     generate_batch: int = Field(64, gt=0)  # teacher texts per generate call (greedy, equal-length prompts)
     statistic: Literal["levenshtein", "min-offset"] = "levenshtein"  # Gu et al.'s detector is the alignment one
     gamma: float = Field(0.0, ge=0)  # insertion/deletion cost of the alignment (Gu et al.: 0)
-    reference_texts: int = Field(10_000, gt=0)  # Gu et al.: 10,000 human texts
+    # Gu et al.: 10,000 human texts; at most as many as evaluation prompts (4x as many documents are read for them).
+    reference_texts: int = Field(10_000, gt=0, le=MAX_PROMPTS)
 
     @model_validator(mode="after")
     def _shifts_fit_the_key(self) -> GuKTHParams:
@@ -111,15 +113,27 @@ class GuKTH(WatermarkMethod):
         return {"prompt_tokens + seq_len": p.prompt_tokens + p.seq_len} if p.seq_len else {}
 
     def validate(self, base_model: str | None = None) -> None:
-        if self.params.vocab_size is None or base_model is None:
+        """The key covers the base model's vocabulary, and its tables (m x V) fit: refused before any work where not
+        (torch would fail to allocate them only once training starts)."""
+        if base_model is None:
             return
         from harness.assets.models import vocab_length
+        from methods.aar import MAX_TABLE_BYTES
+        from methods.kth import KTHKey
 
         found = vocab_length(base_model)
-        if found != self.params.vocab_size:
+        p = self.params
+        if p.vocab_size is not None and found != p.vocab_size:
             raise HarnessError(
-                f"gu-kth key vocab_size={self.params.vocab_size} differs from the base model's vocabulary ({found} "
+                f"{self.name} key vocab_size={p.vocab_size} differs from the base model's vocabulary ({found} "
                 "tokens): a key must cover exactly the model's tokens"
+            )
+        key = KTHKey(vocab_size=found, key_len=p.m, seed=p.seed, num_shifts=p.s)
+        if key.table_bytes() > MAX_TABLE_BYTES:
+            raise HarnessError(
+                f"{self.name}'s key of m={p.m} rows for {found} tokens needs {key.table_bytes() / 2**30:,.0f} GiB to "
+                f"detect with (m x V float32 uniforms and float64 costs); at most {MAX_TABLE_BYTES / 2**30:.0f} GiB: "
+                f"m of at most {MAX_TABLE_BYTES // (12 * found):,} here"
             )
 
     def key(self, tokenizer):

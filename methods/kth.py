@@ -67,6 +67,11 @@ class KTHKey:
     def to_dict(self) -> dict:
         return {"scheme": "kth", **asdict(self)}
 
+    def table_bytes(self) -> int:
+        """What the detector holds for this key at once: its uniforms, float32, and their cost table, float64 (12 m V
+        bytes; the generator's Gumbel noise, float32, is less)."""
+        return 12 * self.key_len * self.vocab_size
+
     @classmethod
     def from_dict(cls, data: dict) -> KTHKey:
         return cls(**{k: v for k, v in data.items() if k != "scheme"})
@@ -291,10 +296,9 @@ def null_key(key: KTHKey, index: int) -> KTHKey:
 
 def null_workers(key: KTHKey, memory: int = 2 << 30) -> int:
     """Threads for the null keys of ``permutation_p``: the cores this process may use, at most 8, and as many as the
-    keys' transient arrays fit in ``memory`` (each key's uniforms, float32, and cost table, float64: 12 m V bytes,
-    394 MB at LLaMA-3's vocabulary)."""
+    keys' transient arrays fit in ``memory`` (``KTHKey.table_bytes``: 394 MB at LLaMA-3's vocabulary)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores, 8, memory // (12 * key.key_len * key.vocab_size)))
+    return max(1, min(cores, 8, memory // key.table_bytes()))
 
 
 def permutation_p(

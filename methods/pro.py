@@ -170,6 +170,31 @@ class PRO(WatermarkMethod):
             raise HarnessError(f"PRO embedding_model '{ref}' cannot serve as the sentence encoder E: {reason}")
         if Path(folder).is_dir():
             pooling_of(folder)  # a sentence-transformers pooling PRO does not implement is a one-line error here
+        if base_model is not None and Path(folder).is_dir():
+            self._check_policy_size(folder, base_model)
+
+    def _check_policy_size(self, encoder: str, base_model: str) -> None:
+        """M's training state fits (float32 weights, gradients and Adam's two moments: 16 bytes a parameter), judged
+        from E's width and the base model's vocabulary before any work: torch would fail to allocate it once training
+        began."""
+        from transformers import AutoConfig
+
+        from harness.assets.models import vocab_length
+        from methods.aar import MAX_TABLE_BYTES
+        from methods.pro_policy import policy_parameters
+
+        d_in, vocab, hidden = (
+            AutoConfig.from_pretrained(encoder).hidden_size,
+            vocab_length(base_model),
+            self.params.policy_hidden,
+        )
+        size = 16 * policy_parameters(d_in, vocab, hidden)
+        if size > MAX_TABLE_BYTES:
+            raise HarnessError(
+                f"pro's policy M at policy_hidden={hidden} (E's {d_in} inputs, {vocab} tokens) needs "
+                f"{size / 2**30:,.0f} GiB to train (weights, gradients and Adam's moments, float32); at most "
+                f"{MAX_TABLE_BYTES / 2**30:.0f} GiB"
+            )
 
     def config_label(self) -> str:
         # alpha and beta always: presets scale alpha, so "the default" differs between presets.

@@ -21,6 +21,8 @@ from functools import cache
 from harness.assets.encoder import Embedder
 from harness.compute import distributed
 
+BLOCKS = 2  # M's residual blocks
+
 
 @cache
 def _policy_class():
@@ -31,7 +33,7 @@ def _policy_class():
         """M: Linear(d_in -> hidden), two ReLU residual blocks, Linear(hidden -> vocab), tanh (paper: hidden 500).
         Residual block form (the paper does not give one): ``h + ReLU(Linear(h))``, the plainest residual MLP."""
 
-        def __init__(self, d_in: int, vocab: int, hidden: int = 500, blocks: int = 2):
+        def __init__(self, d_in: int, vocab: int, hidden: int = 500, blocks: int = BLOCKS):
             super().__init__()
             self.sizes = {"d_in": d_in, "vocab": vocab, "hidden": hidden, "blocks": blocks}
             self.inp = nn.Linear(d_in, hidden)
@@ -57,9 +59,14 @@ def _policy_class():
     return PolicyMLP
 
 
-def PolicyMLP(d_in: int, vocab: int, hidden: int = 500, blocks: int = 2):  # noqa: N802 (a class, built lazily)
+def PolicyMLP(d_in: int, vocab: int, hidden: int = 500, blocks: int = BLOCKS):  # noqa: N802 (a class, built lazily)
     """The mapping model M (see ``_policy_class``); ``vocab`` = the student's logits width, so logits add as is."""
     return _policy_class()(d_in, vocab, hidden, blocks)
+
+
+def policy_parameters(d_in: int, vocab: int, hidden: int, blocks: int = BLOCKS) -> int:
+    """How many parameters ``PolicyMLP(d_in, vocab, hidden, blocks)`` has (weights and biases), building nothing."""
+    return (d_in + 1) * hidden + blocks * (hidden + 1) * hidden + (hidden + 1) * vocab
 
 
 def norm_loss(m, eps: float, lambda_1: float, reduction: str = "mean"):

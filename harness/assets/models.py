@@ -349,6 +349,33 @@ def config_errors() -> tuple[type[Exception], ...]:
     return (OSError, ValueError, RecursionError, StrictDataclassError)
 
 
+def on_disk(ref: str) -> Path | None:
+    """Where the model ``ref`` is on this machine, resolved (symlinks, ``..``, ``~``), building and converting
+    nothing: a local folder or GGUF file, a package's folder, a built-in once built; None for a hub id and a built-in
+    not built yet. What two references are compared by: one folder may be spelt many ways."""
+    if ref.startswith("builtin:"):
+        return Path(resolve(ref)).resolve() if ref in BUILTIN_MODELS and built(ref) else None
+    if ref.startswith("package:"):
+        return Path(resolve(ref)).resolve()
+    path = Path(ref).expanduser()
+    return path.resolve() if path.exists() else None
+
+
+def _listing(folder: Path) -> list[tuple[str, int]]:
+    return sorted((f.name, f.stat().st_size) for f in folder.iterdir() if f.is_file() and
+                  any(fnmatch(f.name, p) for p in MODEL_FILES))  # fmt: skip
+
+
+def same_model(a: Path, b: Path) -> bool:
+    """Whether the folders (or files) ``a`` and ``b`` hold one model: the same place, or copies (the same defining
+    files, of the same sizes and content: the content is hashed only when names and sizes all agree)."""
+    if a.resolve() == b.resolve():
+        return True
+    if not (a.is_dir() and b.is_dir()) or _listing(a) != _listing(b):
+        return False
+    return fingerprint(str(a)) == fingerprint(str(b))
+
+
 def _load_error(path_or_id: str, err: Exception) -> HarnessError:
     return HarnessError(f"cannot load model '{path_or_id}': {weights.load_problem(err)}")
 

@@ -235,7 +235,7 @@ def cmd_grid(args) -> int:
     if args.group:
         part = f" (groups {', '.join(args.group)}){part}"
     if args.dry_run:
-        jobs.check_cells(cells, build=False)  # what the grid checks first (a missing model is one line here too)
+        jobs.check_cells(cells, build=False, results=args.results)  # what the grid checks first (one line here too)
         print(f"{args.spec}: {len(cells)} cells{part}, {len({c.training for c in cells})} trained models")
         planned = []
         for k, entry in enumerate(jobs.dry_run(cells, args.results, args.device), 1):

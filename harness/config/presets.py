@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator, model_validator
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
@@ -29,9 +29,11 @@ class TrainSettings(Params):
     seq_len: int = Field(gt=1)
     lr: float = Field(gt=0)
     warmup_frac: float = Field(0.1, ge=0, lt=1)
-    betas: tuple[float, float] = (0.9, 0.999)  # --set train.betas=0.9,0.95 (or [0.9, 0.95])
+    betas: tuple[float, float] = (0.9, 0.999)  # --set train.betas=0.9,0.95 (or [0.9, 0.95]); each in [0, 1)
     weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = 1.0
+    # None: no clipping. Positive: torch scales the gradients by max_grad_norm / norm, so a negative one would flip
+    # every gradient (training climbs the loss) and zero would erase them, with no error from torch.
+    max_grad_norm: float | None = Field(1.0, gt=0)
     # Learning-rate schedule after the linear warmup: cosine decay to 0 at ``steps`` (the paper's), or constant.
     schedule: Literal["cosine", "constant"] = "cosine"
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
@@ -52,6 +54,26 @@ class TrainSettings(Params):
     def _pair(cls, value):
         return [part.strip() for part in value.split(",")] if isinstance(value, str) else value
 
+    @field_validator("betas")
+    @classmethod
+    def _decay_rates(cls, value: tuple[float, float]) -> tuple[float, float]:
+        """AdamW's moment decay rates, each in [0, 1), which torch checks only when the optimiser is made (after the
+        models have loaded, as a traceback)."""
+        if not all(0 <= beta < 1 for beta in value):
+            raise ValueError(f"each of AdamW's betas must be in [0, 1), not {value[0]:g}, {value[1]:g}")
+        return value
+
+    @model_validator(mode="after")
+    def _decay_below_one(self) -> TrainSettings:
+        """AdamW multiplies every weight by 1 - lr * weight_decay at each step: at 1 or more that zeroes or flips
+        them, which torch does not check."""
+        if self.lr * self.weight_decay >= 1:
+            raise ValueError(
+                f"lr * weight_decay ({self.lr:g} * {self.weight_decay:g}) must stay below 1: AdamW multiplies every "
+                "weight by 1 - lr * weight_decay at each step"
+            )
+        return self
+
     @property
     def tokens(self) -> int:
         """Training tokens one pass of ``steps`` batches consumes."""
@@ -61,6 +83,8 @@ class TrainSettings(Params):
 _POSITIVE_INT = TypeAdapter(PositiveInt)
 
 
+# The sampler divides float32 logits by the temperature: any logit below 2^64 in size stays finite at this one.
+MIN_TEMPERATURE = 2.0**-64
 MAX_PROMPTS = 1_000_000  # evaluation prompts (the paper's grid: 5,000); past islice's limit, a count was a traceback
 
 
@@ -70,7 +94,7 @@ class EvalSettings(Params):
     num_prompts: int = Field(gt=1, le=MAX_PROMPTS)
     prompt_tokens: int = Field(gt=0)
     new_tokens: int = Field(gt=2)
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0)  # (at least MIN_TEMPERATURE)
     seed: int = Field(42, ge=-(2**63), le=2**63 - 1)  # (the sampler hashes it as a 64-bit integer)
     # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 256 on a
     # CPU), recorded in the generation's manifest. Draws are per prompt, so the batch does not choose the texts; it
@@ -80,6 +104,16 @@ class EvalSettings(Params):
     # What detectors read: the decoded text tokenized again (as a user submits text; Gu et al. and the paper), or the
     # sampled token ids. Part of the run hash, not of the generation's.
     score_on: Literal["text", "ids"] = "text"
+
+    @field_validator("temperature")
+    @classmethod
+    def _divisor(cls, value: float) -> float:
+        if value < MIN_TEMPERATURE:
+            raise ValueError(
+                f"{value:g} is below 2^-64: the sampler divides float32 logits by it, so the largest would be infinite "
+                "and tie (a draw of the first of them, not the likeliest)"
+            )
+        return value
 
     @field_validator("batch_size", mode="before")
     @classmethod

@@ -211,7 +211,7 @@ def run(
     cells = list(grid.cells) if shard_of is None else shard(grid.cells, *shard_of)
     folder = jobs_dir or results / "jobs"
     executor = make_executor(executor_kind, folder, resources or Resources())
-    check_cells(cells)  # before any cell runs: a missing model or dataset fails the grid in seconds
+    check_cells(cells, results=results)  # before any cell runs: a missing model or dataset fails the grid in seconds
     Store(results).check_writable()
     Store(results).sweep()
     jobs = Submitted(executor, folder) if executor is not None else None

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from harness.config import presets
 from harness.config.errors import HarnessError
@@ -50,7 +50,7 @@ class Group(_Strict):
 class GridSpec(_Strict):
     preset: str
     overrides: dict[str, Any] = {}
-    seeds: list[int] | None = Field(None, min_length=1)
+    seeds: list[StrictInt] | None = Field(None, min_length=1)  # (strict: true is no seed; the range is train.seed's)
     groups: dict[str, Group] = Field(min_length=1)
     attribution: str | None = None
 
@@ -259,6 +259,11 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
     seeds = spec.seeds or [base.train.seed]
     if len(set(seeds)) != len(seeds):
         raise HarnessError(f"{at('seeds')}: a seed is listed twice")
+    for seed in seeds:  # each checked as train.seed, as --set train.seed=... would be
+        try:
+            presets.apply_overrides(base, {"train.seed": str(seed)})
+        except HarnessError as err:
+            raise HarnessError(f"{at('seeds')}: {err}") from None
     cells: dict[Cell, None] = {}
     by_group: dict[str, list[Cell]] = {}
     for group_name, group in spec.groups.items():

@@ -12,9 +12,10 @@ from pathlib import Path
 from harness.run.grid import Cell
 
 
-def check_cells(cells: list[Cell], build: bool = True) -> None:
+def check_cells(cells: list[Cell], build: bool = True, results: Path | None = None) -> None:
     """The inputs of every cell (models, data, plugins' own checks), once per distinct preset and plugin;
-    ``build=False``: building no built-in model (``checks.check_inputs``)."""
+    ``build=False``: building no built-in model (``checks.check_inputs``). With the ``results`` store: no attack reads
+    a cell's watermarked model, stored there, as a model of its own (``Pipeline.check_other_models``)."""
     from harness.config.errors import HarnessError
     from harness.run.checks import check_inputs
 
@@ -26,9 +27,24 @@ def check_cells(cells: list[Cell], build: bool = True) -> None:
             seen.add(key)
             try:
                 check_inputs(cell.preset, (m, a), build)
+                if results is not None:
+                    check_own_models(cell.preset, m, a, results)
             except HarnessError as err:  # say which cell of the spec, so the user knows what to fix
                 where = f"{cell.where} ({cell.name()})" if cell.where else cell.name()
                 raise HarnessError(f"{where}: {err}") from None
+
+
+def check_own_models(preset, method, attack, results: Path) -> None:
+    """Refuse an attack whose other models (a merge's donors) include the watermarked model of ``method``, as the
+    run would once it reached the attack: a stored one can be named as a donor, an untrained one not (no folder
+    exists), and where the base is not built, nothing is trained from it yet."""
+    from harness.assets import models
+    from harness.run.pipeline import Pipeline, model_of
+    from harness.store.stages import Store
+
+    if attack.model_refs() and models.built(preset.base_model):
+        stage, _ = Pipeline(preset, Store(results), plan=True).train_stage(method)
+        Pipeline.check_other_models(attack, model_of(stage)[0])
 
 
 def unbuilt(cell: Cell) -> list[str]:

@@ -97,14 +97,18 @@ class Pipeline:
         return {"tokenizer": tokenizer, "shares": shares}
 
     # --- stages ---------------------------------------------------------------------------------------------
-    def train(self, method) -> Stage:
+    def train_stage(self, method) -> tuple[Stage, dict[str, str]]:
+        """The train stage of ``method`` (built or not) and the method's other models resolved to folders."""
         spec = {
             **training_settings(self.preset, method),
             "base_model": {k: self.base[k] for k in ("ref", "fingerprint")},
             "train_data": source_spec(self.preset.train_data),
         }
         extra = self.refs(method, spec)
-        stage = self.store.stage(kinds.TRAIN, spec)
+        return self.store.stage(kinds.TRAIN, spec), extra
+
+    def train(self, method) -> Stage:
+        stage, extra = self.train_stage(method)
 
         def build(out: Path) -> dict:
             texts = data.iter_texts(self.preset.train_data)
@@ -158,6 +162,22 @@ class Pipeline:
         if sources:
             spec["data"] = {name: source_spec(src) for name, src in sources.items()}
         return resolved
+
+    @staticmethod
+    def check_other_models(attack, watermarked: Path) -> None:
+        """Refuse a model the attack reads besides its input (a merge's donor) that is the watermarked model itself, by
+        any spelling of its folder or as a copy: possible only once it is stored (a donor exists already), and checked
+        before any stage is built. mergekit refuses a duplicate input only as a traceback, and merges a copy with
+        itself."""
+        if not watermarked.is_dir():
+            return
+        for name, ref in attack.model_refs().items():
+            folder = models.on_disk(ref)
+            if folder is not None and models.same_model(folder, watermarked):
+                raise HarnessError(
+                    f"attack {attack.name}: its {name} '{ref}' is the watermarked model itself ({watermarked}): name "
+                    "another model"
+                )
 
     def attack(self, attack, trained: Stage | Output) -> list[Output]:
         """The attacked model(s): one per entry of ``attack.outputs()``, all from one attack stage. Its input is the
@@ -356,6 +376,7 @@ class Pipeline:
             if distributed.is_main():
                 self.store.sweep()
             self.prompts  # noqa: B018  (reads and checks the evaluation data before any training)
+        self.check_other_models(attack, model_of(self.train_stage(method)[0])[0])  # (before even a reuse is logged)
         trained = self.train(method)
         oracle = {k: self.oracle[k] for k in ("ref", "fingerprint")}
 

@@ -176,6 +176,43 @@ BAD_INPUTS = {
     ),
     "huge seed": (["run", "--method", "gu-kgw", "--set", f"train.seed={2**64}"], "train.seed: Input should be less"),
     "huge eval seed": (["run", "--method", "gu-kgw", "--set", f"eval.seed={-(2**63) - 1}"], "eval.seed: Input"),
+    # Numbers past what the tensors and generators they go into hold, or of a sign the library does not check: each
+    # ran (and stored a result that means nothing) or failed late as a traceback.
+    "negative grad norm": (["run", "--method", "gu-kgw", "--set", "train.max_grad_norm=-1"], "max_grad_norm: Input"),
+    "betas past 1": (["run", "--method", "gu-kgw", "--set", "train.betas=0.9,1"], "betas must be in [0, 1)"),
+    "betas below 0": (["run", "--method", "gu-kgw", "--set", "train.betas=[-0.1, 0.9]"], "betas must be in [0, 1)"),
+    "lr past float32": (["run", "--method", "gu-kgw", "--set", "train.lr=1e39"], "train.lr: Value error, 1e+39 is"),
+    "lr below float32": (["run", "--method", "gu-kgw", "--set", "train.lr=1e-40"], "below float32's smallest"),
+    "lora alpha past float32": (
+        ["run", "--method", "gu-kgw", "--attack", "lora", "--attack-arg", "alpha=1e39"],
+        "alpha: Value error, 1e+39 is past float32's range",
+    ),
+    "merge weight past float32": (
+        ["run", "--method", "gu-kgw", "--attack", "merge", "--attack-arg", "weight=3.5e38"],
+        "weight: Value error, 3.5e+38 is past float32's range",
+    ),
+    "kth key too large": (
+        ["run", "--method", "gu-kth", "--method-arg", "m=1000000000"],
+        "gu-kth's key of m=1000000000 rows for 4096 tokens needs 45,776 GiB",
+    ),
+    "kth seed past 64 bits": (
+        ["run", "--method", "kth-decoding", "--method-arg", f"seed={2**64}"],
+        "seed: Value error, 18446744073709551616 does not fit in 64 bits",
+    ),
+    "calibration seed past 64 bits": (
+        ["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", f"seed={-(2**63) - 1}"],
+        "does not fit in 64 bits",
+    ),
+    "decay past 1 / lr": (["run", "--method", "gu-kgw", "--set", "train.weight_decay=1000"], "lr * weight_decay"),
+    "kth reference texts": (
+        ["run", "--method", "gu-kth", "--method-arg", f"reference_texts={2**62}"],
+        "reference_texts: Input should be less than or equal to 1000000",
+    ),
+    "temperature below 2^-64": (["run", "--method", "gu-kgw", "--set", "eval.temperature=1e-30"], "below 2^-64"),
+    "pro policy too large": (
+        ["run", "--method", "pro", "--method-arg", "policy_hidden=100000"],
+        "pro's policy M at policy_hidden=100000 (E's 384 inputs, 4096 tokens) needs 305 GiB",
+    ),
     "unknown command": (["fly"], "invalid choice"),
     "escape in a name": (
         ["run", "--method", "gu\x1b]0;owned\x07\nkgw"],

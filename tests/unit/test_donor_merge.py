@@ -174,3 +174,102 @@ def test_donors_are_judged_before_any_build(cli, tmp_path, monkeypatch):
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "differs from the base model" in out.stderr and not built("builtin:smollm2-135m")
     assert not built("builtin:tiny-lm") and not list((tmp_path / "runs").rglob("*"))  # nothing stored
+
+
+def test_one_donor_spelt_several_ways_or_copied_is_one_donor(three, tmp_path, monkeypatch):
+    """Donors are told apart by where they resolve to and by content, not by how they are spelt: mergekit would
+    refuse the duplicate input as a traceback, and merge a copy in twice."""
+    import shutil
+
+    _, base, donor = three
+    monkeypatch.chdir(donor.parent)
+    link = tmp_path / "link"
+    link.symlink_to(donor)
+    for spellings in ([str(donor), f"./{donor.name}", f"{donor}/"], [str(donor), str(link)]):
+        with pytest.raises(HarnessError, match=f"merge donors '{str(donor)}' and .* are one model") as err:
+            merge(donors=",".join(spellings)).validate(None)  # (a dry run on a base not built: no base needed)
+        assert "\n" not in str(err.value)
+    copy = shutil.copytree(donor, tmp_path / "copy")
+    with pytest.raises(HarnessError, match="are one model"):
+        merge(donors=f"{donor},{copy}").validate(str(base))
+    merge(donors=f"{donor},{base}").validate(str(base))  # two models, of one architecture and vocabulary
+
+
+def test_the_watermarked_model_is_refused_as_its_own_donor(three, tmp_path):
+    """By its folder spelt any way, or a copy of it: before any model is generated from (``Pipeline.run`` checks it
+    once the watermarked model is trained), where mergekit would fail on duplicate inputs after the generations."""
+    import shutil
+
+    from harness.run.pipeline import Pipeline
+
+    watermarked, _, donor = three
+    for ref in (
+        str(watermarked),
+        f"{watermarked}/../{watermarked.name}",
+        str(shutil.copytree(watermarked, tmp_path / "c")),
+    ):
+        with pytest.raises(HarnessError, match="its donor1 .* is the watermarked model itself") as err:
+            Pipeline.check_other_models(merge(donors=ref), watermarked)
+        assert "\n" not in str(err.value)
+    Pipeline.check_other_models(merge(donors=str(donor)), watermarked)
+    Pipeline.check_other_models(merge(donors=str(donor)), tmp_path / "not-trained-yet")
+
+
+def test_harness_run_refuses_the_watermarked_model_as_its_own_donor_in_one_line(cli, three, small_preset, tmp_path):
+    """Its stored folder spelt another way, or a copy of it: one line and exit 2 for the run and its dry run, before
+    any stage is built or reused (no generation is added to the store)."""
+    import shutil
+
+    _, base, _ = three
+    corpus = small_preset(tmp_path, base).train_data.path  # (the little corpus it writes)
+    sets = {"train_data.path": corpus, "eval_data.path": corpus, "train.steps": 2, "train.batch_size": 2,
+            "train.seq_len": 16, "eval.num_prompts": 4, "eval.prompt_tokens": 4, "eval.new_tokens": 4,
+            "eval.batch_size": 4}  # fmt: skip
+    common = ["run", "--method", "gu-kgw", "--base-model", str(base), "--oracle-model", str(base), "--device", "cpu",
+              "--results", str(tmp_path / "runs")]  # fmt: skip
+    common += [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
+    assert cli(*common).returncode == 0
+    (trained,) = (tmp_path / "runs" / "stages" / "train").glob("*/model")
+    generated = sorted((tmp_path / "runs" / "stages" / "generate").iterdir())
+    for donor in (f"{trained}/../model/", shutil.copytree(trained, tmp_path / "copy")):
+        for dry in ([], ["--dry-run"]):
+            out = cli(*common, "--attack", "merge", "--attack-arg", f"donors={donor}", *dry)
+            assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+            assert "its donor1" in out.stderr and "is the watermarked model itself" in out.stderr, out.stderr
+    assert sorted((tmp_path / "runs" / "stages" / "generate").iterdir()) == generated
+
+
+def test_a_grid_refuses_a_stored_watermarked_model_as_a_donor_before_any_cell(three, small_preset, tmp_path):
+    """What a grid checks first (``jobs.check_cells`` with its store): the watermarked model a cell trains, stored
+    already, named as that cell's donor."""
+    import shutil
+
+    from harness.config.registry import methods
+    from harness.run.jobs import check_own_models
+    from harness.run.pipeline import Pipeline
+    from harness.store.stages import Store
+
+    _, base, donor = three
+    preset = small_preset(tmp_path, base)
+    method = methods.build("gu-kgw", {}, preset)
+    stage, _ = Pipeline(preset, Store(tmp_path / "runs"), plan=True).train_stage(method)
+    stored = shutil.copytree(donor, stage.path / "model")  # (as a finished training leaves it)
+    with pytest.raises(HarnessError, match="is the watermarked model itself"):
+        check_own_models(preset, method, merge(donors=str(stored)), tmp_path / "runs")
+    check_own_models(
+        preset, methods.build("gu-kgw", {"delta": 1}, preset), merge(donors=str(stored)), tmp_path / "runs"
+    )
+
+
+def test_a_folder_donor_of_a_built_in_base_is_judged_on_the_base_built(three, monkeypatch):
+    """The vocabulary check of a folder donor loads the built-in base's tokenizer from its folder: its name is no hub id
+    ("Repo id must use alphanumeric chars")."""
+    from harness.assets import tiny
+    from harness.config.refs import BUILTIN_MODELS, TINY_LM, BuiltinModel
+
+    _, base, donor = three
+    monkeypatch.setattr(tiny, "stand_in", lambda: str(base), raising=False)
+    monkeypatch.setattr(tiny, "stand_in_built", lambda: True, raising=False)
+    built = BuiltinModel("harness.assets.tiny:stand_in", "harness.assets.tiny:stand_in_built", "nothing")
+    monkeypatch.setitem(BUILTIN_MODELS, TINY_LM, built)
+    merge(donors=str(donor)).validate(TINY_LM)

@@ -131,6 +131,24 @@ BOMB = (  # 10 entries, then 10 aliases of each of those, 9 levels deep
         ("preset: tiny\n3: x\ngroups: {a: {methods: {gu-kgw: [{}]}}}\n", 2, "the key '3' is not text"),
         ("preset: tiny\ngroups:\n  a: &a\n    methods: {gu-kgw: [*a]}\n", 3, "an alias that refers to itself"),
         (BOMB, 6, "aliases expand to more than 100,000"),
+        # Seeds and settings of the wrong kind: true is no seed (Python's 1), a seed past 64 bits is no train.seed,
+        # and a chain link's settings are a mapping.
+        ("preset: tiny\nseeds: [0, true]\ngroups: {a: {methods: {gu-kgw: [{}]}}}\n", 2, "seeds.1: Input should"),
+        (f"preset: tiny\nseeds: [{2**64}]\ngroups: {{a: {{methods: {{gu-kgw: [{{}}]}}}}}}\n", 2, "train.seed"),
+        *(
+            (
+                "preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n    attacks:\n      chain:\n"
+                f"        - links: [{{attack: weight-noise, settings: {settings}}}, {{attack: slerp}}]\n",
+                7,
+                "link 1: its settings must be a mapping",
+            )
+            for settings in ("[{sigma: 0.1}]", "'sigma=0.1'", "3")
+        ),
+        (
+            "preset: tiny\ngroups:\n  a:\n    methods: {gaussian-bias: [{seed: true}]}\n",
+            4,
+            "a number, not true or false",
+        ),
     ],
 )
 def test_a_bad_spec_is_refused_whole_naming_the_line(tmp_path, capsys, text, line, words):
