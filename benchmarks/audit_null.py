@@ -60,51 +60,64 @@ def derivatives(pipe) -> list[tuple[str, Path, str]]:
     return found
 
 
-def pooled_p_values(name: str, params: dict, seqs, pipe, keys: int, kth_null_keys: int, tmp: Path) -> list[float]:
-    """The pooled test's p-value on ``seqs`` under each of ``keys`` keys of scheme ``name`` drawn afresh."""
+def pooled_p_values(name: str, seed: int | None, texts: dict, pipe, kth_null_keys: int, tmp: Path) -> dict:
+    """The pooled test's p-value on each derivative's texts (``texts``: name -> token ids) under the key of scheme
+    ``name`` drawn from ``seed`` (None: the preset's own, published key)."""
     from harness.config.registry import methods
     from methods.base import read_key
 
-    out = []
-    tokenizer = pipe.tokenizer
-    tmp.mkdir(parents=True, exist_ok=True)
+    method = methods.build(name, {} if seed is None else {"seed": seed}, pipe.preset)
+    folder = tmp / f"{name}-{seed}"
+    folder.mkdir(parents=True)
+    method.draw_key(folder, pipe.base["path"])
+    key = read_key(folder)
     if name == "gaussmark":
         from scipy.stats import norm
 
-        from methods.gaussmark import GaussMarkDetector, noise, summed_gradient
+        from methods.gaussmark import noise
 
-        method = methods.build(name, {**params, "seed": 1}, pipe.preset)
-        method.draw_key(tmp, pipe.base["path"])
-        key = read_key(tmp)
-        detector = GaussMarkDetector(key, pipe.base["path"], "cpu", tokenizer, 16)
+        xi = {
+            n: noise(key["seed"], n, g.shape, key["sigma"]).double() for n, g in GRADIENTS[next(iter(texts))][0].items()
+        }
+        out = {}
+        for derivative in texts:
+            total, norm_ = GRADIENTS[derivative]
+            projection = sum(float((g.double() * xi[n]).sum()) for n, g in total.items())
+            out[derivative] = float(norm.sf(projection / (key["sigma"] * norm_)))
+        return out
+    if name == "gu-kth":  # (its constructor wants reference statistics, which the pooled test does not read)
+        from methods.gu_kth import KTHDetector
+        from methods.kth import KTHKey
+
+        detector = KTHDetector(KTHKey.from_dict(key["key"]), key["statistic"], key["gamma"], [])
+        return {d: detector.pool(seqs, [], null_keys=kth_null_keys)["p_value"] for d, seqs in texts.items()}
+    detector = method.detector(folder, pipe.tokenizer, None)
+    return {d: detector.pool(seqs, [])["p_value"] for d, seqs in texts.items()}
+
+
+# GaussMark's pooled z is <xi, g> / (sigma ||g||) for the summed log-likelihood's gradient g under the base, which does
+# not depend on the key: derivative -> (g by weight name, ||g||), computed once (``summed_gradients``).
+GRADIENTS: dict = {}
+
+
+def summed_gradients(texts: dict, pipe, tmp: Path) -> None:
+    """Fill ``GRADIENTS``: each derivative's summed gradient at GaussMark's preset weights (BOS as every text's
+    context, as ``GaussMarkDetector.pool``)."""
+    from harness.config.registry import methods
+    from methods.base import read_key
+    from methods.gaussmark import GaussMarkDetector, summed_gradient
+
+    folder = tmp / "gaussmark-gradients"
+    folder.mkdir(parents=True)
+    methods.build("gaussmark", {}, pipe.preset).draw_key(folder, pipe.base["path"])
+    detector = GaussMarkDetector(read_key(folder), pipe.base["path"], "cpu", pipe.tokenizer, 16)
+    for derivative, seqs in texts.items():
         total = {n: detector.torch.zeros_like(x) for n, x in detector.xi.items()}
         for start in range(0, len(seqs), 16):
             part = seqs[start : start + 16]
             for n, grad in summed_gradient(detector, [detector.bos] * len(part), part).items():
                 total[n] += grad
-        norm_ = sum(float((g.double() ** 2).sum()) for g in total.values()) ** 0.5
-        for seed in range(1, keys + 1):
-            projection = sum(
-                float((total[n].double() * noise(seed, n, total[n].shape, key["sigma"]).double()).sum()) for n in total
-            )
-            out.append(float(norm.sf(projection / (key["sigma"] * norm_))))
-        return out
-    for seed in range(1, keys + 1):
-        method = methods.build(name, {**params, "seed": seed}, pipe.preset)
-        folder = tmp / f"{name}-{seed}"
-        folder.mkdir(parents=True)
-        method.draw_key(folder, pipe.base["path"])
-        if name == "gu-kth":  # (its constructor wants reference statistics, which the pooled test does not read)
-            from methods.gu_kth import KTHDetector
-            from methods.kth import KTHKey
-
-            saved = read_key(folder)
-            detector = KTHDetector(KTHKey.from_dict(saved["key"]), saved["statistic"], saved["gamma"], [])
-            out.append(detector.pool(seqs, [], null_keys=kth_null_keys)["p_value"])
-        else:
-            detector = method.detector(folder, tokenizer, None)
-            out.append(detector.pool(seqs, [])["p_value"])
-    return out
+        GRADIENTS[derivative] = total, sum(float((g.double() ** 2).sum()) for g in total.values()) ** 0.5
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -163,19 +176,27 @@ def main() -> None:
         texts[name] = detection.detector_input(pipe, gens[name], "completion")
     print(f"\n{len(texts)} derivatives x {preset.eval.num_prompts} texts of {preset.eval.new_tokens} tokens; "
           f"{args.keys} keys per scheme; share flagged at alpha = {args.alpha:g} [95% Clopper-Pearson]\n")  # fmt: skip
-    header = f"| derivative | {' | '.join(args.schemes.split(','))} |"
+    schemes = [s for s in args.schemes.split(",") if s]
+    header = f"| derivative | {' | '.join(schemes)} |"
     lines = [header, "| --- " * (header.count("|") - 1) + "|"]
     cells: dict[str, list[str]] = {name: [] for name in texts}
     with tempfile.TemporaryDirectory(prefix="audit-null-") as tmp:
-        for scheme in args.schemes.split(","):
+        for scheme in schemes:
             start = time.time()
-            total = flagged_all = 0
-            for name, seqs in texts.items():
-                ps = pooled_p_values(scheme, {}, seqs, pipe, args.keys, args.kth_null_keys, Path(tmp) / name)
+            if scheme == "gaussmark":
+                summed_gradients(texts, pipe, Path(tmp))
+            found = {d: [] for d in texts}  # derivative -> p-values, the preset key's first
+            for seed in [None, *range(1, args.keys + 1)]:
+                for d, p in pooled_p_values(scheme, seed, texts, pipe, args.kth_null_keys, Path(tmp)).items():
+                    found[d].append(p)
+            flagged_all = 0
+            for d, (preset_p, *ps) in found.items():
                 k = sum(p <= args.alpha for p in ps)
                 low, high = clopper_pearson(k, len(ps))
-                cells[name].append(f"{k / len(ps):.2f} [{low:.2f}, {high:.2f}]" + ("" if low <= args.alpha else " !"))
-                total, flagged_all = total + len(ps), flagged_all + k
+                mark = "" if low <= args.alpha else " !"
+                cells[d].append(f"{k / len(ps):.2f} [{low:.2f}, {high:.2f}]{mark}; preset key p {preset_p:.2g}")
+                flagged_all += k
+            total = len(texts) * args.keys
             print(f"{scheme}: {flagged_all}/{total} flagged over all derivatives ({time.time() - start:.0f} s)")
     pro = pro_row(pipe, args.pro_key, texts, gens) if args.pro_key else {}
     if pro:
