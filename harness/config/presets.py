@@ -376,6 +376,8 @@ def _value(dotted: str, value: str):
             return json.loads(value)
         except ValueError as err:
             raise HarnessError(f"bad setting {dotted}: not valid JSON ({err})") from None
+        except RecursionError:  # (Python's JSON parser recurses: a value nested thousands deep)
+            raise HarnessError(f"bad setting {dotted}: JSON nested too deeply to read") from None
     return value
 
 

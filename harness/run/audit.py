@@ -84,9 +84,10 @@ def _stage_at(path: Path, ref: str) -> Stage:
     if problem is not None:
         raise HarnessError(f"trained watermark {path} is damaged ({problem})")
     try:
-        spec = json.loads((path / "spec.json").read_text())
-    except (OSError, ValueError) as err:
+        text = (path / "spec.json").read_bytes()
+    except OSError as err:
         raise HarnessError(f"trained watermark {path} is damaged (spec.json: {first_line(err)})") from None
+    spec = files.parse_json(text, f"trained watermark {path} is damaged: spec.json")
     shapes = {"method": str, "params": dict, "base_model": dict, "train_data": dict}
     wrong = [k for k, kind in shapes.items() if not isinstance(spec, dict) or not isinstance(spec.get(k), kind)]
     if wrong or not {"ref", "fingerprint"} <= set(spec["base_model"]):

@@ -80,3 +80,5 @@ def test_any_setting_of_a_plugin_and_every_field_can_be_overridden():
     ]:
         with pytest.raises(HarnessError, match=re.escape(words)):
             apply_overrides(TINY, {setting: "[0.5" if setting == "train.betas" else "1"})
+    with pytest.raises(HarnessError, match="bad setting train.betas: JSON nested too deeply to read"):
+        apply_overrides(TINY, {"train.betas": "[" * 100_000})
