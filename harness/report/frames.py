@@ -140,7 +140,7 @@ def _compared(store: Store, cell: pd.DataFrame, a: str, b: str, several: bool, s
 
 
 def _seeds(runs: dict, method: str) -> str:
-    return ", ".join(str(s) for m, s in sorted(runs) if m == method) or "none"
+    return ", ".join(str(s) for m, s in sorted(runs) if m == method) or "no run"
 
 
 def _not_applicable(table: pd.DataFrame, part: pd.DataFrame) -> pd.DataFrame:
