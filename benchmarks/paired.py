@@ -34,9 +34,9 @@ def main() -> None:
     print(f"{found['n']} prompts, {found['seeds']} seed(s), paired on {on}")
     for name, key in (("AUC", "auc"), ("TPR@1%", "tpr")):
         lo, hi = found[f"{key}_diff_ci95"]
-        line = f"{name} A - B: {found[f'{key}_diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] (prompts)"
+        line = f"{name} A - B: {found[f'{key}_diff']:+.4f} [{lo:+.4f}, {hi:+.4f}] (prompts)"
         if found["seeds"] > 1:
-            line += " [{:+.3f}, {:+.3f}] (seeds)".format(*metrics.seed_interval(found[f"{key}_diff_per_seed"]))
+            line += " [{:+.4f}, {:+.4f}] (seeds)".format(*metrics.seed_interval(found[f"{key}_diff_per_seed"]))
         print(line)
 
 
