@@ -291,7 +291,8 @@ def mean_over_seeds(df: pd.DataFrame, keys: list[str], values: list[str]) -> pd.
 
 def spread_over_seeds(df: pd.DataFrame, keys: list[str], values: list[str], spread: list[str]) -> pd.DataFrame:
     """``mean_over_seeds``, with for each of ``spread`` the 95% t-interval over the cell's training seeds
-    (``metrics.seed_interval``: ``<value>_seed_lo``, ``<value>_seed_hi``; missing for a cell of one seed) and the
+    (``metrics.seed_interval``, within [0, 1]: ``<value>_seed_lo``, ``<value>_seed_hi``; missing for a cell of one
+    seed) and the
     number of seeds each cell averages (``seeds``). The text-sampling interval of a cell of several seeds
     (``AUC_lo``, ``AUC_hi``) stays the mean of its seeds' own bounds: one training's interval, beside the spread
     between trainings."""
@@ -299,7 +300,7 @@ def spread_over_seeds(df: pd.DataFrame, keys: list[str], values: list[str], spre
     groups = df.groupby(keys, sort=False, dropna=False)
     out["seeds"] = groups["seed"].nunique().to_numpy()
     for v in spread:
-        bounds = groups[v].agg(lambda s: metrics.seed_interval(s.to_numpy(float)))
+        bounds = groups[v].agg(lambda s: metrics.seed_interval(s.to_numpy(float), within=(0.0, 1.0)))
         out[f"{v}_seed_lo"] = [b[0] for b in bounds]
         out[f"{v}_seed_hi"] = [b[1] for b in bounds]
     return out

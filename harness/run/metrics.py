@@ -113,10 +113,11 @@ def paired_bootstrap(pos_a, neg_a, pos_b, neg_b, bootstrap: int = 1000, seed: in
     return out
 
 
-def seed_interval(values) -> tuple[float, float]:
-    """95% t-interval of the mean of ``values`` (one per training seed); NaN with fewer than two. A bootstrap over
-    three seeds has ten distinct resamples and a percentile interval far too narrow; the t-interval's width (t = 4.30
-    at two degrees of freedom) is the honest price of few seeds."""
+def seed_interval(values, within: tuple[float, float] = (-1.0, 1.0)) -> tuple[float, float]:
+    """95% t-interval of the mean of ``values`` (one per training seed), cut to ``within`` (a rate cannot leave [0, 1],
+    a difference of rates [-1, 1]); NaN with fewer than two. A bootstrap over three seeds has ten distinct resamples
+    and a percentile interval far too narrow; the t-interval's width (t = 4.30 at two degrees of freedom) is the
+    honest price of few seeds."""
     from scipy.stats import t
 
     v = np.asarray(values, float)
@@ -124,7 +125,7 @@ def seed_interval(values) -> tuple[float, float]:
     if len(v) < 2:
         return float("nan"), float("nan")
     half = float(t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
-    return float(v.mean() - half), float(v.mean() + half)
+    return max(within[0], float(v.mean() - half)), min(within[1], float(v.mean() + half))
 
 
 def _prefix_matrix(texts: list[dict], longest: int) -> np.ndarray:

@@ -247,7 +247,8 @@ def test_paired_bootstrap_sees_what_unpaired_intervals_cannot():
 
 
 def test_seed_interval_is_the_t_interval():
-    lo, hi = metrics.seed_interval([0.90, 0.92, 0.97])
-    mean, sd = np.mean([0.90, 0.92, 0.97]), np.std([0.90, 0.92, 0.97], ddof=1)
+    lo, hi = metrics.seed_interval([0.50, 0.52, 0.57])
+    mean, sd = np.mean([0.50, 0.52, 0.57]), np.std([0.50, 0.52, 0.57], ddof=1)
     assert (lo, hi) == pytest.approx((mean - 4.302653 * sd / math.sqrt(3), mean + 4.302653 * sd / math.sqrt(3)))
     assert all(math.isnan(v) for v in metrics.seed_interval([0.9]))
+    assert metrics.seed_interval([0.0, 0.1, 0.5], within=(0.0, 1.0))[0] == 0.0  # a rate's interval stays in [0, 1]

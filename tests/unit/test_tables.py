@@ -395,20 +395,21 @@ def test_two_seeds_give_spreads_and_paired_comparisons_recomputed_from_stored_sc
     fake_run(store, "gloaguen-kgw", {}, "none", {}, 0.99, seed=0, prompts=1)  # other prompts: not paired with the rest
     df = collect.collect(store)
 
-    def t_interval(values):
+    def t_interval(values, within=(-1, 1)):
         half = t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values))
-        return [np.mean(values) - half, np.mean(values) + half]
+        return [max(within[0], np.mean(values) - half), min(within[1], np.mean(values) + half)]
 
     table = frames.robustness(df, ci=True)
     cell = table.loc[("Unaltered", "", ""), "PRO"]
     aucs = [df[df["run"] == runs[("pro", "none", s)].name]["AUC"].iloc[0] for s in (0, 1)]
     assert cell["seeds"] == 2 and cell["AUC"] == pytest.approx(np.mean(aucs))
-    assert [cell["AUC_seed_lo"], cell["AUC_seed_hi"]] == pytest.approx(t_interval(aucs))
+    assert [cell["AUC_seed_lo"], cell["AUC_seed_hi"]] == pytest.approx(t_interval(aucs, (0, 1)))
     assert table.loc[("Unaltered", "", ""), ("Gloaguen-KGW", "seeds")] == 1
     assert np.isnan(table.loc[("Unaltered", "", ""), ("Gloaguen-KGW", "AUC_seed_lo")])  # one seed: no spread
     rates = frames.fpr_tpr(df)
     tprs = [df[df["run"] == runs[("pro", "none", s)].name]["TPR@1%"].iloc[0] for s in (0, 1)]
-    assert [rates.loc["PRO", "TPR@1%_seed_lo"], rates.loc["PRO", "TPR@1%_seed_hi"]] == pytest.approx(t_interval(tprs))
+    spread = [rates.loc["PRO", "TPR@1%_seed_lo"], rates.loc["PRO", "TPR@1%_seed_hi"]]
+    assert spread == pytest.approx(t_interval(tprs, (0, 1)))
 
     monkeypatch.setattr(frames, "COMPARISON_DRAWS", 200)  # (fewer draws to recompute one at a time below)
     compared = frames.comparison(df, store)
