@@ -247,13 +247,16 @@ def _fake_run(
     preset=None,
     output: int = 0,
     n: int = 60,
+    prompts: int = 0,
 ) -> Path:
     """A finished run as the pipeline records it (``scoring.run_spec`` with the real plugins, made-up upstream keys),
     published by the pipeline's own ``publish_scores``: for tests of what reads the store, with no model. Its per-text
     score rows are rows the configuration's real detector wrote (``_detector_rows``), left as written: ``n`` human
     texts drawn uniformly among them and ``n`` generated ones drawn by an exponential tilt on their rank, so that the
     AUC is ``auc`` in expectation (as far as the rows' ties allow). ``attack`` ``"base"`` is the unwatermarked base's
-    row; ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is."""
+    row; ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is. Its generations record the
+    prompts and human texts they continue, the same for every run of a preset; ``prompts`` other than 0 makes other
+    ones (a run that is not paired with the rest)."""
     import hashlib
 
     import numpy as np
@@ -269,8 +272,8 @@ def _fake_run(
     m = methods.build(method, method_settings, preset)
     a = attacks.build(attack, attack_settings, preset) if attack != "base" else None
     label = None if a is None or a.identity or not hasattr(a, "outputs") else a.outputs()[output][0]
-    what = json.dumps([method, method_settings, attack, attack_settings, seed, output, preset.model_dump()],
-                      sort_keys=True, default=str)  # fmt: skip
+    what = json.dumps([method, method_settings, attack, attack_settings, seed, output, preset.model_dump()]
+                      + ([prompts] if prompts else []), sort_keys=True, default=str)  # fmt: skip
     digest = hashlib.sha256(what.encode()).hexdigest()
     spec = scoring.run_spec(preset, m, a, label, trained_key=digest[:16], generate_key=digest[16:32],
                             oracle={"ref": preset.oracle_model, "fingerprint": "fake"}, upstream={})  # fmt: skip
@@ -284,7 +287,8 @@ def _fake_run(
         pos = [{**s, "ppl_retokenized": 1.4 * s["ppl"]} for s in pos]
     neg = [rows[i] for i in neg_at]
     rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if isinstance(a, TextAttack) else {}
-    gens = [{"i": i, **rewritten} for i in range(n)]
+    texts = np.random.default_rng([preset.eval.seed, prompts]).integers(0, 100, size=(n, 2, 3)).tolist()
+    gens = [{"i": i, "prompt_ids": p, "human_ids": h, **rewritten} for i, (p, h) in enumerate(texts)]
     stage = store.stage("run", spec)
 
     def build(out):

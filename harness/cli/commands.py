@@ -169,7 +169,7 @@ def cmd_tables(args) -> None:
     files.check_writable(args.out, "tables folder")
     df = collect(store)
     try:
-        written = write_tables(df, args.out, ci=args.ci, attributions=collect_attribution(store))
+        written = write_tables(df, args.out, ci=args.ci, attributions=collect_attribution(store), store=store)
         if not written:
             raise HarnessError(f"no finished runs in '{store.root}' that could be read")
         if not args.no_figures:

@@ -26,6 +26,7 @@ import pandas as pd
 from harness.config.errors import HarnessError
 from harness.run import metrics
 from harness.store import kinds
+from harness.store.files import read_jsonl
 from harness.store.stages import Store
 
 log = logging.getLogger(__name__)
@@ -287,6 +288,87 @@ def main_runs(df: pd.DataFrame) -> pd.DataFrame:
 def mean_over_seeds(df: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
     """Average over seeds (one seed: the values themselves)."""
     return df.groupby(keys, sort=False, dropna=False)[values].mean().reset_index()
+
+
+def spread_over_seeds(df: pd.DataFrame, keys: list[str], values: list[str], spread: list[str]) -> pd.DataFrame:
+    """``mean_over_seeds``, with for each of ``spread`` the 95% t-interval over the cell's training seeds
+    (``metrics.seed_interval``, within [0, 1]: ``<value>_seed_lo``, ``<value>_seed_hi``; missing for a cell of one
+    seed) and the
+    number of seeds each cell averages (``seeds``). The text-sampling interval of a cell of several seeds
+    (``AUC_lo``, ``AUC_hi``) stays the mean of its seeds' own bounds: one training's interval, beside the spread
+    between trainings."""
+    out = mean_over_seeds(df, keys, values)
+    groups = df.groupby(keys, sort=False, dropna=False)
+    out["seeds"] = groups["seed"].nunique().to_numpy()
+    for v in spread:
+        bounds = groups[v].agg(lambda s: metrics.seed_interval(s.to_numpy(float), within=(0.0, 1.0)))
+        out[f"{v}_seed_lo"] = [b[0] for b in bounds]
+        out[f"{v}_seed_hi"] = [b[1] for b in bounds]
+    return out
+
+
+def _eval_spec(spec: dict) -> dict | None:
+    """The evaluation that chose a run's prompts and human texts (its generate stage's ``eval``, ``eval_data`` and
+    tokenizer), found in the run's upstream specs (a text attack's rewrites sit between); None where none is stored."""
+    todo = [spec.get("upstream")]
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, dict):
+            if "eval_data" in node and "eval" in node:
+                return {k: node.get(k) for k in ("eval", "eval_data", "tokenizer")}
+            todo += list(node.values())
+    return None
+
+
+@cache
+def _by_prompt(root: Path, run: str) -> tuple[dict, dict, str | None, dict | None]:
+    """A run's stored scores by prompt index (``{i: score}`` of its generated and of its human texts, each ``i`` once),
+    a digest of its prompts and human texts per ``i`` (None where its texts are not stored: an export), and its
+    evaluation spec (``_eval_spec``)."""
+    folder = root / run
+    pos, neg = {}, {}
+    for s in read_jsonl(folder / "scores.jsonl"):
+        side = pos if s["label"] == 1 else neg
+        if s["i"] in side:
+            raise ValueError(f"text {s['i']} is scored twice")
+        side[s["i"]] = float(s["score"])
+    digest = None
+    gens = folder / "generations.jsonl"
+    if gens.is_file():
+        rows = read_jsonl(gens)
+        if rows and all("prompt_ids" in g and "human_ids" in g for g in rows):
+            shown = sorted((g["i"], g["prompt_ids"], g["human_ids"]) for g in rows)
+            digest = hashlib.sha256(json.dumps(shown).encode()).hexdigest()
+    return pos, neg, digest, _eval_spec(json.loads((folder / "spec.json").read_text()))
+
+
+def paired_scores(store: Store, runs_a: list[str], runs_b: list[str]) -> tuple[list, str]:
+    """The scores of two methods' runs (one per training seed, the same seeds in the same order) on the same prompts,
+    as ``metrics.paired_bootstrap`` takes them: ``([pos_a, neg_a, pos_b, neg_b] as seeds x prompts lists, what the
+    pairing was checked on)``. Pairing is verified from what the runs store, never assumed: every run scores each
+    prompt's generated and human text once, on the same prompt indices, and the prompts and human texts behind them
+    are the same (their token ids, or where a run was exported without its texts, its evaluation spec). Raises
+    ValueError saying why two runs are not comparable."""
+    read = [[_by_prompt(store.root, r) for r in runs] for runs in (runs_a, runs_b)]
+    first = read[0][0]
+    keys = sorted(first[0])
+    digests = {r[2] for side in read for r in side}
+    for name, side in zip((runs_a, runs_b), read, strict=True):
+        for run, (pos, neg, _, spec) in zip(name, side, strict=True):
+            if set(pos) != set(neg):
+                raise ValueError(f"run {run} does not score a generated and a human text for every prompt")
+            if sorted(pos) != keys:
+                raise ValueError(f"runs {runs_a[0]} and {run} score different prompt indices")
+            if None in digests and spec != first[3]:
+                raise ValueError(f"runs {runs_a[0]} and {run} were evaluated on different settings or data")
+    if None not in digests and len(digests) > 1:
+        raise ValueError(f"runs {', '.join(runs_a + runs_b)} continue different prompts or human texts")
+    if first[3] is None and None in digests:
+        raise ValueError(f"run {runs_a[0]} stores neither its texts nor its evaluation spec")
+    on = "prompt ids" if None not in digests else "evaluation spec (texts not stored)"
+    pos_a, neg_a = [[r[0][i] for i in keys] for r in read[0]], [[r[1][i] for i in keys] for r in read[0]]
+    pos_b, neg_b = [[r[0][i] for i in keys] for r in read[1]], [[r[1][i] for i in keys] for r in read[1]]
+    return [pos_a, neg_a, pos_b, neg_b], on
 
 
 def param(params: str, key: str):

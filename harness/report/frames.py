@@ -6,6 +6,7 @@ their captions, and writes them; ``harness.report.latex`` and ``harness.report.h
 from __future__ import annotations
 
 import json
+import logging
 
 import pandas as pd
 
@@ -24,29 +25,42 @@ from harness.report.collect import (
     method_rank,
     natural_key,
     only_mask,
+    paired_scores,
     param,
     plugin_class,
+    spread_over_seeds,
     tradeoff_settings,
     unaltered,
 )
+from harness.run import metrics
 from harness.run.scoring import BASE_ROW
+from harness.store.stages import Store
+
+log = logging.getLogger(__name__)
 
 ROW_KEYS = ["category", "attack", "attack_config"]  # what a row of tab:robustness is
 UNALTERED_TEXTS = "unaltered"  # an attack's own table: the column of the texts before it rewrote them
+COMPARISON_DRAWS = 1000  # tab:comparison's bootstrap draws (as the per-run AUC intervals: ``detection_metrics``)
 
 
 def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> pd.DataFrame:
     """tab:robustness: rows are the model modifications (category, attack, setting) of the attacks that join it,
     columns each method's main configuration x (AUC, TPR@5, PPL[, AUC_lo, AUC_hi]). With ``every_row`` (the report's
     page, where every stored cell belongs) every row stored for a main configuration: the other tables' attacks and
-    the unwatermarked base model's reference rows too."""
+    the unwatermarked base model's reference rows too. Where ``df`` holds several training seeds, each cell is the
+    mean over its seeds, with ``seeds``, ``AUC_seed_lo`` and ``AUC_seed_hi`` (the t-interval over seeds,
+    ``spread_over_seeds``) beside the text-sampling interval."""
     metrics = list(METRICS) + (["AUC_lo", "AUC_hi"] if ci else [])
     part = robustness_runs(df, every_row)
     if part.empty:
         return pd.DataFrame()
     runs = part
     part = on_one_footing(part)
-    part = mean_over_seeds(part, ["method", *ROW_KEYS], metrics)
+    if df["seed"].nunique() > 1:  # several training seeds: their number and spread beside each mean
+        part = spread_over_seeds(part, ["method", *ROW_KEYS], metrics, ["AUC"])
+        metrics += ["seeds", "AUC_seed_lo", "AUC_seed_hi"]
+    else:
+        part = mean_over_seeds(part, ["method", *ROW_KEYS], metrics)
     table = part.pivot_table(index=ROW_KEYS, columns="method", values=metrics, aggfunc="first")
     table = table.swaplevel(0, 1, axis=1)
     methods = sorted(part["method"].unique(), key=method_rank)
@@ -85,6 +99,75 @@ def ppl_note(df: pd.DataFrame, every_row: bool = False) -> str:
     return " (of each row's texts tokenized again, as a text attack's rows are measured)"
 
 
+def comparison(df: pd.DataFrame, store: Store) -> pd.DataFrame:
+    """tab:comparison: for every row of tab:robustness (``ROW_KEYS``) and every pair of methods with runs in it (A
+    before B in the tables' order), ``AUC_A - AUC_B`` and ``TPR@1%_A - TPR@1%_B`` with the 95% interval of a paired
+    bootstrap over prompts (``metrics.paired_bootstrap``: the same prompts drawn for both methods) and whether it
+    excludes zero. Pairs are made of the runs' shared training seeds; with several, the difference is the mean over
+    seeds, its paired interval resamples prompts once for every seed (the text-sampling interval of that mean), and
+    ``*_seed_lo``, ``*_seed_hi`` are the 95% t-interval of the per-seed differences (``metrics.seed_interval``;
+    a two-level bootstrap over three seeds has ten distinct seed draws, too few for a percentile interval).
+    ``*_excludes_0``: every interval shown excludes zero, on the same side. Scores are read from the store
+    (``collect.paired_scores``), which verifies that both runs scored the same prompts and human texts; a pair that
+    is not comparable keeps its row with no numbers and the reason in ``note``."""
+    part = robustness_runs(df)
+    if part.empty:
+        return pd.DataFrame()
+    several = df["seed"].nunique() > 1
+    rows = []
+    for row, cell in part.groupby(ROW_KEYS, sort=False):
+        methods = sorted(cell["method"].unique(), key=method_rank)
+        for i, a in enumerate(methods):
+            for b in methods[i + 1 :]:
+                out = {**dict(zip(["category", "attack", "setting"], row, strict=True)), "A": a, "B": b}
+                rows.append(out | _compared(store, cell, a, b, several, df["seed"].nunique()))
+    if not rows:
+        return pd.DataFrame()
+    order = sorted(range(len(rows)), key=lambda k: (category_rank(rows[k]["category"]), natural_key(rows[k]["attack"]),
+                                                   natural_key(rows[k]["setting"]), method_rank(rows[k]["A"]),
+                                                   method_rank(rows[k]["B"])))  # fmt: skip
+    columns = ["seeds"]
+    for name in ("AUC", "TPR@1%"):
+        columns += [f"d{name}", f"d{name}_lo", f"d{name}_hi"]
+        columns += [f"d{name}_seed_lo", f"d{name}_seed_hi"] if several else []
+        columns += [f"{name}_excludes_0"]
+    table = pd.DataFrame([rows[k] for k in order]).set_index(["category", "attack", "setting", "A", "B"])
+    return table.reindex(columns=[*columns, "paired_on", "note"])
+
+
+def _compared(store: Store, cell: pd.DataFrame, a: str, b: str, several: bool, stored_seeds: int) -> dict:
+    """One row of ``comparison``: methods ``a`` and ``b`` in ``cell`` (one row of tab:robustness, its runs)."""
+    runs = {(r.method, r.seed): r.run for r in cell.itertuples()}
+    seeds = sorted({s for m, s in runs if m == a} & {s for m, s in runs if m == b})
+    out: dict = {"seeds": len(seeds), "paired_on": "", "note": ""}
+    try:
+        if not seeds:
+            raise ValueError(f"no training seed stored for both ({a}: {_seeds(runs, a)}; {b}: {_seeds(runs, b)})")
+        scores, out["paired_on"] = paired_scores(store, [runs[(a, s)] for s in seeds], [runs[(b, s)] for s in seeds])
+        found = metrics.paired_bootstrap(*scores, bootstrap=COMPARISON_DRAWS)
+    except (ValueError, OSError, KeyError) as err:
+        out["note"] = f"not compared: {err}"
+        where = " ".join(cell.iloc[0][["attack", "attack_config"]]).strip() or "unaltered"
+        log.warning("tab:comparison, %s vs %s (%s): %s", a, b, where, out["note"])
+        return out
+    for name, key in (("AUC", "auc"), ("TPR@1%", "tpr")):
+        out |= dict(zip([f"d{name}", f"d{name}_lo", f"d{name}_hi"], [found[f"{key}_diff"], *found[f"{key}_diff_ci95"]],
+                        strict=True))  # fmt: skip
+        bounds = found[f"{key}_diff_ci95"]
+        if several:
+            out[f"d{name}_seed_lo"], out[f"d{name}_seed_hi"] = metrics.seed_interval(found[f"{key}_diff_per_seed"])
+            bounds = [*bounds, out[f"d{name}_seed_lo"], out[f"d{name}_seed_hi"]]
+        shown = [v for v in bounds if v == v]  # (the seed interval of a single seed is missing)
+        out[f"{name}_excludes_0"] = all(v > 0 for v in shown) or all(v < 0 for v in shown)
+    if len(seeds) < stored_seeds:
+        out["note"] = f"seeds {', '.join(map(str, seeds))} only"
+    return out
+
+
+def _seeds(runs: dict, method: str) -> str:
+    return ", ".join(str(s) for m, s in sorted(runs) if m == method) or "no run"
+
+
 def _not_applicable(table: pd.DataFrame, part: pd.DataFrame) -> pd.DataFrame:
     """``table`` with ``NOT_APPLICABLE`` in the cells of decoding-time methods (a watermark not in the weights) under
     the rows of attacks that change the weights: no such run can exist, so the cell says why it is empty rather than
@@ -103,12 +186,16 @@ def _not_applicable(table: pd.DataFrame, part: pd.DataFrame) -> pd.DataFrame:
 
 def fpr_tpr(df: pd.DataFrame) -> pd.DataFrame:
     """tab:fpr_tpr: each method's main configuration, unaltered: TPR at 0.1/1/5/10% FPR (empirical thresholds from
-    the human texts; ``negatives`` says how many: 0.1% of 200 rests on no text at all)."""
+    the human texts; ``negatives`` says how many: 0.1% of 200 rests on no text at all). With several training seeds,
+    the mean over seeds, their number and each TPR's t-interval over seeds (``<TPR>_seed_lo``, ``<TPR>_seed_hi``)."""
     part = main_runs(df)
     part = part[unaltered(part)]
     if part.empty:
         return pd.DataFrame()
-    part = mean_over_seeds(part, ["method", "method_config"], [*TPRS, "n_neg"])
+    if df["seed"].nunique() > 1:  # several training seeds: each TPR's t-interval over them (``spread_over_seeds``)
+        part = spread_over_seeds(part, ["method", "method_config"], [*TPRS, "n_neg"], list(TPRS))
+    else:
+        part = mean_over_seeds(part, ["method", "method_config"], [*TPRS, "n_neg"])
     part = part.sort_values("method", key=lambda s: s.map(method_rank)).rename(columns={"n_neg": "negatives"})
     return part.set_index("method")
 

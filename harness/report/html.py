@@ -66,8 +66,8 @@ def attack_label(attack: str, config: str) -> str:
 
 def heatmap(table: pd.DataFrame, part: pd.DataFrame) -> str:
     """tab:robustness (``frames.robustness``) as the page shows it: its rows, its methods x (AUC, TPR@5%), each AUC
-    coloured by the paper's rule and linked to its run in ``part`` (the first seed's); a cell with no stored run says
-    so."""
+    coloured by the paper's rule and linked to its run in ``part`` (the first seed's; with several seeds its title
+    gives the AUC's interval over them); a cell with no stored run says so."""
     runs: dict[tuple, list[str]] = {}  # (method, category, attack, setting) -> its runs, by seed
     for r in main_runs(part).sort_values("seed").itertuples():
         runs.setdefault((r.method, r.category, r.attack, r.attack_config), []).append(r.run)
@@ -87,7 +87,10 @@ def heatmap(table: pd.DataFrame, part: pd.DataFrame) -> str:
                 cells.append(f'<td class="missing" colspan="2">{MISSING}</td>')
                 continue
             auc, tpr = row[(method, "AUC")], row[(method, "TPR@5")]
-            seeds = f" (mean of {len(cell)} seeds)" if len(cell) > 1 else ""
+            seeds = ""
+            if len(cell) > 1:
+                lo, hi = (row.get((method, f"AUC_seed_{end}"), float("nan")) for end in ("lo", "hi"))
+                seeds = f" (mean of {len(cell)} seeds; AUC over seeds [{lo:.3f}, {hi:.3f}])"
             style, title = f' style="background:{COLOURS[colour(auc)]}"', esc(f"run {cell[0]}{seeds}")
             cells.append(f'<td class="cell"{style} title="{title}"><a href="{href("run-" + cell[0])}">{auc:.3f}</a>'
                          f"</td><td>{tpr:.3f}</td>")  # fmt: skip

@@ -106,7 +106,8 @@ def robustness_tex(table: pd.DataFrame, caption: str) -> str:
         if previous is not None and category != previous:
             lines.append(r"\midrule")
         label = esc(category) if category != previous else ""
-        cells = [fmt(metric if metric in METRICS else "AUCci", row[(m, metric)]) for m in methods for metric in metrics]
+        cells = [fmt(metric if metric in METRICS else "tokens" if metric == "seeds" else "AUCci", row[(m, metric)])
+                 for m in methods for metric in metrics]  # fmt: skip
         # (the unaltered model's row has an empty label and setting: ``attacks.identity``)
         lines.append(f"{label} & {esc(attack)} & {esc(config)} & " + " & ".join(cells) + r" \\")
         previous = category
@@ -114,10 +115,14 @@ def robustness_tex(table: pd.DataFrame, caption: str) -> str:
 
 
 def tpr_tex(table: pd.DataFrame, caption: str, label_column: str, columns: list[str]) -> str:
-    """A row per index entry (under ``label_column``) with ``columns`` as rates (tab:fpr_tpr, attribution)."""
+    """A row per index entry (under ``label_column``) with ``columns`` as rates (tab:fpr_tpr, attribution); a rate
+    with an interval over training seeds (``<column>_seed_lo``, ``_seed_hi``) has it in brackets."""
     cells = pd.DataFrame({label_column: [esc(name) for name in table.index]})
     for c in columns:
         cells[c] = [fmt("AUC" if c == "AUC" else "TPR", v) for v in table[c]]
+        if f"{c}_seed_lo" in table:
+            cells[c] += [f" [{fmt('TPR', lo)}, {fmt('TPR', hi)}]" if lo == lo else ""
+                         for lo, hi in zip(table[f"{c}_seed_lo"], table[f"{c}_seed_hi"], strict=True)]  # fmt: skip
     return table_float(tabular(cells, "l" + "c" * len(columns)), caption)
 
 
@@ -169,3 +174,25 @@ def simple_tex(table: pd.DataFrame, caption: str, index_names: list[str]) -> str
     for c in columns:
         cells[c] = [fmt(cell_kind(c), v) for v in table[c]]
     return table_float(tabular(cells, "l" * len(index_names) + "c" * len(columns)), caption)
+
+
+def comparison_tex(table: pd.DataFrame, caption: str) -> str:
+    """tab:comparison: a row per row of tab:robustness and pair of methods, each difference with its paired interval
+    (and its interval over seeds where there are several), bold where every interval excludes zero."""
+    keys = list(table.index)
+    cells = pd.DataFrame({name: [esc(k[i]) for k in keys] for i, name in enumerate(["Category", "Attack", "Setting",
+                                                                                      "A", "B"])})  # fmt: skip
+    cells["Seeds"] = [fmt("tokens", v) for v in table["seeds"]]
+    for name in ("AUC", "TPR@1%"):
+
+        def shown(row, name=name) -> str:
+            if pd.isna(row[f"d{name}"]):
+                return "--"
+            text = f"{row[f'd{name}']:+.3f} [{row[f'd{name}_lo']:+.3f}, {row[f'd{name}_hi']:+.3f}]"
+            if f"d{name}_seed_lo" in row and not pd.isna(row[f"d{name}_seed_lo"]):
+                text += f" seeds [{row[f'd{name}_seed_lo']:+.3f}, {row[f'd{name}_seed_hi']:+.3f}]"
+            return f"\\textbf{{{text}}}" if bool(row[f"{name}_excludes_0"]) else text
+
+        cells[f"{name} A - B"] = [shown(row) for _, row in table.iterrows()]
+    cells["Note"] = [esc(n) for n in table["note"]]
+    return table_float(tabular(cells, "lllll" + "c" * 3 + "l"), caption)

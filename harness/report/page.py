@@ -46,7 +46,7 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
             if attributions is None or attributions.empty
             else attributions[attributions["setup"] == part["setup"].iloc[0]]
         )
-        setup = Setup(part, attributions=mine, page=True)
+        setup = Setup(part, attributions=mine, page=True, store=store)
         body += [
             f'<h2 id="setup-{esc(name)}">{esc(name)}: {esc(part["base_model"].iloc[0])}, preset '
             f"{esc(part['preset'].iloc[0])}</h2>",

@@ -36,6 +36,7 @@ from harness.report.collect import (
 )
 from harness.store import files
 from harness.store.files import plain_name
+from harness.store.stages import Store
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class Setup:
     ci: bool = False  # the bootstrap interval of each AUC as columns (``harness tables --ci``)
     attributions: pd.DataFrame | None = None  # the setup's attribution rows (``collect.collect_attribution``)
     page: bool = False  # for the report's page, where every stored cell belongs (``frames.robustness``'s every_row)
+    store: Store | None = None  # where the runs' per-text scores are (tab:comparison reads them; none: no such table)
 
     @cached_property
     def classes(self) -> dict[str, Any]:
@@ -184,6 +186,25 @@ TABLES: tuple[Table, ...] = (
         section=Section("AUC and TPR at 5% FPR of each method's main configuration", html.heatmap, "head"),
     ),
     Table(
+        "comparison",
+        "tab:comparison",
+        "the difference in AUC and in TPR at 1% FPR between every two methods under each row of tab:robustness, "
+        "with a paired bootstrap interval over prompts (and an interval over training seeds where there are several)",
+        build=lambda setup, _: pd.DataFrame() if setup.store is None else frames.comparison(setup.part, setup.store),
+        latex=lambda table, caption, _: latex.comparison_tex(table, caption),
+        caption=lambda setup, _: (
+            "Paired differences between methods (A - B) under each model modification: AUC and TPR at 1% FPR, "
+            "95% paired bootstrap intervals over prompts (the same prompts drawn for both methods)"
+            + (", and 95% t-intervals over training seeds" if setup.part["seed"].nunique() > 1 else "")
+            + f"; bold where every interval excludes zero ({setup.about})."
+        ),
+        section=Section(
+            "Paired differences between methods (A - B; bootstrap over prompts, t-interval over seeds)",
+            lambda table, _: html.frame(table),
+            "head",
+        ),
+    ),
+    Table(
         "fpr_tpr",
         "tab:fpr_tpr",
         "TPR at 0.1/1/5/10% FPR of each method's main configuration, unaltered",
@@ -282,10 +303,12 @@ __doc__ += "".join(
 )
 
 
-def setup_tables(part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None) -> dict[str, tuple]:
+def setup_tables(
+    part: pd.DataFrame, ci: bool, attributions: pd.DataFrame | None, store: Store | None = None
+) -> dict[str, tuple]:
     """``{file name: (table, LaTeX)}`` of one setup's runs, every declared table; tables with no stored run are left
-    out."""
-    setup = Setup(part, ci, attributions)
+    out (tab:comparison, which reads per-text scores, where no ``store`` is given)."""
+    setup = Setup(part, ci, attributions, store=store)
     out = {}
     for table in TABLES:
         for name, subject in table.subjects(setup):
@@ -369,10 +392,15 @@ def defused(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_tables(
-    df: pd.DataFrame, out_dir: Path, ci: bool = False, attributions: pd.DataFrame | None = None
+    df: pd.DataFrame,
+    out_dir: Path,
+    ci: bool = False,
+    attributions: pd.DataFrame | None = None,
+    store: Store | None = None,
 ) -> list[Path]:
     """Write every table of every setup (``<out>/<setup>/<table>.csv`` and ``.tex``) plus ``runs.csv`` (every run's
-    labels and metrics); return the paths written."""
+    labels and metrics); return the paths written. ``store``: the runs' store, for the tables that read per-text
+    scores (tab:comparison)."""
     if df.empty:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -385,7 +413,7 @@ def write_tables(
         mine = None
         if attributions is not None and len(attributions):
             mine = attributions[attributions["setup"] == part["setup"].iloc[0]]
-        for table_name, (table, tex) in setup_tables(part, ci, mine).items():
+        for table_name, (table, tex) in setup_tables(part, ci, mine, store).items():
             csv, latex = folder / f"{plain_name(table_name)}.csv", folder / f"{plain_name(table_name)}.tex"
             _csv(table, csv)
             files.write_atomic(latex, tex)

@@ -188,3 +188,67 @@ def test_each_rows_perplexity_says_what_it_measures(tmp_path):
         assert metrics._stored_footing(tmp_path, rewritten=True) == metrics.RETOKENIZED
     (tmp_path / "manifest.json").write_text(json.dumps({"report": {"ppl_on": "recorded"}}))
     assert metrics._stored_footing(tmp_path, rewritten=False) == "recorded"
+
+
+def _independent_paired(pos_a, neg_a, pos_b, neg_b, bootstrap, seed, fpr=0.01):
+    """The paired bootstrap as its docstring states it, one draw at a time with sklearn: the same prompt indices for
+    both methods, positives and negatives and every seed (rows); the difference is the mean over seeds."""
+    from sklearn.metrics import roc_auc_score, roc_curve
+
+    def auc_tpr(pos, neg):
+        labels = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+        fp, tp, _ = roc_curve(labels, np.r_[pos, neg], drop_intermediate=False)
+        return roc_auc_score(labels, np.r_[pos, neg]), tp[fp <= fpr + 1e-12].max()
+
+    n = pos_a.shape[1]
+    draws = np.random.default_rng(seed).integers(0, n, size=(bootstrap, n))
+    out = []
+    for idx in [np.arange(n), *draws]:
+        per_seed = [np.subtract(auc_tpr(pa[idx], na[idx]), auc_tpr(pb[idx], nb[idx]))
+                    for pa, na, pb, nb in zip(pos_a, neg_a, pos_b, neg_b, strict=True)]  # fmt: skip
+        out.append(np.mean(per_seed, axis=0))
+    out = np.array(out)
+    return out[0], np.percentile(out[1:], [2.5, 97.5], axis=0)
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_paired_bootstrap_matches_an_independent_recomputation(seeds):
+    """Two methods on the same 150 prompts (B shares A's prompt difficulty, with ties as z-scores of short texts
+    have): the harness's vectorised paired bootstrap against a loop over draws with sklearn."""
+    rng = np.random.default_rng(3)
+    hard = rng.normal(size=(seeds, 150))  # what both methods' texts of one prompt share
+    pos_a = np.round(hard + rng.normal(1.2, 1, size=hard.shape), 1)
+    pos_b = np.round(hard + rng.normal(1.0, 1, size=hard.shape), 1)
+    neg_a, neg_b = np.round(rng.normal(size=(2, seeds, 150)), 1)
+    found = metrics.paired_bootstrap(pos_a, neg_a, pos_b, neg_b, bootstrap=150, seed=7)
+    point, (lo, hi) = _independent_paired(pos_a, neg_a, pos_b, neg_b, bootstrap=150, seed=7)
+    assert found["auc_diff"] == pytest.approx(point[0], abs=1e-12)
+    assert found["tpr_diff"] == pytest.approx(point[1], abs=1e-12)
+    assert found["auc_diff_ci95"] == pytest.approx([lo[0], hi[0]], abs=1e-12)
+    assert found["tpr_diff_ci95"] == pytest.approx([lo[1], hi[1]], abs=1e-12)
+    assert found["seeds"] == seeds and len(found["auc_diff_per_seed"]) == seeds
+    assert np.mean(found["auc_diff_per_seed"]) == pytest.approx(found["auc_diff"], abs=1e-12)
+
+
+def test_paired_bootstrap_sees_what_unpaired_intervals_cannot():
+    """B is A's scores lowered a little on every prompt: the per-method intervals overlap, the paired one excludes
+    zero; A against itself is exactly zero."""
+    rng = np.random.default_rng(0)
+    pos, neg = rng.normal(1, 1, 200), rng.normal(0, 1, 200)
+    lower = pos - 0.1
+    a, b = detection_metrics(pos, neg), detection_metrics(lower, neg)
+    assert a["auc_ci95"][0] < b["auc_ci95"][1]  # overlapping
+    found = metrics.paired_bootstrap(pos, neg, lower, neg)
+    assert 0 < found["auc_diff_ci95"][0] <= found["auc_diff"] <= found["auc_diff_ci95"][1]
+    same = metrics.paired_bootstrap(pos, neg, pos, neg)
+    assert same["auc_diff"] == 0 and same["auc_diff_ci95"] == [0, 0] and same["tpr_diff_ci95"] == [0, 0]
+    with pytest.raises(ValueError, match="one shape"):
+        metrics.paired_bootstrap(pos, neg, pos[:-1], neg[:-1])
+
+
+def test_seed_interval_is_the_t_interval():
+    lo, hi = metrics.seed_interval([0.50, 0.52, 0.57])
+    mean, sd = np.mean([0.50, 0.52, 0.57]), np.std([0.50, 0.52, 0.57], ddof=1)
+    assert (lo, hi) == pytest.approx((mean - 4.302653 * sd / math.sqrt(3), mean + 4.302653 * sd / math.sqrt(3)))
+    assert all(math.isnan(v) for v in metrics.seed_interval([0.9]))
+    assert metrics.seed_interval([0.0, 0.1, 0.5], within=(0.0, 1.0))[0] == 0.0  # a rate's interval stays in [0, 1]

@@ -390,3 +390,83 @@ def test_edited_rows_and_the_unaltered_row_show_ppl_on_the_same_footing(fake_run
     assert own.loc["Gu-KGW", ("unaltered", "PPL")] == by_row.loc["", "PPL_retokenized"]
     assert own.loc["Gu-KGW", ("p=0.1", "PPL")] == by_row.loc["p=0.1", "PPL"]
     assert "unaltered" not in latex.own_tex(own, "caption", "Typos")  # the LaTeX shows the AUCs
+
+
+def _stored(run) -> tuple[list, list]:
+    """A run's stored scores read with json alone, by prompt index: (generated, human)."""
+    import json
+
+    rows = [json.loads(line) for line in (run / "scores.jsonl").read_text().splitlines() if line]
+    by = {label: dict(sorted((r["i"], r["score"]) for r in rows if r["label"] == label)) for label in (0, 1)}
+    return list(by[1].values()), list(by[0].values())
+
+
+def test_two_seeds_give_spreads_and_paired_comparisons_recomputed_from_stored_scores(
+    tmp_path, fake_run, caplog, monkeypatch
+):
+    """Two training seeds of Gu-KGW and PRO, unaltered and under SLERP: tab:robustness and tab:fpr_tpr show each
+    cell's mean with its t-interval over seeds; tab:comparison's paired intervals are recomputed here from the stored
+    per-text scores with plain numpy and sklearn; a run on other prompts is not compared, and says why."""
+    import numpy as np
+    from scipy.stats import t
+    from sklearn.metrics import roc_auc_score, roc_curve
+
+    store = Store(tmp_path / "runs")
+    runs = {}
+    for seed in (0, 1):
+        for method, auc in (("gu-kgw", 0.97), ("pro", 0.9)):
+            runs[(method, "none", seed)] = fake_run(store, method, {}, "none", {}, auc - 0.03 * seed, seed=seed)
+            runs[(method, "slerp", seed)] = fake_run(store, method, {}, "slerp", {"t": 0.5}, auc - 0.2, seed=seed)
+    fake_run(store, "gloaguen-kgw", {}, "none", {}, 0.99, seed=0, prompts=1)  # other prompts: not paired with the rest
+    df = collect.collect(store)
+
+    def t_interval(values, within=(-1, 1)):
+        half = t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values))
+        return [max(within[0], np.mean(values) - half), min(within[1], np.mean(values) + half)]
+
+    table = frames.robustness(df, ci=True)
+    cell = table.loc[("Unaltered", "", ""), "PRO"]
+    aucs = [df[df["run"] == runs[("pro", "none", s)].name]["AUC"].iloc[0] for s in (0, 1)]
+    assert cell["seeds"] == 2 and cell["AUC"] == pytest.approx(np.mean(aucs))
+    assert [cell["AUC_seed_lo"], cell["AUC_seed_hi"]] == pytest.approx(t_interval(aucs, (0, 1)))
+    assert table.loc[("Unaltered", "", ""), ("Gloaguen-KGW", "seeds")] == 1
+    assert np.isnan(table.loc[("Unaltered", "", ""), ("Gloaguen-KGW", "AUC_seed_lo")])  # one seed: no spread
+    rates = frames.fpr_tpr(df)
+    tprs = [df[df["run"] == runs[("pro", "none", s)].name]["TPR@1%"].iloc[0] for s in (0, 1)]
+    spread = [rates.loc["PRO", "TPR@1%_seed_lo"], rates.loc["PRO", "TPR@1%_seed_hi"]]
+    assert spread == pytest.approx(t_interval(tprs, (0, 1)))
+
+    monkeypatch.setattr(frames, "COMPARISON_DRAWS", 200)  # (fewer draws to recompute one at a time below)
+    compared = frames.comparison(df, store)
+    row = compared.loc[("Merging", "SLERP", "t=0.5", "Gu-KGW", "PRO")]
+    scores = {s: [*_stored(runs[("gu-kgw", "slerp", s)]), *_stored(runs[("pro", "slerp", s)])] for s in (0, 1)}
+    n = len(scores[0][0])
+    draws = np.vstack([np.arange(n), np.random.default_rng(0).integers(0, n, size=(200, n))])
+    labels = np.r_[np.ones(n), np.zeros(n)]
+
+    def auc_tpr(pos, neg):
+        fp, tp, _ = roc_curve(labels, np.r_[pos, neg], drop_intermediate=False)
+        return roc_auc_score(labels, np.r_[pos, neg]), tp[fp <= 0.01].max()
+
+    # draws x seeds x (AUC, TPR) differences
+    diffs = np.array([[np.subtract(auc_tpr(np.take(pa, d), np.take(na, d)), auc_tpr(np.take(pb, d), np.take(nb, d)))
+                       for pa, na, pb, nb in scores.values()] for d in draws])  # fmt: skip
+    mean = diffs.mean(axis=1)
+    for k, name in enumerate(("AUC", "TPR@1%")):
+        assert row[f"d{name}"] == pytest.approx(mean[0, k], abs=1e-9)
+        assert [row[f"d{name}_lo"], row[f"d{name}_hi"]] == pytest.approx(np.percentile(mean[1:, k], [2.5, 97.5]))
+        assert [row[f"d{name}_seed_lo"], row[f"d{name}_seed_hi"]] == pytest.approx(t_interval(diffs[0, :, k]))
+        shown = [row[f"d{name}_lo"], row[f"d{name}_hi"], row[f"d{name}_seed_lo"], row[f"d{name}_seed_hi"]]
+        assert row[f"{name}_excludes_0"] == (min(shown) > 0 or max(shown) < 0)
+    assert row["seeds"] == 2 and row["paired_on"] == "prompt ids" and row["note"] == ""
+    other = compared.loc[("Unaltered", "", "", "Gloaguen-KGW", "PRO")]
+    assert other["note"].startswith("not compared: ") and "continue different prompts" in other["note"]
+    assert np.isnan(other["dAUC"]) and "tab:comparison, Gloaguen-KGW vs PRO (unaltered)" in caplog.text
+
+    out = tmp_path / "tables"
+    assert main(["tables", "--results", str(store.root), "--out", str(out), "--no-figures"]) == 0
+    csv = (out / "tiny" / "comparison.csv").read_text()
+    assert csv.startswith("category,attack,setting,A,B,seeds,dAUC,dAUC_lo,dAUC_hi,dAUC_seed_lo,dAUC_seed_hi,")
+    tex = (out / "tiny" / "comparison.tex").read_text()
+    assert f"{row['dAUC']:+.3f} [{row['dAUC_lo']:+.3f}, {row['dAUC_hi']:+.3f}] seeds" in tex
+    assert "t-intervals over training seeds" in tex
