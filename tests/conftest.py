@@ -275,8 +275,11 @@ def _fake_run(
     what = json.dumps([method, method_settings, attack, attack_settings, seed, output, preset.model_dump()]
                       + ([prompts] if prompts else []), sort_keys=True, default=str)  # fmt: skip
     digest = hashlib.sha256(what.encode()).hexdigest()
+    # (the evaluation a generate stage's spec records, as a real run's upstream holds it: what pairs runs)
+    generate = {"eval": preset.eval.model_dump(), "eval_data": preset.eval_data.model_dump(), "tokenizer": "fake"}
     spec = scoring.run_spec(preset, m, a, label, trained_key=digest[:16], generate_key=digest[16:32],
-                            oracle={"ref": preset.oracle_model, "fingerprint": "fake"}, upstream={})  # fmt: skip
+                            oracle={"ref": preset.oracle_model, "fingerprint": "fake"},
+                            upstream={"generate": generate})  # fmt: skip
     params = json.dumps(m.params.model_dump(), sort_keys=True)
     rows = _detector_rows(method, params, preset.eval.prompt_tokens, preset.eval.new_tokens)
     rng = np.random.default_rng(int(digest[:8], 16))

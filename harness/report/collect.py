@@ -347,25 +347,29 @@ def paired_scores(store: Store, runs_a: list[str], runs_b: list[str]) -> tuple[l
     as ``metrics.paired_bootstrap`` takes them: ``([pos_a, neg_a, pos_b, neg_b] as seeds x prompts lists, what the
     pairing was checked on)``. Pairing is verified from what the runs store, never assumed: every run scores each
     prompt's generated and human text once, on the same prompt indices, and the prompts and human texts behind them
-    are the same (their token ids, or where a run was exported without its texts, its evaluation spec). Raises
+    are the same (their evaluation spec, and their token ids wherever every run still holds its texts). Raises
     ValueError saying why two runs are not comparable."""
     read = [[_by_prompt(store.root, r) for r in runs] for runs in (runs_a, runs_b)]
     first = read[0][0]
     keys = sorted(first[0])
     digests = {r[2] for side in read for r in side}
+    specs = [r[3] for side in read for r in side]
     for name, side in zip((runs_a, runs_b), read, strict=True):
         for run, (pos, neg, _, spec) in zip(name, side, strict=True):
             if set(pos) != set(neg):
                 raise ValueError(f"run {run} does not score a generated and a human text for every prompt")
             if sorted(pos) != keys:
                 raise ValueError(f"runs {runs_a[0]} and {run} score different prompt indices")
-            if None in digests and spec != first[3]:
+            if spec is not None and first[3] is not None and spec != first[3]:
                 raise ValueError(f"runs {runs_a[0]} and {run} were evaluated on different settings or data")
     if None not in digests and len(digests) > 1:
         raise ValueError(f"runs {', '.join(runs_a + runs_b)} continue different prompts or human texts")
-    if first[3] is None and None in digests:
+    if None in specs and None in digests:
         raise ValueError(f"run {runs_a[0]} stores neither its texts nor its evaluation spec")
-    on = "prompt ids" if None not in digests else "evaluation spec (texts not stored)"
+    # What every run records, its evaluation spec, names the pairing; an export keeps it (and drops the texts, whose
+    # ids are compared as well wherever all runs still hold them), so the table reads the same from a store and its
+    # export.
+    on = "evaluation spec" if None not in specs else "prompt ids"
     pos_a, neg_a = [[r[0][i] for i in keys] for r in read[0]], [[r[1][i] for i in keys] for r in read[0]]
     pos_b, neg_b = [[r[0][i] for i in keys] for r in read[1]], [[r[1][i] for i in keys] for r in read[1]]
     return [pos_a, neg_a, pos_b, neg_b], on

@@ -111,7 +111,10 @@ def test_the_cli_spells_a_chain_with_then(cli, tmp_path):
               "--then-arg", "t=0.5", "--then", "gguf", "--then-arg", "type=Q4_0", "--dry-run",
               "--results", str(tmp_path / "runs"))  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "StdlibCodeInstruct → SLERP → GGUF s=9 → t=0.5 → Q4_0" in out.stdout, out.stdout
+    # (the cells' labels are listed only once the tiny LM is built; the first line names the chain either way)
+    assert "gu-kgw x StdlibCodeInstruct → SLERP → GGUF on preset 'tiny'" in out.stdout, out.stdout
+    three = chain(("finetune", {"steps": "9"}), ("slerp", {"t": 0.5}), ("gguf", {"type": "Q4_0"}), preset=TINY)
+    assert three.config_label() == "s=9 → t=0.5 → Q4_0"
     # the links take the preset's settings for their attacks, as each alone would
     resolved = chain(("finetune", {"steps": "9"}), ("slerp", {"t": 0.5}), preset=TINY)
     assert resolved.links[0].params == attacks.build("finetune", {"steps": "9"}, TINY).params

@@ -51,7 +51,7 @@ def test_every_stored_cell_is_on_the_page(store, cli, tmp_path):
     # tab:comparison's section: Gu-KGW against PRO under the two rows both have (unaltered and SLERP), not INT8
     section = page.split("<h3>Paired differences between methods")[1].split("<h3>")[0]
     assert section.count("<th>Gu-KGW</th>") + section.count("<td>Gu-KGW</td>") == 2, section
-    assert "INT8" not in section and "prompt ids" in section
+    assert "INT8" not in section and "evaluation spec" in section
     assert "<img" in page and "data:image/png;base64," in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched
 

@@ -458,7 +458,7 @@ def test_two_seeds_give_spreads_and_paired_comparisons_recomputed_from_stored_sc
         assert [row[f"d{name}_seed_lo"], row[f"d{name}_seed_hi"]] == pytest.approx(t_interval(diffs[0, :, k]))
         shown = [row[f"d{name}_lo"], row[f"d{name}_hi"], row[f"d{name}_seed_lo"], row[f"d{name}_seed_hi"]]
         assert row[f"{name}_excludes_0"] == (min(shown) > 0 or max(shown) < 0)
-    assert row["seeds"] == 2 and row["paired_on"] == "prompt ids" and row["note"] == ""
+    assert row["seeds"] == 2 and row["paired_on"] == "evaluation spec" and row["note"] == ""
     other = compared.loc[("Unaltered", "", "", "Gloaguen-KGW", "PRO")]
     assert other["note"].startswith("not compared: ") and "continue different prompts" in other["note"]
     assert np.isnan(other["dAUC"]) and "tab:comparison, Gloaguen-KGW vs PRO (unaltered)" in caplog.text
