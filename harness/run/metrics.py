@@ -91,13 +91,10 @@ def paired_bootstrap(pos_a, neg_a, pos_b, neg_b, bootstrap: int = 1000, seed: in
     seeds, n = arrays[0].shape
     rng = np.random.default_rng(seed)
     draws = np.vstack([np.arange(n), rng.integers(0, n, size=(bootstrap, n))])  # row 0: every prompt once
-    allowed = int(np.floor(fpr * n + 1e-9))  # ``_fires_above``'s rule: at most this many negatives above threshold
 
     def per_draw(pos: np.ndarray, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         p, q = pos[draws], neg[draws]
-        auc = bootstrap_aucs(np.hstack([p, q]), n)
-        above = -np.sort(-q, axis=1)[:, allowed] if allowed < n else np.full(len(q), -np.inf)
-        return auc, (p > above[:, None]).mean(axis=1)
+        return bootstrap_aucs(np.hstack([p, q]), n), (p > _fires_above(q, fpr)[:, None]).mean(axis=1)
 
     auc_d, tpr_d = np.zeros((seeds, len(draws))), np.zeros((seeds, len(draws)))
     for s in range(seeds):
@@ -139,12 +136,16 @@ def _prefix_matrix(texts: list[dict], longest: int) -> np.ndarray:
     return out
 
 
-def _fires_above(neg: np.ndarray, fpr: float) -> float:
+def _fires_above(neg: np.ndarray, fpr: float):
     """The score a text must exceed to be flagged at the empirical threshold that ``tpr_at_fpr`` picks: at most
-    ``floor(fpr * n)`` negatives lie at or above any threshold above it."""
-    allowed = int(np.floor(fpr * len(neg) + 1e-9))
-    ordered = np.sort(neg)[::-1]
-    return float(ordered[allowed]) if allowed < len(ordered) else -np.inf
+    ``floor(fpr * n)`` negatives lie at or above any threshold above it. ``neg`` 2-D: one threshold per row (an array,
+    as ``paired_bootstrap`` takes them for its draws)."""
+    neg = np.asarray(neg)
+    allowed = int(np.floor(fpr * neg.shape[-1] + 1e-9))
+    if allowed >= neg.shape[-1]:
+        return np.full(neg.shape[:-1], -np.inf) if neg.ndim > 1 else -np.inf
+    above = -np.sort(-neg, axis=-1)[..., allowed]
+    return above if neg.ndim > 1 else float(above)
 
 
 def stays_detected_from(flagged: np.ndarray) -> np.ndarray:
