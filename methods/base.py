@@ -140,6 +140,16 @@ def score_long_enough(
     return out
 
 
+class KeyFromTokenizer:
+    """For a method whose detection key is ``detection_key(tokenizer)`` of the base model's tokenizer (KGW, KTH,
+    AAR: drawn from its settings alone): ``WatermarkMethod.draw_key`` without training."""
+
+    def draw_key(self, out: Path, base_model: str) -> None:
+        from harness.assets.models import load_tokenizer
+
+        save_key(out, self.detection_key(load_tokenizer(base_model)))
+
+
 class WatermarkMethod(Plugin, ABC):
     """Base of every method: ``train`` writes ``out/model`` (weights + tokenizer, what is released) and the detection
     key beside it (``out/key.json`` and any files it names), never inside ``out/model``."""

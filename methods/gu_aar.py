@@ -17,7 +17,14 @@ from pydantic import Field
 
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
-from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_key, score_long_enough
+from methods.base import (
+    Detector,
+    KeyFromTokenizer,
+    TrainContext,
+    WatermarkMethod,
+    read_key,
+    score_long_enough,
+)
 
 
 class GuAARParams(Params):
@@ -74,7 +81,7 @@ class AARDetector(Detector):
                         "Gamma(pairs, 1) under the null (exact)"}  # fmt: skip
 
 
-class GuAAR(WatermarkMethod):
+class GuAAR(KeyFromTokenizer, WatermarkMethod):
     name = "gu-aar"
     label = "Gu-AAR"
     tradeoff_settings = ("k",)
@@ -119,11 +126,6 @@ class GuAAR(WatermarkMethod):
 
         return sampling_distillation(self, ctx, out, "aar-teacher-texts", f"AAR teacher texts (k={self.params.k})",
                                      teacher_texts)  # fmt: skip
-
-    def draw_key(self, out: Path, base_model: str) -> None:
-        from harness.assets.models import load_tokenizer
-
-        save_key(out, self.detection_key(load_tokenizer(base_model)))
 
     def detection_key(self, tokenizer) -> dict:
         """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the AAR key."""

@@ -9,7 +9,15 @@ from pydantic import Field, model_validator
 
 from harness.assets import data
 from harness.config.plugins import Params
-from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_key, save_trained, score_long_enough
+from methods.base import (
+    Detector,
+    KeyFromTokenizer,
+    TrainContext,
+    WatermarkMethod,
+    read_key,
+    save_trained,
+    score_long_enough,
+)
 from methods.distill import logit_distill
 
 
@@ -78,7 +86,7 @@ class KGWDetector(Detector):
         }
 
 
-class GuKGW(WatermarkMethod):
+class GuKGW(KeyFromTokenizer, WatermarkMethod):
     name = "gu-kgw"
     label = "Gu-KGW"
     tradeoff_settings = ("k", "delta")
@@ -115,11 +123,6 @@ class GuKGW(WatermarkMethod):
         report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gu-KGW")
         save_trained(out, student, tokenizer, self.detection_key(tokenizer))
         return report
-
-    def draw_key(self, out: Path, base_model: str) -> None:
-        from harness.assets.models import load_tokenizer
-
-        save_key(out, self.detection_key(load_tokenizer(base_model)))
 
     def detection_key(self, tokenizer) -> dict:
         """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the teacher's KGW key (the green lists it

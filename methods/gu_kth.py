@@ -23,10 +23,10 @@ from harness.config.presets import MAX_PROMPTS
 from methods.base import (
     DetectContext,
     Detector,
+    KeyFromTokenizer,
     TrainContext,
     WatermarkMethod,
     read_key,
-    save_key,
     score_long_enough,
 )
 
@@ -97,7 +97,7 @@ class KTHDetector(Detector):
         }
 
 
-class GuKTH(WatermarkMethod):
+class GuKTH(KeyFromTokenizer, WatermarkMethod):
     name = "gu-kth"
     label = "Gu-KTH"
     tradeoff_settings = ("s",)
@@ -152,11 +152,6 @@ class GuKTH(WatermarkMethod):
 
         return sampling_distillation(self, ctx, out, "kth-teacher-texts", f"KTH teacher texts (s={self.params.s})",
                                      teacher_texts)  # fmt: skip
-
-    def draw_key(self, out: Path, base_model: str) -> None:
-        from harness.assets.models import load_tokenizer
-
-        save_key(out, self.detection_key(load_tokenizer(base_model)))
 
     def detection_key(self, tokenizer) -> dict:
         """What ``train`` writes as ``key.json`` for the base ``tokenizer``: the KTH key and the detector's settings."""

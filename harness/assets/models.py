@@ -408,9 +408,8 @@ def load_causal_lm(path_or_id: str, device: str | None = None, dtype: str = "aut
             output_loading_info=True,
             **({"device_map": device} if quantized else {}),
         )
-    except (*config_errors(), SafetensorError) as err:
-        raise _load_error(path_or_id, err) from None
-    except RuntimeError as err:  # a tensor of another shape than its config gives (a vocabulary smaller than it)
+    # (RuntimeError: a tensor of another shape than its config gives, a vocabulary smaller than it)
+    except (*config_errors(), SafetensorError, RuntimeError) as err:
         raise _load_error(path_or_id, err) from None
     if not quantized:  # (a quantized model's packed tensors are named and shaped by its library, which checks them)
         check_loaded(path_or_id, info)
