@@ -71,20 +71,14 @@ def pooled_p_values(name: str, seed: int | None, texts: dict, pipe, kth_null_key
     folder.mkdir(parents=True)
     method.draw_key(folder, pipe.base["path"])
     key = read_key(folder)
-    if name == "gaussmark":
+    if name == "gaussmark":  # (one detector, its noise drawn anew for each key: GRADIENTS)
         from scipy.stats import norm
 
         from methods.gaussmark import noise
 
-        xi = {
-            n: noise(key["seed"], n, g.shape, key["sigma"]).double() for n, g in GRADIENTS[next(iter(texts))][0].items()
-        }
-        out = {}
-        for derivative in texts:
-            total, norm_ = GRADIENTS[derivative]
-            projection = sum(float((g.double() * xi[n]).sum()) for n, g in total.items())
-            out[derivative] = float(norm.sf(projection / (key["sigma"] * norm_)))
-        return out
+        detector = GRADIENTS["detector"]
+        detector.xi = {n: noise(key["seed"], n, x.shape, key["sigma"]).to(x.device) for n, x in detector.xi.items()}
+        return {d: float(norm.sf(detector.pooled_z(GRADIENTS[d]))) for d in texts}
     if name == "gu-kth":  # (its constructor wants reference statistics, which the pooled test does not read)
         from methods.gu_kth import KTHDetector
         from methods.kth import KTHKey
@@ -96,28 +90,24 @@ def pooled_p_values(name: str, seed: int | None, texts: dict, pipe, kth_null_key
 
 
 # GaussMark's pooled z is <xi, g> / (sigma ||g||) for the summed log-likelihood's gradient g under the base, which does
-# not depend on the key: derivative -> (g by weight name, ||g||), computed once (``summed_gradients``).
+# not depend on the key: derivative -> g (``GaussMarkDetector.pooled_gradient``), computed once, and the one detector
+# under "detector" (``summed_gradients``).
 GRADIENTS: dict = {}
 
 
 def summed_gradients(texts: dict, pipe, tmp: Path) -> None:
-    """Fill ``GRADIENTS``: each derivative's summed gradient at GaussMark's preset weights (BOS as every text's
-    context, as ``GaussMarkDetector.pool``)."""
+    """Fill ``GRADIENTS``: a GaussMark detector at the preset's weights, and each derivative's summed gradient."""
     from harness.config.registry import methods
     from methods.base import read_key
-    from methods.gaussmark import GaussMarkDetector, summed_gradient
+    from methods.gaussmark import GaussMarkDetector
 
     folder = tmp / "gaussmark-gradients"
     folder.mkdir(parents=True)
     methods.build("gaussmark", {}, pipe.preset).draw_key(folder, pipe.base["path"])
     detector = GaussMarkDetector(read_key(folder), pipe.base["path"], "cpu", pipe.tokenizer, 16)
+    GRADIENTS["detector"] = detector
     for derivative, seqs in texts.items():
-        total = {n: detector.torch.zeros_like(x) for n, x in detector.xi.items()}
-        for start in range(0, len(seqs), 16):
-            part = seqs[start : start + 16]
-            for n, grad in summed_gradient(detector, [detector.bos] * len(part), part).items():
-                total[n] += grad
-        GRADIENTS[derivative] = total, sum(float((g.double() ** 2).sum()) for g in total.values()) ** 0.5
+        GRADIENTS[derivative] = detector.pooled_gradient(seqs)
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:

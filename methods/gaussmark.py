@@ -234,18 +234,28 @@ class GaussMarkDetector(Detector):
         texts', so z is exactly N(0, 1) under the null whatever the texts' correlations."""
         from scipy.stats import norm
 
+        z = self.pooled_z(self.pooled_gradient(sequences))
+        tokens = sum(len(s) for s in sequences)
+        return {"p_value": float(norm.sf(z)), "statistic": z, "tokens": tokens,
+                "test": f"GaussMark z of the summed log-likelihood of {len(sequences)} texts ({tokens} tokens), "
+                        "exactly N(0, 1) under the null"}  # fmt: skip
+
+    def pooled_gradient(self, sequences: list[list[int]]) -> dict:
+        """The gradient of the summed log-likelihood of every text (BOS as each one's context) at the key's weights,
+        by weight name: what ``pool`` projects on the key's noise. It does not depend on the key, so a test over many
+        keys computes it once (``benchmarks/audit_null.py``)."""
         total = {n: self.torch.zeros_like(x) for n, x in self.xi.items()}
         for start in range(0, len(sequences), self.batch_size):
             seqs = sequences[start : start + self.batch_size]
             for name, grad in summed_gradient(self, [self.bos] * len(seqs), seqs).items():
                 total[name] += grad
+        return total
+
+    def pooled_z(self, total: dict) -> float:
+        """z = <xi, g> / (sigma ||g||) of the summed gradient ``total`` (``pooled_gradient``) under this key's noise."""
         projection = sum(float((total[n] * self.xi[n]).sum()) for n in total)
         norm_ = sum(float((g * g).sum()) for g in total.values()) ** 0.5
-        z = projection / (self.sigma * norm_) if norm_ > 0 else 0.0
-        tokens = sum(len(s) for s in sequences)
-        return {"p_value": float(norm.sf(z)), "statistic": z, "tokens": tokens,
-                "test": f"GaussMark z of the summed log-likelihood of {len(sequences)} texts ({tokens} tokens), "
-                        "exactly N(0, 1) under the null"}  # fmt: skip
+        return projection / (self.sigma * norm_) if norm_ > 0 else 0.0
 
 
 def _batch(detector, contexts, sequences):
