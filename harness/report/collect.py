@@ -293,8 +293,7 @@ def mean_over_seeds(df: pd.DataFrame, keys: list[str], values: list[str]) -> pd.
 def spread_over_seeds(df: pd.DataFrame, keys: list[str], values: list[str], spread: list[str]) -> pd.DataFrame:
     """``mean_over_seeds``, with for each of ``spread`` the 95% t-interval over the cell's training seeds
     (``metrics.seed_interval``, within [0, 1]: ``<value>_seed_lo``, ``<value>_seed_hi``; missing for a cell of one
-    seed) and the
-    number of seeds each cell averages (``seeds``). The text-sampling interval of a cell of several seeds
+    seed) and the number of seeds each cell averages (``seeds``). The text-sampling interval of a cell of several seeds
     (``AUC_lo``, ``AUC_hi``) stays the mean of its seeds' own bounds: one training's interval, beside the spread
     between trainings."""
     out = mean_over_seeds(df, keys, values)
