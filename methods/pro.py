@@ -454,5 +454,5 @@ class PROStep:
             "l_anti_probe_last_10": last10("probe"),
             "anti_pool_refreshes": self.refreshes,
             "anti_pool_seconds": round(self.anti_seconds, 2),
-            "embedding_cache": {"hits": e.hits, "misses": e.misses, "size": len(e.cache)},
+            "embedding_cache": {"hits": e.hits, "misses": e.misses, "size": e.cached},
         }

@@ -111,8 +111,7 @@ def prefix_embeddings(embedder: Embedder, tokenizer, input_ids, n: int):
     """(B, T - n + 1, dim) E-embeddings of ``prefix_ngrams``, on the embedder's device."""
     windows = prefix_ngrams(input_ids, n)
     b, w, _ = windows.shape
-    flat = embedder.embed_ngrams([tuple(r) for r in windows.reshape(-1, n).tolist()], tokenizer)
-    return flat.view(b, w, -1)
+    return embedder.embed_ngrams(windows.reshape(-1, n), tokenizer).view(b, w, -1)
 
 
 def watermark_logits(policy, embedder: Embedder, tokenizer, input_ids, n: int):
@@ -140,13 +139,11 @@ def detection_scores(
     """Per completion (ids, no prompt): ``{"score": z, "scored": k, "prefix_scores": [...]}``, z = mean over tokens
     i >= n of ``M(E(x[i-n:i]))[x_i]``, k = len - n, and the same mean over the first 1, 2, ..., len tokens. A
     sequence of n tokens or fewer has nothing to score: ValueError."""
-    import torch
 
     def values(part: list[list[int]], _start: int):
-        ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
+        ngrams, targets = scored_positions(part, n)
         embedded = embedder.embed_ngrams(ngrams, tokenizer)
-        targets = torch.tensor([t for ids in part for t in ids[n:]], device=embedded.device)
-        return policy.at(embedded, targets)  # M(E(prefix))[x_i] for every scored position
+        return policy.at(embedded, targets.to(embedded.device))  # M(E(prefix))[x_i] for every scored position
 
     return _running_means(policy, sequences, n, values, progress, chunk)
 
@@ -178,7 +175,7 @@ def centred_detection_scores(
         raise ValueError(f"PRO detection: {len(prompts)} prompts for {len(sequences)} sequences")
 
     def values(part: list[list[int]], start: int):
-        ngrams = [tuple(ids[i - n : i]) for ids in part for i in range(n, len(ids))]
+        ngrams, targets = scored_positions(part, n)
         rows = policy(embedder.embed_ngrams(ngrams, tokenizer))  # (positions, V): M_i for every scored position
         expected = []
         for k, ids in enumerate(part, start):  # the base's next-token distribution where it predicts x_n .. x_end
@@ -187,10 +184,23 @@ def centred_detection_scores(
             expected.append(torch.softmax(logits[len(context) + n - 1 : len(context) + len(ids) - 1], -1))
         probs = torch.cat(expected).to(rows.device)
         width = min(probs.shape[1], rows.shape[1])  # (a model's logits may be padded past the vocabulary)
-        targets = torch.tensor([t for ids in part for t in ids[n:]], device=rows.device)
+        targets = targets.to(rows.device)
         return rows.gather(1, targets[:, None])[:, 0] - (probs[:, :width] * rows[:, :width]).sum(-1)
 
     return _running_means(policy, sequences, n, values, progress, chunk)
+
+
+def scored_positions(sequences: list[list[int]], n: int):
+    """Every scored position i >= n of every sequence, flat: ``(ngrams (P, n), targets (P,))`` with the n-gram
+    ``x[i-n:i]`` and the token ``x_i`` (the sequences' windows, by unfold: no Python per position)."""
+    import torch
+
+    ngrams, targets = [], []
+    for ids in sequences:
+        ids = torch.tensor(ids, dtype=torch.long)
+        ngrams.append(ids[:-1].unfold(0, n, 1))
+        targets.append(ids[n:])
+    return torch.cat(ngrams), torch.cat(targets)
 
 
 def _running_means(policy, sequences: list[list[int]], n: int, values: Callable, progress, chunk: int) -> list[dict]:
@@ -324,7 +334,7 @@ def anti_processor(policy, embedder: Embedder, tokenizer, n: int, delta: float):
             if input_ids.shape[1] < n:
                 return scores
             with torch.no_grad():
-                emb = embedder.embed_ngrams([tuple(r) for r in input_ids[:, -n:].tolist()], tokenizer)
+                emb = embedder.embed_ngrams(input_ids[:, -n:], tokenizer)
                 w = policy(emb.to(scores.device)).to(scores.dtype)
             return scores - delta * w
 

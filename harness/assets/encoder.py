@@ -11,8 +11,6 @@ import hashlib
 import inspect
 import json
 import weakref
-from collections import OrderedDict
-from collections.abc import Sequence
 from pathlib import Path
 
 # Families that are decoder-only language models: their hidden states are not sentence embeddings.
@@ -93,14 +91,14 @@ def pooling_of(folder: str) -> tuple[str, bool]:
 
 
 class Embedder:
-    """The frozen encoder E with an LRU cache of n-gram embeddings.
+    """The frozen encoder E with a least-recently-used cache of n-gram embeddings.
 
     Written by hand rather than through sentence-transformers: one code path serves plain encoders (CLS pooling,
     like the paper's compositional-bert-large) and sentence-transformers folders (pooling and normalisation read from
-    their config files), and batching and the n-gram cache are under our control. The cache is keyed by the tuple
-    of base-model token ids and the tokenizer that decodes them, so each distinct n-gram is decoded and embedded
-    once, across training batches, the anti-watermarked pool (whose n-grams generation already embedded) and
-    detection.
+    their config files), and batching and the n-gram cache are under our control. The cache (on E's device,
+    ``harness.assets.ngram_cache``) is keyed by the rows of base-model token ids and the tokenizer that decodes them,
+    so each distinct n-gram is decoded and embedded once, across training batches, the anti-watermarked pool (whose
+    n-grams generation already embedded) and detection.
     """
 
     def __init__(
@@ -121,18 +119,20 @@ class Embedder:
         self.model.requires_grad_(False)
         self.dim = int(self.model.config.hidden_size)
         self.cache_size, self.batch_size, self.max_length = cache_size, batch_size, max_length
-        self.cache: OrderedDict[tuple[str, tuple[int, ...]], object] = OrderedDict()  # (tokenizer, ids) -> vector
+        self.caches: dict[tuple[str, int], object] = {}  # (tokenizer's hash, n) -> its NgramCache
         self._tokenizers: dict[int, tuple[weakref.ref, str]] = {}  # id(tokenizer) -> (the tokenizer, its hash)
         self.hits = 0
         self.misses = 0
 
     def embed_texts(self, texts: list[str]):
         """(N, dim) float32 embeddings of ``texts``, in sub-batches of ``batch_size`` padded to their longest."""
+        import numpy as np
         import torch
 
         out = []
         # Longest first, so that each sub-batch pads to about its own length; put back in order at the end.
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        order = np.argsort(-lengths, kind="stable").tolist()
         texts = [texts[i] for i in order]
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
@@ -158,41 +158,51 @@ class Embedder:
         inverse[torch.tensor(order)] = torch.arange(len(order))
         return torch.cat(out)[inverse.to(self.device)].clone()  # clone: a normal tensor, usable by autograd
 
-    def embed_ngrams(self, ngrams: Sequence[tuple[int, ...]], tokenizer):
-        """(N, dim) embeddings of n-grams of base-model ids, each decoded to text with the base ``tokenizer``
-        (special tokens kept, so distinct n-grams stay distinct texts). Each distinct n-gram not in the cache is
-        embedded once; ``hits`` / ``misses`` count distinct n-grams found / not found in the cache. The cache holds
-        the n-grams of every tokenizer it has seen apart: one process may detect PRO on models of several tokenizers
-        (a grid, ``harness rescore``), where the same ids are other texts."""
+    def embed_ngrams(self, ngrams, tokenizer):
+        """(N, dim) embeddings of n-grams of base-model ids (an (N, n) tensor of ids, or a list of N equal-length
+        tuples), each decoded to text with the base ``tokenizer`` (special tokens kept, so distinct n-grams stay
+        distinct texts), on E's device. Each distinct n-gram not in the cache is embedded once, in order of first
+        appearance; ``hits`` / ``misses`` count distinct n-grams found / not found in the cache. The cache keeps the
+        n-grams of each tokenizer (and length) apart: one process may detect PRO on models of several tokenizers
+        (a grid, ``harness rescore``), where the same ids are other texts. No Python runs per n-gram
+        (``harness.assets.ngram_cache``)."""
+        import numpy as np
         import torch
 
-        vocab = self._fingerprint(tokenizer)
-        keys = [tuple(int(t) for t in g) for g in ngrams]
-        found: dict[tuple[int, ...], object] = {}
-        todo: list[tuple[int, ...]] = []
-        for key in dict.fromkeys(keys):  # distinct, in order
-            vec = self.cache.get((vocab, key))
-            if vec is None:
-                todo.append(key)
-            else:
-                self.cache.move_to_end((vocab, key))
-                found[key] = vec
-        self.hits += len(found)
+        from harness.assets.ngram_cache import NgramCache, decode_rows, distinct
+
+        rows = torch.as_tensor(ngrams, dtype=torch.long).to(self.device)
+        if rows.numel() == 0:
+            return torch.zeros(len(rows), self.dim, device=self.device)
+        cache = self.caches.get((self._fingerprint(tokenizer), rows.shape[1]))
+        if cache is None:
+            cache = self.caches[(self._fingerprint(tokenizer), rows.shape[1])] = NgramCache(
+                rows.shape[1], self.dim, self.cache_size, self.device
+            )
+        keys, firsts, inverse = distinct(rows)
+        rows = rows[firsts]  # the distinct n-grams, in order of first appearance
+        order = torch.arange(len(rows), device=self.device)
+        slots, found, taken = cache.find(keys, rows)
+        vectors = torch.empty(len(rows), self.dim, device=self.device)
+        vectors[found] = cache.vectors[slots[found]]
+        cache.touch(slots[found], order[found])  # hits count as used first, in order, then the misses are added
+        todo = (~found).nonzero()[:, 0]
+        self.hits += int(found.sum())
         self.misses += len(todo)
-        if todo:
-            texts = [tokenizer.decode(list(k), skip_special_tokens=False) for k in todo]
-            order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # like lengths together: less padding
-            new = self.embed_texts([texts[i] for i in order])
-            new = new[torch.argsort(torch.tensor(order, device=new.device))]
-            for key, vec in zip(todo, new, strict=True):
-                found[key] = vec
-                if self.cache_size > 0:
-                    self.cache[(vocab, key)] = vec
-            while len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
-        if not keys:
-            return torch.zeros(0, self.dim, device=self.device)
-        return torch.stack([found[k] for k in keys])
+        if len(todo):
+            texts = decode_rows(tokenizer, rows[todo])
+            by_length = np.argsort(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), kind="stable")
+            new = self.embed_texts([texts[i] for i in by_length])  # like lengths together: less padding
+            vectors[todo[torch.from_numpy(by_length).to(self.device)]] = new
+            keep = ~taken[todo]  # (a key another n-gram holds in the cache: embedded, not stored)
+            cache.add(keys[todo][keep], rows[todo][keep], vectors[todo][keep], len(rows) + order[todo][keep])
+        cache.clock += 2 * len(rows)
+        return vectors[inverse]
+
+    @property
+    def cached(self) -> int:
+        """How many n-gram embeddings the caches hold."""
+        return sum(len(cache) for cache in self.caches.values())
 
     def _fingerprint(self, tokenizer) -> str:
         """What turns ids into text: a hash of ``tokenizer``'s definition (its fast tokenizer's JSON, else its

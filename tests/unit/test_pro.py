@@ -194,7 +194,7 @@ def test_fpl_restores_parameters_bit_exactly_in_float32():
 
 
 def test_embedding_cache_counts_hits(embedder, base_tokenizer):
-    embedder.cache.clear()
+    embedder.caches.clear()
     embedder.hits = embedder.misses = 0
     grams = [(5, 6, 7), (8, 9, 10), (5, 6, 7)]
     first = embedder.embed_ngrams(grams, base_tokenizer)
@@ -205,6 +205,74 @@ def test_embedding_cache_counts_hits(embedder, base_tokenizer):
     assert torch.equal(again, first[:2])
     torch.testing.assert_close(first.norm(dim=-1), torch.ones(3))  # all-MiniLM ends in Normalize
     assert (embedder.pooling, embedder.normalize) == ("mean", True)
+
+
+def test_ngram_embeddings_equal_each_texts_own(embedder, base_tokenizer):
+    """The batched path (ids hashed, de-duplicated and looked up on the device, misses decoded in one call) gives each
+    n-gram the embedding of its own decoded text, to float tolerance (padding in a batch moves the last bits; the
+    vectors have norm 1), whether it was found in the cache or embedded in this call."""
+    generator = torch.Generator().manual_seed(3)
+    for n in (1, 2, 4):
+        pool = torch.randint(0, len(base_tokenizer), (40, n), generator=generator)
+        grams = pool[torch.randint(0, 40, (120,), generator=generator)]  # duplicates within and across calls
+        halves = grams[:60], grams[60:]
+        got = torch.cat([embedder.embed_ngrams(half, base_tokenizer) for half in halves])
+        texts = [base_tokenizer.decode(g, skip_special_tokens=False) for g in grams.tolist()]
+        expected = torch.cat([embedder.embed_texts([t]) for t in texts])
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_ngram_cache_drops_the_least_recently_used(base_tokenizer):
+    """Hits, misses and what the cache holds follow an LRU of the given capacity over distinct n-grams taken in order
+    of first appearance, hits used before misses are added (an OrderedDict model of it, call after call)."""
+    from collections import OrderedDict
+
+    generator = torch.Generator().manual_seed(5)
+    small = Embedder(resolve(EMB), "cpu", cache_size=7)
+    model: OrderedDict = OrderedDict()
+    hits = misses = 0
+    for _ in range(25):
+        grams = torch.randint(0, 12, (int(torch.randint(1, 9, (1,), generator=generator)), 2), generator=generator)
+        small.embed_ngrams(grams, base_tokenizer)
+        seen = list(dict.fromkeys(map(tuple, grams.tolist())))
+        found = [g for g in seen if g in model]
+        for g in found:
+            model.move_to_end(g)
+        for g in seen:
+            if g not in found:
+                model[g] = None
+        while len(model) > 7:
+            model.popitem(last=False)
+        hits, misses = hits + len(found), misses + len(seen) - len(found)
+        assert (small.hits, small.misses, small.cached) == (hits, misses, len(model))
+        (cache,) = small.caches.values()
+        assert sorted(map(tuple, cache.ids[: cache.size].tolist())) == sorted(model)
+
+
+def test_ngrams_whose_keys_collide_keep_their_own_embeddings(embedder, base_tokenizer, monkeypatch):
+    """Keys are only a shortcut: n-grams that share one (forced here) are told apart by their ids, in one call and
+    against the cache."""
+    from harness.assets import ngram_cache
+
+    grams = torch.tensor([[11, 12], [13, 14], [11, 12], [15, 16]])
+    expected = Embedder(resolve(EMB), "cpu").embed_ngrams(grams, base_tokenizer)
+    monkeypatch.setattr(ngram_cache, "row_keys", lambda rows: rows.new_zeros(rows.shape[0]))
+    fresh = Embedder(resolve(EMB), "cpu")
+    torch.testing.assert_close(fresh.embed_ngrams(grams, base_tokenizer), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fresh.embed_ngrams(grams[1:], base_tokenizer), expected[1:], atol=1e-5, rtol=0)
+
+
+def test_rows_decode_as_the_tokenizer_decodes_each(base_tokenizer, other_tokenizer_llama):
+    """One call to the Rust tokenizer where that gives ``tokenizer.decode``'s text, its own decode elsewhere (E's
+    WordPiece tokenizer cleans up spaces after the backend)."""
+    from harness.assets.models import load_tokenizer
+    from harness.assets.ngram_cache import decode_rows
+
+    generator = torch.Generator().manual_seed(7)
+    wordpiece = Embedder(resolve(EMB), "cpu").tokenizer
+    for tokenizer in (base_tokenizer, load_tokenizer(str(other_tokenizer_llama)), wordpiece):
+        rows = torch.randint(0, len(tokenizer), (50, 3), generator=generator)
+        assert decode_rows(tokenizer, rows) == [tokenizer.decode(r, skip_special_tokens=False) for r in rows.tolist()]
 
 
 def test_the_same_ids_under_another_tokenizer_are_embedded_anew(embedder, base_tokenizer, other_tokenizer_llama):
