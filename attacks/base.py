@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from harness.config.plugins import ATTACK_TABLES, Params, Plugin, Sweep, check_table_names
 from harness.config.presets import DataSource
@@ -114,6 +114,12 @@ class TextAttack(Attack, ABC):
         return [graph.attack_texts(self, unaltered)]
 
 
+# Calibration tokens at most: the stream is read into memory with a 4x pool to pick windows from (a Python list, about
+# 36 bytes a token: 2.4 GB here), and GPTQ keeps every sample's activations. The paper calibrates on 65,536 tokens
+# (128 x 512); a setting past this bound is a typo that would fail only after the model was trained and the data read.
+MAX_CALIB_TOKENS = 2**24
+
+
 class CalibrationParams(Params):
     """Calibration data of the attacks that need some (GPTQ, Wanda, SparseGPT): ``calib_samples`` windows of
     ``calib_len`` tokens drawn with ``seed`` from the first documents of a dataset (a built-in, a local file or a
@@ -126,6 +132,15 @@ class CalibrationParams(Params):
     calib_samples: int = Field(128, gt=0)
     calib_len: int = Field(512, gt=1)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _bounded(self) -> CalibrationParams:
+        if self.calib_samples * self.calib_len > MAX_CALIB_TOKENS:
+            raise ValueError(
+                f"calib_samples x calib_len ({self.calib_samples:,} x {self.calib_len:,}) exceeds "
+                f"{MAX_CALIB_TOKENS:,} calibration tokens (the paper's: 128 x 512)"
+            )
+        return self
 
     def token_lengths(self) -> dict[str, int]:
         return {"calib_len": self.calib_len}

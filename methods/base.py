@@ -70,9 +70,19 @@ def save_key(out: Path, key: dict) -> None:
     (out / KEY_FILE).write_text(json.dumps(key, indent=2))
 
 
+KEY_LIMIT = 1 << 24  # bytes of a key.json (the keys written here are under 1 KB)
+
+
 def read_key(folder: Path | str) -> dict:
-    """The detection key that ``save_trained`` wrote into a train stage's folder."""
-    return json.loads((Path(folder) / KEY_FILE).read_text())
+    """The detection key that ``save_trained`` wrote into a train stage's folder (or a folder a user gave ``harness
+    detect``): a missing, endless, malformed or non-object file is one line naming it."""
+    from harness.store.files import parse_json, read_bounded
+
+    path = Path(folder) / KEY_FILE
+    key = parse_json(read_bounded(path, "detection key", KEY_LIMIT), str(path))
+    if not isinstance(key, dict):
+        raise HarnessError(f"{path}: a detection key is a JSON object, not {type(key).__name__}")
+    return key
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,11 @@ class DataSource(Params):
     text_field: str = "text"
 
 
+# Tokens in one training batch at most (the paper's 64 x 512 is 32,768): 16.8M tokens' float32 logits at a
+# 32,000-token vocabulary are 2 TB.
+MAX_BATCH_TOKENS = 2**24
+
+
 class TrainSettings(Params):
     """Optimisation shared by every method (paper appendix "Training Configurations")."""
 
@@ -62,6 +67,17 @@ class TrainSettings(Params):
         if not all(0 <= beta < 1 for beta in value):
             raise ValueError(f"each of AdamW's betas must be in [0, 1), not {value[0]:g}, {value[1]:g}")
         return value
+
+    @model_validator(mode="after")
+    def _batch_bounded(self) -> TrainSettings:
+        """A batch's tokens at most MAX_BATCH_TOKENS: past it no device holds one step's logits, and the error came
+        only after the training data had been read."""
+        if self.batch_size * self.seq_len > MAX_BATCH_TOKENS:
+            raise ValueError(
+                f"train.batch_size x train.seq_len ({self.batch_size:,} x {self.seq_len:,}) exceeds "
+                f"{MAX_BATCH_TOKENS:,} tokens a step (the paper's: 64 x 512)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _decay_below_one(self) -> TrainSettings:

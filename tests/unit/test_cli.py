@@ -203,6 +203,15 @@ BAD_INPUTS = {
         ["run", "--method", "gu-kgw", "--attack", "wanda", "--attack-arg", f"seed={-(2**63) - 1}"],
         "does not fit in 64 bits",
     ),
+    # Sizes that no machine holds, which failed only after training (calibration) or reading the training data.
+    "batch past any device": (
+        ["run", "--method", "gu-kgw", "--set", "train.batch_size=1000000000"],
+        "train.batch_size x train.seq_len (1,000,000,000 x 128) exceeds 16,777,216 tokens a step",
+    ),
+    "calibration past any device": (
+        ["run", "--method", "gu-kgw", "--attack", "gptq", "--attack-arg", "calib_samples=100000000"],
+        "calib_samples x calib_len (100,000,000 x 128) exceeds 16,777,216 calibration tokens",
+    ),
     "decay past 1 / lr": (["run", "--method", "gu-kgw", "--set", "train.weight_decay=1000"], "lr * weight_decay"),
     "kth reference texts": (
         ["run", "--method", "gu-kth", "--method-arg", f"reference_texts={2**62}"],
