@@ -380,9 +380,12 @@ class PROStep:
         import torch
 
         from methods.distill import kl_per_token
+        from methods.pro_chunked import use_chunks
         from methods.pro_policy import fpl_gradients, norm_loss, prefix_embeddings
 
         p, n, delta, policy = self.p, self.p.n, self.p.delta, self.policy
+        if use_chunks(model, batch.shape[0] * (batch.shape[1] - n + 1), policy.sizes["vocab"]):
+            return self.chunked(model, batch, backward)
         emb = prefix_embeddings(self.embedder, self.tokenizer, batch, n)  # (B, T-n+1, d): logits indices n-1..T-1
         with torch.no_grad():
             base = self.teacher(input_ids=batch).logits.float()[:, n - 1 :]
@@ -427,6 +430,77 @@ class PROStep:
             if self.diagnose:
                 self.diagnostics.append({"step": self.index + 1, "l_sim": l_sim.item(), **out})
                 self.anti_loss = anti_loss
+            self.log["anti"].append(out["anti"])
+            self.log["probe"].append(out["probe"])
+        self.index += 1
+        return l_sim.item()
+
+    def chunked(self, model, batch, backward) -> float:
+        """The step above with its vocabulary-sized tensors in chunks of tokens (``methods.pro_chunked``): the same
+        losses and gradients to float tolerance, and no tokens x vocabulary tensor held across the step."""
+        import copy
+
+        import torch
+
+        from methods.pro_chunked import chunked_kl, head_logits, head_skipped, policy_loss
+        from methods.pro_policy import fpl_gradients, prefix_embeddings
+
+        p, n, delta, policy = self.p, self.p.n, self.p.delta, self.policy
+        emb = prefix_embeddings(self.embedder, self.tokenizer, batch, n).flatten(0, 1)  # rows: logits indices n-1..
+        with head_skipped(self.teacher) as teacher_head, torch.no_grad():
+            teacher_hidden = self.teacher(input_ids=batch).logits[:, n - 1 :].flatten(0, 1)
+        with head_skipped(model) as head:
+            hidden = model(input_ids=batch).logits[:, n - 1 :].flatten(0, 1)
+
+        def base(i: int, j: int):
+            return head_logits(teacher_head, teacher_hidden[i:j])
+
+        # "simultaneous": the student's target is M before this step's update, kept as a frozen copy.
+        before = copy.deepcopy(policy).requires_grad_(False) if p.policy_update == "simultaneous" else policy
+        policy.train()
+        l_sim_m, (l_norm, unbiased, balanced, hinge) = policy_loss(
+            policy, emb, head, hidden, base, delta, p.eps, p.lambda_1, p.norm_reduction
+        )
+        l_m = l_sim_m + p.lambda_2 * l_norm
+        self.policy_opt.zero_grad(set_to_none=True)
+        l_m.backward()
+        self.policy_opt.step()
+        for name, value in zip(
+            ("l_m", "l_sim_m", "unbiased", "balanced", "hinge"), (l_m, l_sim_m, unbiased, balanced, hinge), strict=True
+        ):
+            self.log[name].append(value.item())
+
+        def target(i: int, j: int):
+            with torch.no_grad():
+                return base(i, j) + delta * before(emb[i:j]).float()
+
+        l_sim = chunked_kl(head, hidden, target)  # the student's CAWP loss, towards the (updated) policy
+        if not p.fpl_on:
+            backward(l_sim)
+        else:
+            if self.anti_ids is None or self.index % p.anti_every == 0:
+                self.refresh_pool(batch)
+            anti_ids = self.anti_ids
+            anti_emb = prefix_embeddings(self.embedder, self.tokenizer, anti_ids, n).flatten(0, 1)
+            with head_skipped(self.teacher), torch.no_grad():
+                anti_hidden = self.teacher(input_ids=anti_ids).logits[:, n - 1 :].flatten(0, 1)
+
+            def anti_target(i: int, j: int):
+                with torch.no_grad():
+                    return head_logits(teacher_head, anti_hidden[i:j]) - delta * policy(anti_emb[i:j]).float()
+
+            def on(m, ids, goal):  # the mean KL of model m's logits on ids towards goal, in chunks
+                with head_skipped(m) as m_head:
+                    return chunked_kl(m_head, m(input_ids=ids).logits[:, n - 1 :].flatten(0, 1), goal)
+
+            probe = (lambda m: on(m, batch, target)) if p.fpl_reading == "resist" else None
+            out = fpl_gradients(
+                model, lambda m: l_sim, lambda m: on(m, anti_ids, anti_target), p.alpha, p.beta, backward,
+                self.diagnose, probe,
+            )  # fmt: skip
+            if self.diagnose:
+                self.diagnostics.append({"step": self.index + 1, "l_sim": l_sim.item(), **out})
+                self.anti_loss = lambda m: on(m, anti_ids, anti_target)
             self.log["anti"].append(out["anti"])
             self.log["probe"].append(out["probe"])
         self.index += 1

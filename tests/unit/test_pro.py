@@ -463,6 +463,50 @@ def test_fpl_off_equals_cawp_only_with_no_extra_pass(random_llamas, tmp_path):
     assert pa == (tmp_path / "zero" / "policy.safetensors").read_bytes()
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"fpl": False},
+        {},
+        {"fpl_reading": "resist"},
+        {"fpl": False, "policy_update": "simultaneous", "norm_reduction": "sum"},
+    ],
+    ids=["cawp", "fpl-literal", "fpl-resist", "simultaneous-sum"],
+)
+def test_the_chunked_step_is_the_step(random_llamas, embedder, monkeypatch, changes):
+    """Above CHUNK_ELEMENTS a PRO step computes its vocabulary-sized tensors in chunks of tokens from the models'
+    hidden states (forced here with a small threshold, 6 rows a chunk): its losses, the student's gradient and M after
+    its update equal the unchunked step's to float tolerance (float32; the sums run in another order)."""
+    from harness.assets.models import load_causal_lm, load_tokenizer
+    from methods import pro_chunked
+    from methods.pro import PROStep
+
+    tokenizer = load_tokenizer(str(random_llamas[1]))
+    teacher = load_causal_lm(str(random_llamas[1]), "cpu", dtype="float32")
+    vocab = teacher.get_output_embeddings().weight.shape[0]
+    batch = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(1))
+    settings = TrainSettings(steps=2, batch_size=2, seq_len=12, lr=1e-3)
+    params = PROParams(n=2, alpha=0.05, anti_len=10, anti_prompt_tokens=4, policy_hidden=16, **changes)
+    results = []
+    for chunks in (False, True):
+        monkeypatch.setattr(pro_chunked, "CHUNK_ELEMENTS", 6 * vocab if chunks else 10**12)
+        torch.manual_seed(0)
+        policy = PolicyMLP(embedder.dim, vocab, hidden=16)
+        student = copy.deepcopy(teacher).train().requires_grad_(True)
+        step = PROStep(params, settings, teacher, tokenizer, embedder, policy)
+        assert pro_chunked.use_chunks(student, 2 * 11, vocab) is chunks
+        loss = step(student, batch, lambda value: value.backward())
+        results.append(
+            (loss, step.log, [q.grad for q in student.parameters()], [q.detach() for q in policy.parameters()])
+        )
+    (loss, log, grads, policy_after), (c_loss, c_log, c_grads, c_policy_after) = results
+    assert c_loss == pytest.approx(loss, abs=1e-6)
+    for name in log:
+        assert c_log[name] == pytest.approx(log[name], rel=1e-6, abs=1e-6), name  # (L_norm summed: ~3,000)
+    for a, b in zip(grads + policy_after, c_grads + c_policy_after, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+
+
 def test_simultaneous_update_and_paper_sum_reduction_train(random_llamas, tmp_path, monkeypatch):
     """Both settings reach the step: the sum reduction of L_norm is what is computed, and "simultaneous" runs M once
     per step (alternating runs it again after its update)."""
