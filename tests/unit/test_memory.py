@@ -15,6 +15,9 @@ import hashlib, sys, torch
 from harness.compute.memory import tune_allocator
 from methods.distill import kl_per_token
 tuned = tune_allocator()
+# One thread: with several, a matrix product's split can follow the machine's load (two runs of this script under a
+# busy test suite once differed in the last bits with the same allocator), which is not what is tested here.
+torch.set_num_threads(1)
 torch.manual_seed(0)
 # A language model's shape at its ends (torch alone: a subprocess that imports transformers takes seconds to start)
 nn = torch.nn
