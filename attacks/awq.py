@@ -26,12 +26,19 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from attacks.base import MODEL, AttackContext, CalibrationParams, ModelAttack, calibration_ids, library_versions
+from attacks.base import (
+    MODEL,
+    QUANTIZED,
+    AttackContext,
+    CalibrationParams,
+    ModelAttack,
+    calibration_ids,
+    library_versions,
+)
 from attacks.quant import RowGroupSize, group_label
 from harness.compute.progress import library_output
 from harness.config.errors import HarnessError
 
-QUANTIZED = "quantized"  # the compressed-tensors checkpoint llm-compressor wrote
 IGNORE = ["lm_head"]  # as llm-compressor's AWQ examples: the output projection stays in float
 QUANT_KEYS = ("weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape")  # compressed-tensors' own
 

@@ -15,6 +15,9 @@ from harness.config.plugins import ATTACK_TABLES, Params, Plugin, Sweep, check_t
 from harness.config.presets import DataSource
 
 MODEL = "model"  # the sub-folder of an attack stage that holds the (one) attacked model
+# The sub-folder of a quantizing attack's stage with the library's own output (packed weights, a GGUF file, a
+# compressed-tensors checkpoint), beside the float32 copy in MODEL that is evaluated.
+QUANTIZED = "quantized"
 
 
 @dataclass(frozen=True)

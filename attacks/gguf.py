@@ -16,11 +16,10 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from attacks.base import MODEL, AttackContext, ModelAttack, library_versions
+from attacks.base import MODEL, QUANTIZED, AttackContext, ModelAttack, library_versions
 from harness.config.errors import HarnessError
 from harness.config.plugins import Params
 
-QUANTIZED = "quantized"  # the GGUF file a user would download, beside the evaluated folder
 # The GGUF types the attack writes: those the gguf package quantizes itself (``write``), and llama.cpp's k-quants.
 OWN_TYPES = ("Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "F16")
 K_QUANTS = ("Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")

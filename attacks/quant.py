@@ -33,6 +33,7 @@ from pydantic import AfterValidator, Field, field_validator
 
 from attacks.base import (
     MODEL,
+    QUANTIZED,
     AttackContext,
     CalibrationParams,
     ModelAttack,
@@ -44,8 +45,6 @@ from harness.config.errors import HarnessError
 from harness.config.plugins import Params
 
 log = logging.getLogger(__name__)
-
-QUANTIZED = "quantized"  # sub-folder of the stage with the library's native (packed) output
 
 
 def _positive_or_row(value: int) -> int:
@@ -105,8 +104,8 @@ _LINEAR_SHAPES: dict[str, list[tuple[str, int, int]]] = {}  # config JSON -> its
 # --- GPTQ ----------------------------------------------------------------------------------------------------------
 
 # What gptqmodel's CPU kernel (TorchLinear) packs, as the pinned gptqmodel 7.6.0 declares it. Importing gptqmodel
-# takes about 8 s on 2 cores (it loads its whole model zoo), most of a grid's dry run (and every settings check) for
-# a lookup in a table; another installed version is asked directly, and tests/unit/test_quant.py checks this copy
+# loads its whole model zoo, which would be most of a grid's dry run (and of every settings check) for a lookup in a
+# table; another installed version is asked directly, and tests/unit/test_quant.py checks this copy
 # against the library.
 GPTQ_KERNEL_LIMITS = {
     "7.6.0": {

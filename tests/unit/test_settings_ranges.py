@@ -23,7 +23,7 @@ def _settings():
     """``(owner, Params class, field, parse)``: each numeric setting of every plugin (over the tiny preset's settings
     for it) and of the presets' training and evaluation, with the function that parses settings as the CLI does."""
     for registry in (methods, attacks):
-        for name in registry.available():
+        for name in registry.names():
             cls = registry.load(name)
             own = cls.with_preset(dict(getattr(TINY, f"{registry.kind}s").get(name, {})), TINY)
             parse = lambda kw, cls=cls, own=own, kind=registry.kind: cls.parse_params(kind, {**own, **kw})  # noqa: E731
