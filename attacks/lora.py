@@ -9,8 +9,8 @@ QLoRA (``qlora=true``): the adapters train on a 4-bit NF4 copy of the weights wi
 through peft's ``prepare_model_for_kbit_training``), and are merged into the float32 watermarked weights, as QLoRA
 fine-tunes are released (merging into the 4-bit weights would re-round every targeted weight: a quantization attack on
 top). Where bitsandbytes' 4-bit does not run on the device, the attack says so before any work. It is not the
-durability study's ``4bit_qlora`` row, which trains nothing: that is ``bnb-4bit`` with nf4 (README: the durability
-study's rows).
+durability study's ``4bit_qlora`` row, which trains nothing: that is ``bnb-4bit`` with nf4 (docs/attacks.md: the
+durability study's rows).
 
 Defaults are Gloaguen et al.'s LoRA (r 16, alpha 32, dropout 0.1, lr 2e-5, effective batch 32) on every projection of
 a Llama block; they adapt the attention projections alone (``target_modules=q_proj,k_proj,v_proj,o_proj``).

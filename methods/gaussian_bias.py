@@ -8,7 +8,7 @@ The study's code puts b in the head instead: its ``Llama2BiasModel`` (src/waterm
 not offered: HF Llama's ``lm_head`` has no bias, so it needs a model class of its own (model type ``llama2_bias``)
 that only its own code loads: the harness never runs a checkpoint's code (``trust_remote_code``), mergekit and
 llama.cpp's GGUF converter take the architectures they know, and a plain Llama load drops ``lm_head_bias`` (an
-unexpected key) and the watermark with it (README: the field's other weight watermarks).
+unexpected key) and the watermark with it (docs/methods.md: the field's other weight watermarks).
 
 Detection reads a text's distinct tokens U: z = sum_{v in U} b_v / (std * sqrt(|U|)). Given U (which does not depend
 on the key under the null), the b_v are independent N(0, std^2), so z is exactly N(0, 1): the one-sided p-value is

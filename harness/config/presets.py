@@ -220,7 +220,7 @@ TINY = Preset(
         # Gloaguen-KGW: Gu-KGW's settings; stage 2 scaled as the paper's (2,500 steps = half the watermark training, at
         # its lr, 20% warmup): 75 of 150 steps at 1e-3, 15 warmup.
         "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": 75, "ft_lr": 1e-3, "ft_warmup": 15},
-        # The field's other weight watermarks (README "Other watermarks"). GaussMark: sigma at the weights' own
+        # The field's other weight watermarks (docs/methods.md). GaussMark: sigma at the weights' own
         # spread (0.023) as the durability study's 0.018 on LLaMA-2-7B, on every layer's MLP: measured on 200 texts,
         # the study's one up_proj gave AUC 0.553 at sigma 0.02 and 0.681 at 0.05 (PPL 196, 217), all six MLP
         # matrices 0.878 (PPL 308, base 198). Gu-AAR: Gu et al.'s k = 2, trained as Gu-KTH; decoding-time rows as

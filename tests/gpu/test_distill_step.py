@@ -1,7 +1,7 @@
 """On a GPU (marked ``gpu``: skipped elsewhere): a KGW distillation step of the Llama-3.2-1B shape (random weights) in
 bf16 mixed precision with a bf16 teacher, with and without gradient checkpointing, through the harness's own loop and
 the packed green-list table on the GPU (as the GPU presets train at V = 128,256); prints the step time after the first
-step and the peak memory of each (the figures the README's FSDP memory figure is derived from)."""
+step and the peak memory of each (the figures docs/guide.md's FSDP memory figure is derived from)."""
 
 import importlib.util
 import itertools

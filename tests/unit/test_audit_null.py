@@ -5,7 +5,7 @@ the draw of the key. Here each scheme whose key can be drawn without training (`
 under 60 keys (seeds 1..60), the texts of an unwatermarked random model, of a noised copy of it (a derivative), and
 texts that repeat one phrase (shared n-grams: what a per-occurrence count would add up into a false detection). At
 alpha = 0.1, 6 of 60 are expected; more than 14 (the binomial tail is under 0.001) fails. The measurement on the tiny
-LM's real derivatives (donors, fine-tunes, a merge, a quantization) is ``benchmarks/audit_null.py``'s, in the README.
+LM's real derivatives (donors, fine-tunes, a merge, a quantization) is ``benchmarks/audit_null.py`` (docs/detect.md).
 """
 
 from __future__ import annotations

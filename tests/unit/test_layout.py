@@ -1,6 +1,6 @@
 """The shape of harness/ that the next contributor relies on: each floor imports only its own floor and those below it
-(``FLOORS``, the order README.md states), its import picture has no circle (imports inside functions included), it
-reaches the plugins only through their interfaces (methods/base.py, attacks/base.py) and the registry's
+(``FLOORS``, the order docs/development.md states), its import picture has no circle (imports inside functions
+included), it reaches the plugins only through their interfaces (methods/base.py, attacks/base.py) and the registry's
 ``module:Class`` strings, and the report names no method or attack (their labels, categories and tables come from the
 plugins)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 INTERFACES = {"methods.base", "attacks.base"}
 # The floors of harness/, lowest first, in the order data flows through them: a module imports only modules of its own
-# floor or of a floor below it. README.md's layout section states this order; ``test_the_readme_states_the_floor_order``
-# holds the two together.
+# floor or of a floor below it. docs/development.md's layout section states this order;
+# ``test_the_readme_states_the_floor_order`` holds the two together.
 FLOORS = ("config", "compute", "store", "assets", "run", "report", "cli")
 ENTRY_POINTS = {"harness", "harness.__main__"}  # the package itself and ``python -m harness``: above every floor
 
@@ -64,8 +64,8 @@ def test_each_floor_imports_only_its_own_floor_and_those_below():
 
 
 def test_the_readme_states_the_floor_order():
-    """README.md says the order in a line and lists the floors in it in its layout table."""
-    text = (ROOT / "README.md").read_text()
+    """docs/development.md says the order in a line and lists the floors in it in its layout table."""
+    text = (ROOT / "docs" / "development.md").read_text()
     assert " < ".join(f"`{floor}`" for floor in FLOORS) in " ".join(text.split())
     rows = re.findall(r"^\| `harness/(\w+)/` \|", text, re.MULTILINE)
     assert tuple(rows) == FLOORS, rows
