@@ -381,7 +381,7 @@ class PROStep:
 
         from methods.distill import kl_per_token
         from methods.pro_chunked import use_chunks
-        from methods.pro_policy import fpl_gradients, norm_loss, prefix_embeddings
+        from methods.pro_policy import norm_loss, prefix_embeddings
 
         p, n, delta, policy = self.p, self.p.n, self.p.delta, self.policy
         if use_chunks(model, batch.shape[0] * (batch.shape[1] - n + 1), policy.sizes["vocab"]):
@@ -404,17 +404,10 @@ class PROStep:
             if p.policy_update == "alternating":
                 w = policy(emb)
             target = base + delta * w.detach()
-        for name, value in zip(
-            ("l_m", "l_sim_m", "unbiased", "balanced", "hinge"), (l_m, l_sim_m, unbiased, balanced, hinge), strict=True
-        ):
-            self.log[name].append(value.item())
+        self._log_policy(l_m, l_sim_m, unbiased, balanced, hinge)
         l_sim = kl_per_token(student_logits, target)  # the student's CAWP loss, towards the (updated) policy
-        if not p.fpl_on:
-            backward(l_sim)
-        else:
-            if self.anti_ids is None or self.index % p.anti_every == 0:
-                self.refresh_pool(batch)
-            anti_ids = self.anti_ids
+
+        def fpl_losses(anti_ids):
             with torch.no_grad():
                 anti_w = policy(prefix_embeddings(self.embedder, self.tokenizer, anti_ids, n))
                 anti_target = self.teacher(input_ids=anti_ids).logits.float()[:, n - 1 :] - delta * anti_w
@@ -425,15 +418,9 @@ class PROStep:
             def sim_at(m):  # L_sim at other weights (the resist reading's probe), towards this step's target
                 return kl_per_token(m(input_ids=batch).logits[:, n - 1 :], target)
 
-            probe = sim_at if p.fpl_reading == "resist" else None
-            out = fpl_gradients(model, lambda m: l_sim, anti_loss, p.alpha, p.beta, backward, self.diagnose, probe)
-            if self.diagnose:
-                self.diagnostics.append({"step": self.index + 1, "l_sim": l_sim.item(), **out})
-                self.anti_loss = anti_loss
-            self.log["anti"].append(out["anti"])
-            self.log["probe"].append(out["probe"])
-        self.index += 1
-        return l_sim.item()
+            return anti_loss, sim_at
+
+        return self._student_gradient(model, batch, backward, l_sim, fpl_losses)
 
     def chunked(self, model, batch, backward) -> float:
         """The step above with its vocabulary-sized tensors in chunks of tokens (``methods.pro_chunked``): the same
@@ -443,7 +430,7 @@ class PROStep:
         import torch
 
         from methods.pro_chunked import chunked_kl, head_logits, head_skipped, policy_loss
-        from methods.pro_policy import fpl_gradients, prefix_embeddings
+        from methods.pro_policy import prefix_embeddings
 
         p, n, delta, policy = self.p, self.p.n, self.p.delta, self.policy
         emb = prefix_embeddings(self.embedder, self.tokenizer, batch, n).flatten(0, 1)  # rows: logits indices n-1..
@@ -465,22 +452,19 @@ class PROStep:
         self.policy_opt.zero_grad(set_to_none=True)
         l_m.backward()
         self.policy_opt.step()
-        for name, value in zip(
-            ("l_m", "l_sim_m", "unbiased", "balanced", "hinge"), (l_m, l_sim_m, unbiased, balanced, hinge), strict=True
-        ):
-            self.log[name].append(value.item())
+        self._log_policy(l_m, l_sim_m, unbiased, balanced, hinge)
 
         def target(i: int, j: int):
             with torch.no_grad():
                 return base(i, j) + delta * before(emb[i:j]).float()
 
         l_sim = chunked_kl(head, hidden, target)  # the student's CAWP loss, towards the (updated) policy
-        if not p.fpl_on:
-            backward(l_sim)
-        else:
-            if self.anti_ids is None or self.index % p.anti_every == 0:
-                self.refresh_pool(batch)
-            anti_ids = self.anti_ids
+
+        def on(m, ids, goal):  # the mean KL of model m's logits on ids towards goal, in chunks
+            with head_skipped(m) as m_head:
+                return chunked_kl(m_head, m(input_ids=ids).logits[:, n - 1 :].flatten(0, 1), goal)
+
+        def fpl_losses(anti_ids):
             anti_emb = prefix_embeddings(self.embedder, self.tokenizer, anti_ids, n).flatten(0, 1)
             with head_skipped(self.teacher), torch.no_grad():
                 anti_hidden = self.teacher(input_ids=anti_ids).logits[:, n - 1 :].flatten(0, 1)
@@ -489,18 +473,33 @@ class PROStep:
                 with torch.no_grad():
                     return head_logits(teacher_head, anti_hidden[i:j]) - delta * policy(anti_emb[i:j]).float()
 
-            def on(m, ids, goal):  # the mean KL of model m's logits on ids towards goal, in chunks
-                with head_skipped(m) as m_head:
-                    return chunked_kl(m_head, m(input_ids=ids).logits[:, n - 1 :].flatten(0, 1), goal)
+            return (lambda m: on(m, anti_ids, anti_target)), (lambda m: on(m, batch, target))
 
-            probe = (lambda m: on(m, batch, target)) if p.fpl_reading == "resist" else None
-            out = fpl_gradients(
-                model, lambda m: l_sim, lambda m: on(m, anti_ids, anti_target), p.alpha, p.beta, backward,
-                self.diagnose, probe,
-            )  # fmt: skip
+        return self._student_gradient(model, batch, backward, l_sim, fpl_losses)
+
+    def _log_policy(self, *values) -> None:
+        """Log M's update: L_M, its L_sim and L_norm's three terms."""
+        for name, value in zip(("l_m", "l_sim_m", "unbiased", "balanced", "hinge"), values, strict=True):
+            self.log[name].append(value.item())
+
+    def _student_gradient(self, model, batch, backward, l_sim, fpl_losses) -> float:
+        """The end of a step, whichever way its logits were computed: ``l_sim``'s gradient alone, or with FPL the
+        anti-watermarked pool (regenerated every ``anti_every`` steps) and FPL's gradient from the losses
+        ``fpl_losses(anti_ids)`` gives, ``(L_anti, L_sim)`` as functions of the model."""
+        from methods.pro_policy import fpl_gradients
+
+        p = self.p
+        if not p.fpl_on:
+            backward(l_sim)
+        else:
+            if self.anti_ids is None or self.index % p.anti_every == 0:
+                self.refresh_pool(batch)
+            anti_loss, sim_at = fpl_losses(self.anti_ids)
+            probe = sim_at if p.fpl_reading == "resist" else None
+            out = fpl_gradients(model, lambda m: l_sim, anti_loss, p.alpha, p.beta, backward, self.diagnose, probe)
             if self.diagnose:
                 self.diagnostics.append({"step": self.index + 1, "l_sim": l_sim.item(), **out})
-                self.anti_loss = lambda m: on(m, anti_ids, anti_target)
+                self.anti_loss = anti_loss
             self.log["anti"].append(out["anti"])
             self.log["probe"].append(out["probe"])
         self.index += 1

@@ -174,11 +174,10 @@ class Embedder:
         rows = torch.as_tensor(ngrams, dtype=torch.long).to(self.device)
         if rows.numel() == 0:
             return torch.zeros(len(rows), self.dim, device=self.device)
-        cache = self.caches.get((self._fingerprint(tokenizer), rows.shape[1]))
+        which = (self._fingerprint(tokenizer), rows.shape[1])
+        cache = self.caches.get(which)
         if cache is None:
-            cache = self.caches[(self._fingerprint(tokenizer), rows.shape[1])] = NgramCache(
-                rows.shape[1], self.dim, self.cache_size, self.device
-            )
+            cache = self.caches[which] = NgramCache(rows.shape[1], self.dim, self.cache_size, self.device)
         keys, firsts, inverse = distinct(rows)
         rows = rows[firsts]  # the distinct n-grams, in order of first appearance
         order = torch.arange(len(rows), device=self.device)
