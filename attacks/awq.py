@@ -26,7 +26,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from attacks.base import (
+from attacks.quant import RowGroupSize, group_label
+from harness.compute.progress import library_output
+from harness.config.errors import HarnessError
+from harness.contract.attack import (
     MODEL,
     QUANTIZED,
     AttackContext,
@@ -35,9 +38,6 @@ from attacks.base import (
     calibration_ids,
     library_versions,
 )
-from attacks.quant import RowGroupSize, group_label
-from harness.compute.progress import library_output
-from harness.config.errors import HarnessError
 
 IGNORE = ["lm_head"]  # as llm-compressor's AWQ examples: the output projection stays in float
 QUANT_KEYS = ("weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape")  # compressed-tensors' own

@@ -19,8 +19,9 @@ from typing import Any
 
 from pydantic import field_validator
 
-from attacks.base import Attack, TextAttack
-from harness.config.plugins import Params
+from harness.config.params import Params
+from harness.contract.attack import Attack, CellStages, Evaluated, Output, TextAttack
+from harness.store.stages import Stage
 
 MAX_LINKS = 4  # a release rarely takes more; each link is a stage (a model on disk) and a chain's row names them all
 ARROW = " → "
@@ -151,7 +152,7 @@ class Chain(Attack):
         for link in self.links:
             link.validate(base_model)
 
-    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+    def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
         """The last link's models (each with its generations), every link a stage keyed by the one before; a text
         attack at the end rewrites what those models wrote."""
         *models, last = self.links
@@ -161,15 +162,15 @@ class Chain(Attack):
         paths = [(trained, ())]  # (the model a link reads: the train stage or an output, the labels so far)
         for link in models:
             paths = [
-                (out, (*labels, out.config_label)) for source, labels in paths for out in graph.attack(link, source)
+                (out, (*labels, out.config_label)) for source, labels in paths for out in pipeline.attack(link, source)
             ]
         rows = []
         for out, labels in paths:
             labels = (*labels, text.config_label()) if text else labels
             named = replace(out, row=self.row(labels), config_label=ARROW.join(labels), spec=out.spec)
-            generated = graph.generate(out.path, out.model_id, named.row)
+            generated = pipeline.generate(out.path, out.model_id, named.row)
             if text:
-                rewritten, stage = graph.attack_texts(text, (named, generated))
+                rewritten, stage = pipeline.attack_texts(text, (named, generated))
                 rows.append((replace(rewritten, row=named.row, config_label=named.config_label), stage))
             else:
                 rows.append((named, generated))

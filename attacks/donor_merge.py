@@ -22,9 +22,9 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from attacks.base import MODEL, AttackContext, ModelAttack, library_versions
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params
+from harness.config.params import Params
+from harness.contract.attack import MODEL, AttackContext, ModelAttack, library_versions
 
 # name -> (its label, whether it keeps a density share of each difference, whether that share is drawn at random)
 METHODS = {

@@ -27,9 +27,10 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from attacks.base import AttackContext, TextAttack
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params, Sweep
+from harness.config.params import Params
+from harness.contract.attack import AttackContext, TextAttack
+from harness.contract.plugin import Sweep
 
 
 class RateParams(Params):

@@ -14,7 +14,7 @@ Scrubbing (Gloaguen et al.'s adversarial fine-tune): a dataset of plain human te
 language-modelled on every token, each document cut into ``seq_len`` windows. Each named one is the *train* split
 of its corpus, disjoint from the documents an evaluation reads (the built-in corpora's held-out split by the rule in
 harness/assets/data.py; C4's validation split); and before any work the pipeline refuses any dataset of a plugin
-that is the preset's evaluation data itself (harness/run/checks.py), so no fine-tune sees the human negatives.
+that is the preset's evaluation data itself (harness/cell/checks.py), so no fine-tune sees the human negatives.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from attacks.base import AttackContext, ModelAttack, library_versions
-from harness.config.plugins import Params, Sweep
+from harness.config.params import Params
 from harness.config.presets import DataSource
+from harness.contract.attack import AttackContext, ModelAttack, library_versions
+from harness.contract.plugin import Sweep
 
 
 @dataclass(frozen=True)

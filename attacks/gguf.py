@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from attacks.base import MODEL, QUANTIZED, AttackContext, ModelAttack, library_versions
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params
+from harness.config.params import Params
+from harness.contract.attack import MODEL, QUANTIZED, AttackContext, ModelAttack, library_versions
 
 # The GGUF types the attack writes: those the gguf package quantizes itself (``write``), and llama.cpp's k-quants.
 OWN_TYPES = ("Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "F16")

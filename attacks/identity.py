@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attacks.base import AttackContext, ModelAttack
+from harness.contract.attack import AttackContext, CellStages, Evaluated, ModelAttack, Output
+from harness.store.stages import Stage
 
 
 class NoAttack(ModelAttack):
@@ -16,5 +17,5 @@ class NoAttack(ModelAttack):
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         raise RuntimeError("the 'none' attack has no output: the pipeline uses the input model directly")
 
-    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+    def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
         return []  # the unaltered model is every cell's own row

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from attacks.base import AttackContext
 from attacks.finetune import FineTune, FineTuneParams, checkpoint, tune
 from harness.config.errors import HarnessError, first_line
-from harness.config.plugins import Sweep
+from harness.contract.attack import AttackContext
+from harness.contract.plugin import Sweep
 
 LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

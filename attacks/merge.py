@@ -11,8 +11,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from attacks.base import MODEL, AttackContext, ModelAttack, library_versions
-from harness.config.plugins import Params, Sweep
+from harness.config.params import Params
+from harness.contract.attack import MODEL, AttackContext, ModelAttack, library_versions
+from harness.contract.plugin import Sweep
 
 
 class SlerpParams(Params):

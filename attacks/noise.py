@@ -12,8 +12,9 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from attacks.base import MODEL, AttackContext, ModelAttack, library_versions
-from harness.config.plugins import Params, Sweep, float32_scale
+from harness.config.params import Params, float32_scale
+from harness.contract.attack import MODEL, AttackContext, ModelAttack, library_versions
+from harness.contract.plugin import Sweep
 
 
 class WeightNoiseParams(Params):

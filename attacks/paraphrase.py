@@ -17,9 +17,9 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from attacks.base import AttackContext, TextAttack
 from harness.assets.dipper_format import DIVERSITIES, dipper_input, split_sentences
-from harness.config.plugins import Params
+from harness.config.params import Params
+from harness.contract.attack import AttackContext, TextAttack
 
 
 def cut_long(sentences: list[str], max_words: int | None) -> list[str]:
@@ -144,11 +144,10 @@ def measure(folder: str | None = None, texts: int = 40, lexical: int = 60, order
     texts shaped like the tiny preset's: a 20-word prompt and the 50 words that follow it. Returns the mean unigram
     overlap and MiniLM cosine of each text with its paraphrase, and the cosine of unrelated pairs (each text with the
     next one's paraphrase) as the floor that kept meaning is judged against."""
-    from harness.assets import data, models
+    from harness.assets import data, models, textsim
     from harness.assets.tiny_paraphraser import tiny_paraphraser
     from harness.config.presets import TINY_PARAPHRASER, DataSource
     from harness.config.registry import attacks
-    from harness.run import textsim
 
     folder = str(folder or tiny_paraphraser())
     docs = [d.split() for d in data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))]

@@ -4,9 +4,9 @@ Every ``torch.nn.Linear`` of every decoder layer (the attention and MLP projecti
 ``lm_head``, the embeddings and the norms stay bit-identical (checked). The modifier targets the decoder layers, not
 ``Linear``: with ``targets=["Linear"]`` llm-compressor 0.14 names each module ``<name>.`` (trailing dot), so an
 ``ignore`` of ``lm_head`` matches nothing and lm_head is pruned as well. Calibration uses ``calib_samples``
-windows of ``calib_len`` tokens (``attacks.base.calibration_ids``), fed to ``oneshot`` already tokenized, in a fixed
-order. The evaluated model is the pruned one saved densely: plain safetensors with the pruned weights stored as zeros
-(no compressed-tensors sparse format), loadable by plain ``transformers``.
+windows of ``calib_len`` tokens (``harness.contract.attack.calibration_ids``), fed to ``oneshot`` already
+tokenized, in a fixed order. The evaluated model is the pruned one saved densely: plain safetensors with the pruned
+weights stored as zeros (no compressed-tensors sparse format), loadable by plain ``transformers``.
 
 The sparsity of every pruned layer is measured on the result and reported. A layer left less sparse than the
 setting asks for (e.g. a target pattern that matched nothing) is an error, never a silent unpruned "attack".
@@ -29,7 +29,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from attacks.base import (
+from harness.compute.progress import library_output
+from harness.contract.attack import (
     MODEL,
     AttackContext,
     CalibrationParams,
@@ -37,7 +38,6 @@ from attacks.base import (
     calibration_ids,
     library_versions,
 )
-from harness.compute.progress import library_output
 
 TOKENIZER_FILES = (
     "tokenizer*",

@@ -31,7 +31,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator
 
-from attacks.base import (
+from harness.compute.progress import library_output
+from harness.config.errors import HarnessError
+from harness.config.params import Params
+from harness.contract.attack import (
     MODEL,
     QUANTIZED,
     AttackContext,
@@ -40,9 +43,6 @@ from attacks.base import (
     calibration_ids,
     library_versions,
 )
-from harness.compute.progress import library_output
-from harness.config.errors import HarnessError
-from harness.config.plugins import Params
 
 log = logging.getLogger(__name__)
 

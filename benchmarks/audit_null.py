@@ -10,7 +10,7 @@ Clopper-Pearson interval: the stated rate holds where the interval reaches down 
 PRO's key is a trained policy: keys cannot be drawn without a training each, so its row shows, for a trained PRO key
 (``--pro-key``: a train stage folder), the AUC of each derivative's centred scores against the base's own
 continuations and the Mann-Whitney p-value ``harness detect`` used to decide by (decision version 3), which
-convicted derivatives that never saw the key; ``harness detect`` now gives PRO no verdict (``harness.run.audit``).
+convicted derivatives that never saw the key; ``harness detect`` now gives PRO no verdict (``harness.audit.verdict``).
 
     python benchmarks/audit_null.py [--preset tiny] [--keys 100] [--alpha 0.05] [--results DIR] [--pro-key DIR]
 
@@ -39,7 +39,7 @@ def derivatives(pipe) -> list[tuple[str, Path, str]]:
     """(name, folder, model id) of each unwatermarked derivative of the preset's base: built or reused in the store."""
     from harness.assets import models
     from harness.config.registry import attacks
-    from harness.run.pipeline import Output
+    from harness.contract.attack import Output
 
     base = Output("base", "", Path(pipe.base["path"]), f"base:{pipe.base['fingerprint']}", None)
     found = [("base", base.path, base.model_id)]
@@ -64,7 +64,7 @@ def pooled_p_values(name: str, seed: int | None, texts: dict, pipe, kth_null_key
     """The pooled test's p-value on each derivative's texts (``texts``: name -> token ids) under the key of scheme
     ``name`` drawn from ``seed`` (None: the preset's own, published key)."""
     from harness.config.registry import methods
-    from methods.base import read_key
+    from harness.contract.method import read_key
 
     method = methods.build(name, {} if seed is None else {"seed": seed}, pipe.preset)
     folder = tmp / f"{name}-{seed}"
@@ -98,7 +98,7 @@ GRADIENTS: dict = {}
 def summed_gradients(texts: dict, pipe, tmp: Path) -> None:
     """Fill ``GRADIENTS``: a GaussMark detector at the preset's weights, and each derivative's summed gradient."""
     from harness.config.registry import methods
-    from methods.base import read_key
+    from harness.contract.method import read_key
     from methods.gaussmark import GaussMarkDetector
 
     folder = tmp / "gaussmark-gradients"
@@ -122,9 +122,10 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 def pro_row(pipe, key_dir: Path, texts: dict[str, list[list[int]]], gens: dict[str, list[dict]]) -> dict[str, str]:
     """Each derivative's texts under a trained PRO key (the centred score): the AUC against the base's own
     continuations, and the Mann-Whitney p-value of decision version 3."""
+    from harness.audit import verdict as audit
+    from harness.cell import detection
     from harness.config.registry import methods
-    from harness.run import audit, detection
-    from methods.base import read_key, score_texts
+    from harness.contract.method import read_key, score_texts
 
     saved = read_key(key_dir)
     method = methods.build("pro", {"score": "centred", "n": saved.get("n", 1)}, pipe.preset)
@@ -151,9 +152,9 @@ def main() -> None:
     parser.add_argument("--pro-key", type=Path, help="a trained PRO train stage folder (its row)")
     args = parser.parse_args()
 
+    from harness.cell import detection
+    from harness.cell.pipeline import Pipeline
     from harness.config import presets
-    from harness.run import detection
-    from harness.run.pipeline import Pipeline
     from harness.store import files
     from harness.store.stages import Store
 

@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from harness.assets import models
+    from harness.contract.method import read_key
     from harness.store import kinds
     from harness.store.stages import Store
-    from methods.base import read_key
     from methods.gaussmark import GaussMarkDetector
 
     store = Store(Path(args.results))

@@ -57,7 +57,7 @@ def main() -> None:
     import torch
 
     from harness.config import presets
-    from harness.config.plugins import parse_assignments
+    from harness.config.params import parse_assignments
     from harness.config.registry import methods
     from methods.kgw import GreenLists, pooled_score, score_sequences
 

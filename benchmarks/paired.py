@@ -16,9 +16,9 @@ from pathlib import Path
 
 
 def main() -> None:
+    from harness.cell import metrics
     from harness.report.collect import paired_scores
     from harness.report.frames import COMPARISON_DRAWS
-    from harness.run import metrics
     from harness.store.stages import Store
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from methods.base import TrainContext, read_key, save_trained
+from harness.assets import models
+from harness.contract.method import TrainContext, read_key, save_trained
 from methods.gu_aar import GuAAR
 from methods.gu_kgw import GuKGW
 from methods.gu_kth import GuKTH
@@ -76,8 +77,8 @@ class DecodingTime:
     decoding_time = True
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        tokenizer = ctx.load_tokenizer()
-        save_trained(out, ctx.load_student(), tokenizer, self.detection_key(tokenizer))
+        tokenizer = models.load_tokenizer(ctx.base_model)
+        save_trained(out, models.load_trainable(ctx.base_model, ctx.device), tokenizer, self.detection_key(tokenizer))
         return {"steps": 0, "decoding_time": True}
 
 

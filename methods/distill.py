@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.assets import models
 from harness.compute.training import loss_step, train
 from harness.config.presets import TrainSettings
 
@@ -92,20 +93,19 @@ def sampling_distillation(method, ctx, out: Path, stage_kind: str, stage_label: 
     folder)``, a stage of kind ``stage_kind``), a copy of the base is fine-tuned on them (``train_on_teacher_texts``)
     and saved with the method's detection key. The method's ``batch_size`` and ``seq_len``, where set, replace the
     training's. Returns the training report."""
-    from methods.base import save_trained
+    from harness.contract.method import save_trained
 
-    if ctx.stage is None:
-        raise RuntimeError(f"{method.label} trains through the pipeline (its teacher texts are a stage)")
+    stages = ctx.need_stages(method.label)
     p = method.params
     s = ctx.settings.model_copy(
         update={"batch_size": p.batch_size or ctx.settings.batch_size, "seq_len": p.seq_len or ctx.settings.seq_len}
     )
-    tokenizer = ctx.load_tokenizer()
+    tokenizer = models.load_tokenizer(ctx.base_model)
     key = method.key(tokenizer)
     count = -(-s.tokens // s.seq_len)  # one teacher text per training sequence
     spec = {"key": key.to_dict(), "texts": count, "prompt_tokens": p.prompt_tokens, "new_tokens": s.seq_len,
             "generate_batch": p.generate_batch}  # fmt: skip
-    teacher = ctx.stage(
+    teacher = stages.aux_stage(
         stage_kind,
         spec,
         lambda folder: make_texts(ctx, key, count, p.prompt_tokens, s.seq_len, p.generate_batch, folder),
@@ -130,6 +130,6 @@ def train_on_teacher_texts(ctx, tokenizer, teacher: Path, settings: TrainSetting
     texts = (json.loads(line)["text"] for line in (teacher / "texts.jsonl").read_text().splitlines())
     stream = data.token_stream(tokenizer, texts, max_tokens=settings.tokens)
     batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
-    student = ctx.load_student()
+    student = models.load_trainable(ctx.base_model, ctx.device)
     step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
     return student, train(student, step, batches, settings, desc=desc, device=ctx.device)

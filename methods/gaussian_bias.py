@@ -22,9 +22,9 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from harness.assets import data
-from harness.config.plugins import Params, float32_scale
-from methods.base import (
+from harness.assets import data, models
+from harness.config.params import Params, float32_scale
+from harness.contract.method import (
     Detector,
     TrainContext,
     WatermarkMethod,
@@ -94,8 +94,9 @@ class GaussianBias(WatermarkMethod):
         return f"std={self.params.std:g}"
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        tokenizer = ctx.load_tokenizer()
-        teacher, student = ctx.load_teacher(), ctx.load_student()
+        tokenizer = models.load_tokenizer(ctx.base_model)
+        teacher = models.load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
+        student = models.load_trainable(ctx.base_model, ctx.device)
         size = teacher.get_output_embeddings().weight.shape[0]
         b = bias(self.params.seed, size, self.params.std).to(ctx.device)
         s = ctx.settings

@@ -24,9 +24,10 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from harness.assets import models
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params, float32_scale
-from methods.base import (
+from harness.config.params import Params, float32_scale
+from harness.contract.method import (
     Detector,
     TrainContext,
     WatermarkMethod,
@@ -131,8 +132,8 @@ class GaussMark(WatermarkMethod):
     def train(self, ctx: TrainContext, out: Path) -> dict:
         import torch
 
-        tokenizer = ctx.load_tokenizer()
-        model = ctx.load_student()
+        tokenizer = models.load_tokenizer(ctx.base_model)
+        model = models.load_trainable(ctx.base_model, ctx.device)
         names = target_names(model.config, self.params.layers, self.params.weights)
         modules = dict(model.named_modules())
         shapes = {}

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from pydantic import Field
 
-from harness.assets import data
+from harness.assets import data, models
 from harness.assets.weights import weight_reader
 from harness.config.presets import TrainSettings
-from methods.base import TrainContext, read_key, save_trained
+from harness.contract.method import TrainContext, read_key, save_trained
 from methods.gu_kgw import GuKGW, GuKGWParams, distill
 
 FINETUNED = "finetuned"
@@ -56,21 +56,20 @@ class GloaguenKGW(GuKGW):
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from methods.kgw import KGWKey
 
-        if ctx.train_method is None or ctx.stage is None:
-            raise RuntimeError("Gloaguen-KGW trains through the pipeline (it reuses stages)")
+        stages = ctx.need_stages(self.label)
         p, s = self.params, ctx.settings
-        stage1 = ctx.train_method("gu-kgw", self.kgw_settings())
-        finetuned = ctx.stage(
+        stage1 = stages.train_other("gu-kgw", self.kgw_settings())
+        finetuned = stages.aux_stage(
             "gloaguen-finetune",
             {"stage1": stage1.name, "steps": p.ft_steps, "lr": p.ft_lr, "warmup": p.ft_warmup, "train": s.model_dump()},
             lambda folder: self.finetune(stage1 / "model", folder, ctx),
             "Gloaguen-KGW stage 2 (fine-tuning for stable parameters)",
             collective=True,  # it trains the whole student: across GPUs (FSDP) at the paper's scale
         )
-        tokenizer = ctx.load_tokenizer(stage1 / "model")
+        tokenizer = models.load_tokenizer(str(stage1 / "model"))
         key = read_key(stage1)
-        teacher = ctx.load_teacher()
-        student = ctx.load_student(stage1 / "model")
+        teacher = models.load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
+        student = models.load_trainable(str(stage1 / "model"), ctx.device)
         # Read from the two saved models a tensor at a time, as training places them: no process holds the
         # fine-tuned model or a full set of masks (at 8B, 32 GB and 8 GB of host memory per process).
         masks = StableMasks(stage1 / "model", finetuned / FINETUNED, p.stable_fraction)
@@ -97,8 +96,8 @@ class GloaguenKGW(GuKGW):
         from harness.compute.training import loss_step, save_model, train
 
         p, s = self.params, ctx.settings
-        tokenizer = ctx.load_tokenizer(model_dir)
-        model = ctx.load_student(model_dir)
+        tokenizer = models.load_tokenizer(str(model_dir))
+        model = models.load_trainable(str(model_dir), ctx.device)
         settings = TrainSettings(
             **{
                 **s.model_dump(),

@@ -16,8 +16,8 @@ from pathlib import Path
 from pydantic import Field
 
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params
-from methods.base import (
+from harness.config.params import Params
+from harness.contract.method import (
     Detector,
     KeyFromTokenizer,
     TrainContext,

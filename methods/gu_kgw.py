@@ -7,9 +7,9 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from harness.assets import data
-from harness.config.plugins import Params
-from methods.base import (
+from harness.assets import data, models
+from harness.config.params import Params
+from harness.contract.method import (
     Detector,
     KeyFromTokenizer,
     TrainContext,
@@ -117,9 +117,10 @@ class GuKGW(KeyFromTokenizer, WatermarkMethod):
         return None
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        tokenizer = ctx.load_tokenizer()
+        tokenizer = models.load_tokenizer(ctx.base_model)
         teacher_key = self.key(tokenizer, self.params.teacher_drop_special)
-        teacher, student = ctx.load_teacher(), ctx.load_student()
+        teacher = models.load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
+        student = models.load_trainable(ctx.base_model, ctx.device)
         report = distill(student, teacher, teacher_key, tokenizer, ctx, "distill Gu-KGW")
         save_trained(out, student, tokenizer, self.detection_key(tokenizer))
         return report
@@ -148,7 +149,7 @@ def distill(student, teacher, key, tokenizer, ctx: TrainContext, desc: str, mask
     training stream of ``ctx``; return the training report. ``masks``: train only these entries (``train``'s)."""
     from methods.kgw import green_lists, watermark_logits
 
-    greens = green_lists(key, ctx.stage, ctx.device)
+    greens = green_lists(key, ctx.stages.aux_stage if ctx.stages is not None else None, ctx.device)
     s = ctx.settings
     stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
     batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)

@@ -18,9 +18,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params
+from harness.config.params import Params
 from harness.config.presets import MAX_PROMPTS
-from methods.base import (
+from harness.contract.method import (
     DetectContext,
     Detector,
     KeyFromTokenizer,

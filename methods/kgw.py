@@ -131,7 +131,7 @@ TABLE_FILE = "green_table.npy"
 
 def green_lists(key: KGWKey, stage=None, device: str = "cpu") -> GreenLists:
     """The green lists of ``key``: from its bit-packed table where the scheme has one and a store is at hand
-    (``stage``, a ``TrainContext``/``DetectContext`` stage builder: the table is built once per key and shared by
+    (``stage``, ``MethodStages.aux_stage`` or ``DetectContext.stage``: the table is built once per key and shared by
     training and detection), else computed on the fly."""
     if stage is None or not packable(key):
         return GreenLists(key)

@@ -14,11 +14,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from harness.assets import data
+from harness.assets import data, models
 from harness.compute import distributed
 from harness.config.errors import HarnessError
-from harness.config.plugins import Ablation, Params
-from methods.base import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
+from harness.config.params import Params
+from harness.contract.method import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
+from harness.contract.plugin import Ablation
 
 # The paper's delta grid per base model (Section 4.1).
 PAPER_DELTAS = {
@@ -229,9 +230,9 @@ class PRO(WatermarkMethod):
 
         p, s = self.params, ctx.settings
         emb_folder = (ctx.models or {}).get("embedding_model") or resolve(p.embedding_model)
-        tokenizer = ctx.load_tokenizer()
-        teacher = ctx.load_teacher()
-        student = ctx.load_student()
+        tokenizer = models.load_tokenizer(ctx.base_model)
+        teacher = models.load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
+        student = models.load_trainable(ctx.base_model, ctx.device)
         device = str(student.device)
         embedder = Embedder(emb_folder, device, cache_size=p.embed_cache, batch_size=p.embed_batch)
         vocab = student.get_output_embeddings().weight.shape[0]  # the logits width, so M adds without padding

@@ -164,7 +164,7 @@ def _detect_context(folder: Path, prompt_tokens: int, new_tokens: int, tokenizer
     for a window of a prompt and a completion."""
     import hashlib
 
-    from methods.base import DetectContext
+    from harness.contract.method import DetectContext
 
     def stage(kind: str, spec: dict, build, what: str, collective: bool = False) -> Path:
         key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -193,7 +193,7 @@ def _write_key(method, tokenizer, folder: Path, seed: int, base: str | None) -> 
 
     from harness.assets.encoder import shared_embedder
     from harness.assets.models import resolve
-    from methods.base import save_key
+    from harness.contract.method import save_key
     from methods.pro import save_policy
     from methods.pro_policy import PolicyMLP
 
@@ -216,7 +216,7 @@ def _detector_rows(method_name: str, params_json: str, prompt_tokens: int, new_t
     import numpy as np
 
     from harness.config.registry import methods
-    from methods.base import score_texts
+    from harness.contract.method import score_texts
 
     method = methods.build(method_name, json.loads(params_json))
     tokenizer = _row_tokenizer()
@@ -261,10 +261,10 @@ def _fake_run(
 
     import numpy as np
 
-    from attacks.base import TextAttack
+    from harness.cell import metrics, scoring
     from harness.config.presets import TINY
     from harness.config.registry import attacks, methods
-    from harness.run import metrics, scoring
+    from harness.contract.attack import TextAttack
     from harness.store import files
 
     preset = preset or TINY

@@ -1,5 +1,5 @@
 """A frozen sentence encoder E: the n-gram embeddings PRO's policy reads, and the meaning a paraphrase kept
-(``harness.run.textsim``). Any encoder loads by reference (a folder, ``package:``, a hub id); pooling and
+(``harness.assets.textsim``). Any encoder loads by reference (a folder, ``package:``, a hub id); pooling and
 normalisation are read from its sentence-transformers config, plain encoders use the CLS token.
 
 torch and transformers are imported inside functions and classes so that importing this module stays cheap.

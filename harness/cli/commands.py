@@ -40,7 +40,7 @@ def cmd_list() -> None:
 def format_cells(cells) -> str:
     import pandas as pd
 
-    from harness.run.metrics import RETOKENIZED, retokenized_ppl
+    from harness.cell.metrics import RETOKENIZED, retokenized_ppl
 
     # A text attack's row measures PPL on its text tokenized again: beside one, every row is shown on that footing.
     footings = {c.metrics.get("ppl_on") for c in cells}
@@ -95,11 +95,11 @@ def analytic_fpr_warning(cells, level: float = 0.01) -> str | None:
 
 def cmd_run(args) -> None:
     from harness.assets import models
+    from harness.cell.checks import check_inputs
+    from harness.cell.pipeline import Pipeline
     from harness.config import presets
-    from harness.config.plugins import parse_assignments
+    from harness.config.params import parse_assignments
     from harness.config.registry import attacks, methods
-    from harness.run.checks import check_inputs
-    from harness.run.pipeline import Pipeline
     from harness.store.stages import Store
 
     # Validate everything cheap before any model loads.
@@ -136,8 +136,8 @@ def _dry_run(args, preset, plugins) -> None:
     """``harness run --dry-run``: the run's inputs checked as a run checks them, building nothing, then each run it
     would make, stored (and verified) or to compute; a built-in model this machine lacks is named with its cost."""
     from harness.assets import models
-    from harness.run import jobs
-    from harness.run.checks import check_inputs
+    from harness.cell.checks import check_inputs
+    from harness.grid import jobs
 
     check_inputs(preset, plugins, build=False)
     attack = plugins[1]
@@ -207,7 +207,8 @@ def _device_env(args) -> None:
 
 def cmd_grid(args) -> int:
     from harness.assets import models
-    from harness.run import executors, grid, jobs
+    from harness.grid import executors, jobs
+    from harness.grid import spec as grid
     from harness.store import files
 
     if distributed.world_size() > 1:
@@ -296,7 +297,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_rescore(args) -> None:
-    from harness.run.scoring import rescore_store
+    from harness.cell.scoring import rescore_store
     from harness.store.stages import Store
 
     store = Store(args.results)
@@ -304,7 +305,7 @@ def cmd_rescore(args) -> None:
         raise HarnessError(f"no run store at '{store.root}'")
     skipped = []
     if args.prefix_scores:
-        from harness.run.migrate import fill_prefix_scores
+        from harness.cell.migrate import fill_prefix_scores
 
         if not args.verbose:
             _quiet_transformers()
@@ -336,8 +337,8 @@ def cmd_detect(args) -> int:
 
 
 def _audit(args) -> tuple[dict, list[dict]]:
-    """``harness detect``'s work (``harness.run.detect``): its report and the per-text rows."""
-    from harness.run.detect import Request
+    """``harness detect``'s work (``harness.audit.detect``): its report and the per-text rows."""
+    from harness.audit.detect import Request
 
     request = Request(
         args.results, args.alpha, key=args.key, method=args.method, method_args=args.method_arg, model=args.model,
@@ -360,7 +361,7 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
     )  # fmt: skip
     shown = table.to_string(index=False) if show and rows else ""  # --show 0: no table, not "Empty DataFrame"
     more = f"... {len(rows) - show} more texts in {report['scores']}" if len(rows) > show else ""
-    if d["p_value"] is None:  # a scheme with no null of its own (harness.run.audit.NO_NULL)
+    if d["p_value"] is None:  # a scheme with no null of its own (harness.audit.verdict.NO_NULL)
         base = d["against_base"]
         tested = f"{d['texts']} texts, {d['tokens']} tokens scored; against the base: AUC {base['auc']:.3f}"
         verdict = f"none: {d['test']}"

@@ -74,9 +74,9 @@ def _packaged_model(ref: str) -> Callable[[], tuple[bool, str]]:
 def backends() -> dict[str, tuple[str, Callable[[], tuple[bool, str]]]]:
     """``{backend: (what uses it, check)}``: CUDA and accelerate, every module a registered plugin requires, and every
     ``package:`` model that a plugin's defaults or a preset names."""
+    from harness.assets.textsim import SIMILARITY_MODEL
     from harness.config.presets import PRESETS
     from harness.config.registry import attacks, methods
-    from harness.run.textsim import SIMILARITY_MODEL
 
     users: dict[str, list[str]] = {}
     extras: dict[str, str] = {}

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator, model_validator
 
 from harness.config.errors import HarnessError
-from harness.config.plugins import Params
+from harness.config.params import Params
 
 
 class DataSource(Params):

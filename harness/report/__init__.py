@@ -1,2 +1,2 @@
 """From stored runs to what people read: the paper's tables and figures, and the HTML report, from the metrics each
-run stored (``harness.run.metrics``). Nothing here loads a model."""
+run stored (``harness.cell.metrics``). Nothing here loads a model."""

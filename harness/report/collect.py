@@ -7,8 +7,9 @@ its own folder of tables: numbers are never carried over from another preset or 
 *main* configuration is the preset's own settings for it; the other configurations feed the tables that vary them.
 
 Nothing here names a method or an attack: their order, table membership and captions come from the plugin classes
-through the registry (``attacks.base.Attack``, ``methods.base.WatermarkMethod``). A run whose plugin is not installed
-here keeps its stored labels and goes where a model attack goes (tab:robustness, after the known row groups).
+through the registry (``harness.contract.attack.Attack``, ``harness.contract.method.WatermarkMethod``). A run whose
+plugin is not installed here keeps its stored labels and goes where a model attack goes (tab:robustness, after the
+known row groups).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.cell import metrics
 from harness.config.errors import HarnessError
-from harness.run import metrics
 from harness.store import kinds
 from harness.store.files import read_jsonl
 from harness.store.stages import Store
@@ -208,7 +209,7 @@ def collect_attribution(store: Store) -> pd.DataFrame:
 
 
 def heldout_ppl(store: Store) -> dict[str, float]:
-    """Model id -> its perplexity on held-out human text, from the store's utility stages (harness/run/utility.py)."""
+    """Model id -> its perplexity on held-out human text, from the store's utility stages (harness/cell/utility.py)."""
     found = {}
     for stage in store.finished():
         if stage.kind == kinds.UTILITY:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from harness.config.errors import printable
-from harness.config.plugins import Sweep
+from harness.contract.plugin import Sweep
 from harness.report import collect
 from harness.report.collect import main_runs, method_rank, natural_key, param, setups, unaltered
 from harness.report.frames import watermark_config

@@ -10,7 +10,9 @@ import logging
 
 import pandas as pd
 
-from harness.config.plugins import Ablation
+from harness.cell import metrics
+from harness.cell.scoring import BASE_ROW
+from harness.contract.plugin import Ablation
 from harness.report.collect import (
     METRICS,
     MISSING,
@@ -32,8 +34,6 @@ from harness.report.collect import (
     tradeoff_settings,
     unaltered,
 )
-from harness.run import metrics
-from harness.run.scoring import BASE_ROW
 from harness.store.stages import Store
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.config.plugins import Ablation
+from harness.contract.plugin import Ablation
 from harness.report.collect import METRICS, MISSING, NOT_APPLICABLE
 
 PREAMBLE = r"% needs \usepackage{booktabs} and \usepackage[table]{xcolor}; -- marks a cell with no stored run"

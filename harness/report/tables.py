@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.config.plugins import ABLATION_LAYOUTS, ATTACK_TABLES
+from harness.contract.plugin import ABLATION_LAYOUTS, ATTACK_TABLES
 from harness.report import frames, html, latex
 from harness.report.collect import (
     MISSING,
@@ -41,7 +41,7 @@ from harness.store.stages import Store
 log = logging.getLogger(__name__)
 
 # How plugins join a table (``Table.joined_by``): the field that names it, and the names that field may hold
-# (harness/config/plugins.py, where plugin classes check them as they are defined).
+# (harness/contract/plugin.py, where plugin classes check them as they are defined).
 JOINED_BY = {"Attack.tables": ATTACK_TABLES, "Ablation.layout": ABLATION_LAYOUTS}
 
 

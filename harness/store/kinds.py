@@ -17,7 +17,7 @@ GENERATE = "generate"  # a model's continuations of the evaluation prompts
 RUN = "run"  # one table cell: a detector and perplexity on one model's generations
 ATTRIBUTION = "attribution"  # a detector on another model's stored generations
 DETECT = "detect"  # ``harness detect``'s audit of a suspect model or texts
-UTILITY = "utility"  # a model's perplexity on held-out human text (harness/run/utility.py)
+UTILITY = "utility"  # a model's perplexity on held-out human text (harness/cell/utility.py)
 UTILITY_FILE = "utility.json"  # what a utility stage found
 
 RESERVED = (TRAIN, ATTACK, TEXT_ATTACK, GENERATE, RUN, ATTRIBUTION, DETECT, UTILITY)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.run import executors, grid
+from harness.grid import executors
+from harness.grid import spec as grid
 
 SPEC = """\
 preset: tiny
@@ -132,7 +133,7 @@ def test_a_killed_grid_resumes_to_the_same_tables(uninterrupted, grid_spec, harn
 
 
 def test_a_failed_cell_is_reported_and_the_others_go_on(grid_spec, tmp_path, monkeypatch):
-    from harness.run.pipeline import Pipeline
+    from harness.cell.pipeline import Pipeline
 
     real = Pipeline.run
 

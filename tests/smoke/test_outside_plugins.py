@@ -33,6 +33,7 @@ untrained-kgw = outside_plugins:Untrained
 [harness.attacks]
 noise = outside_plugins:Noise
 truncate = outside_plugins:Truncate
+noise-sweep = outside_plugins:NoiseSweep
 """
 
 
@@ -68,7 +69,7 @@ def outside(tmp_path_factory, random_llamas, script):
 def test_outside_plugins_run_and_fill_the_tables(outside):
     run, root, settings = outside
     listed = {line.split()[0] for line in run("list").stdout.splitlines()[1:] if line.strip()}
-    assert {"unigram", "untrained-kgw", "noise", "truncate"} <= listed
+    assert {"unigram", "untrained-kgw", "noise", "truncate", "noise-sweep"} <= listed
     store = root / "runs"
     sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
     out = run("run", "--method", "unigram", "--attack", "truncate", "--attack-arg", "keep=0.5", *sets,
@@ -79,12 +80,13 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     groups = (
         "groups:\n  g:\n    methods: {unigram: [{}], gu-kgw: [{}], untrained-kgw: [{}]}\n"
         "    attacks: {none: [{}], noise: [{sigma: 0.05}], truncate: [{keep: 0.5}],\n"
+        "              noise-sweep: [{sigmas: [0.02, 0.05]}],\n"
         # a chain of the outside attacks: the model attack, then the text attack on what that model wrote
         "              chain: [{links: [{attack: noise, settings: {sigma: 0.05}}, {attack: truncate}]}]}\n"
     )
     spec.write_text(f"preset: tiny\noverrides:\n{overrides}{groups}")
     out = run("grid", str(spec), "--results", str(store))
-    assert "12 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
+    assert "15 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
     tables = root / "tables"
     run("tables", "--results", str(store), "--out", str(tables))
     with open(tables / "tiny" / "robustness.csv") as fh:
@@ -94,6 +96,12 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     noise = [r for r in rows if r[0] == "Perturbation"]
     assert [r[1:3] for r in noise] == [["Gaussian noise", "sigma=0.05"]]  # the new category is a row group
     assert "missing" not in noise[0][3:], noise  # with a number for both methods
+    # The attack of a kind of its own: a row group, a row per model it asked the pipeline for, each with a number.
+    swept = [r for r in rows if r[0] == "Perturbation sweeps"]
+    assert [r[1:3] for r in swept] == [["Noise sweep", "sigma=0.02"], ["Noise sweep", "sigma=0.05"]], swept
+    assert not [cell for r in swept for cell in r[3:] if cell == "missing"], swept
+    # its sigma = 0.05 model is the noise attack's own stage, asked for again: the two rows read the same AUC
+    assert swept[1][3:] == noise[0][3:], (swept, noise)
     assert not [r for r in rows if r[0] == "Editing"]  # a text attack has a table of its own, not these rows
     chained = [r for r in rows if r[0] == "Chains"]
     assert [r[1:3] for r in chained] == [["Gaussian noise → Truncation", "sigma=0.05 → keep=0.5"]], chained
@@ -108,7 +116,7 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     assert "Untrained KGW" in set(tokens["method"]), tokens["method"].unique()
     page = root / "report.html"
     run("report", "--results", str(store), "--out", str(page))
-    assert "Untrained KGW" in page.read_text() and "Perturbation" in page.read_text()
+    assert "Untrained KGW" in page.read_text() and "Perturbation sweeps" in page.read_text()
     specs = [json.loads(p.read_text()) for p in store.glob("*/spec.json")]
     key = next(s["detector"]["key_from"] for s in specs if s["detector"]["method"] == "untrained-kgw")
     out = run("detect", "--results", str(store), "--key", key, "--model", settings["base_model"], "--json")

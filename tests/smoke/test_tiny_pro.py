@@ -42,7 +42,7 @@ def test_one_methods_key_does_not_fire_on_the_other_methods_model(pro_store, sha
         out = cli(*args, "--model", str(model))
         assert out.returncode == 0, out.stderr[-3000:]
         decision = json.loads(out.stdout)["decision"]
-        if key_of == "pro":  # no null of its own: no verdict, whatever the model (harness.run.audit.NO_NULL)
+        if key_of == "pro":  # no null of its own: no verdict, whatever the model (harness.audit.verdict.NO_NULL)
             assert decision["p_value"] is None and decision["watermarked"] is None, decision
         else:
             assert decision["p_value"] > 0.01 and not decision["watermarked"], (key_of, model_of, decision)

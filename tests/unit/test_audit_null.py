@@ -51,7 +51,7 @@ def test_pooled_test_holds_its_rate_over_keys_drawn_afresh(scheme, sources):
     import numpy as np
 
     from harness.config.registry import methods
-    from methods.base import read_key
+    from harness.contract.method import read_key
     from tests.conftest import _detect_context
 
     base, tokenizer, texts, folder = sources

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from harness.cell.pipeline import Pipeline
 from harness.config.errors import HarnessError
 from harness.config.presets import TINY
 from harness.config.registry import attacks, methods
-from harness.run.pipeline import Pipeline
 from harness.store.stages import Store
 
 SMALL = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", "eval.num_prompts": "6",

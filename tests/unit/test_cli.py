@@ -509,7 +509,7 @@ def test_listing_and_validation_import_no_heavy_library():
         "import sys\n"
         "from harness.config.registry import methods, attacks\n"
         "from harness.cli.main import main\n"
-        "from harness.run import pipeline\n"
+        "from harness.cell import pipeline\n"
         "from harness.config import presets\n"
         # (every plugin, with the tiny preset's settings, whose settings all have defaults: a chain's links have none)
         "[r.build(n, {}, presets.TINY) for r in (methods, attacks) for n in r.names()\n"

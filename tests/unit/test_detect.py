@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from harness.audit import verdict as audit
 from harness.config.presets import TINY
-from harness.run import audit
 from methods.kgw import GreenLists, KGWKey, pooled_score
 
 
@@ -135,8 +135,8 @@ def test_kth_pool_finds_the_keys_own_texts():
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory, random_llamas):
     """A store with Gu-KGW trained for one step on the random base (``random_llamas[1]``); returns (store, stage)."""
+    from harness.cell.pipeline import Pipeline
     from harness.config.registry import methods
-    from harness.run.pipeline import Pipeline
     from harness.store.stages import Store
 
     preset = _setup(random_llamas[1])
@@ -196,7 +196,7 @@ def test_texts_are_scored_one_by_one_and_pooled(keyed, cli, tmp_path):
 
 def test_json_output_is_json_alone_when_a_library_prints(keyed, cli, tmp_path, monkeypatch):
     """gptqmodel prints a banner to standard output when it loads a packed model: --json output stays parseable."""
-    from harness.run import audit
+    from harness.audit import verdict as audit
 
     store, stage = keyed
     file = tmp_path / "texts.txt"
@@ -474,9 +474,10 @@ def test_the_audit_table_shows_as_many_texts_as_asked():
 def test_a_scheme_with_no_null_of_its_own_gets_no_p_value_and_no_verdict(keyed, cli, random_llamas):
     """PRO's key (a policy trained one step here) audits a model: its texts are scored and compared with the base's
     own continuations, as evidence, but no p-value or verdict is given, per text or pooled: the comparison's null is
-    "writes like the base", which unwatermarked fine-tunes of the base reject as well (harness.run.audit.NO_NULL)."""
+    "writes like the base", which unwatermarked fine-tunes of the base reject as well
+    (harness.audit.verdict.NO_NULL)."""
+    from harness.cell.pipeline import Pipeline
     from harness.config.registry import methods
-    from harness.run.pipeline import Pipeline
 
     store, _ = keyed
     setup = _setup(random_llamas[1])

@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
-from attacks.base import AttackContext
 from harness.config.errors import HarnessError
 from harness.config.presets import TINY
 from harness.config.registry import attacks
+from harness.contract.attack import AttackContext
 
 
 def merge(**settings):
@@ -200,7 +200,7 @@ def test_the_watermarked_model_is_refused_as_its_own_donor(three, tmp_path):
     once the watermarked model is trained), where mergekit would fail on duplicate inputs after the generations."""
     import shutil
 
-    from harness.run.pipeline import Pipeline
+    from harness.cell.pipeline import Pipeline
 
     watermarked, _, donor = three
     for ref in (
@@ -244,9 +244,9 @@ def test_a_grid_refuses_a_stored_watermarked_model_as_a_donor_before_any_cell(th
     already, named as that cell's donor."""
     import shutil
 
+    from harness.cell.pipeline import Pipeline
     from harness.config.registry import methods
-    from harness.run.jobs import check_own_models
-    from harness.run.pipeline import Pipeline
+    from harness.grid.jobs import check_own_models
     from harness.store.stages import Store
 
     _, base, donor = three

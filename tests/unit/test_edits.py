@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from attacks.base import AttackContext
 from harness.config.registry import attacks
+from harness.contract.attack import AttackContext
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. A watermark is a hidden signal in generated text, and a detector "

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attacks.base import AttackContext
 from harness.assets.models import load_causal_lm
+from harness.cell.pipeline import Pipeline
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks, methods
-from harness.run.pipeline import Pipeline
+from harness.contract.attack import AttackContext
 from harness.store.stages import Store
 
 PAIRS = [
@@ -172,8 +172,8 @@ def test_the_named_human_text_sets_are_held_out_from_what_evaluations_read():
 def test_the_evaluations_own_texts_are_refused(random_llamas, tmp_path, small_preset):
     """A dataset that holds the evaluation's documents (the same file, a folder around it, the same hub split) is one
     line before any work; another file is not."""
+    from harness.cell.checks import check_held_out
     from harness.config.presets import TINY, apply_overrides
-    from harness.run.checks import check_held_out
 
     base, _ = random_llamas
     preset = small_preset(tmp_path, base)

@@ -35,7 +35,7 @@ def test_scores_and_the_pooled_test_read_distinct_tokens():
 
 def test_distillation_moves_the_students_logits_along_the_bias(random_llamas, small_preset, tmp_path):
     from harness.assets.models import load_causal_lm
-    from methods.base import TrainContext
+    from harness.contract.method import TrainContext
 
     _, base = random_llamas
     preset = small_preset(tmp_path, base, **{"train.steps": "30", "train.batch_size": "4", "train.seq_len": "16",

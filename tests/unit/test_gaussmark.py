@@ -8,7 +8,7 @@ from scipy import stats
 
 from harness.config.errors import HarnessError
 from harness.config.registry import methods
-from methods.base import DetectContext
+from harness.contract.method import DetectContext
 from methods.gaussmark import GaussMarkDetector, noise, per_text_gradients, summed_gradient, target_names
 
 
@@ -98,7 +98,7 @@ def test_the_key_noises_only_its_weights(base, tmp_path):
     from safetensors.torch import load_file
 
     from harness.config.presets import TINY
-    from methods.base import TrainContext
+    from harness.contract.method import TrainContext
 
     folder, _ = base
     method = methods.build("gaussmark", {"sigma": "0.05", "layers": "0", "weights": "mlp.up_proj,mlp.down_proj"})
@@ -160,7 +160,7 @@ def test_a_key_of_another_architecture_is_refused(base, llama_builder, tmp_path)
     folder, tokenizer = base
     method = methods.build("gaussmark", {"layers": "0"})
     from harness.config.presets import TINY
-    from methods.base import TrainContext
+    from harness.contract.method import TrainContext
 
     method.train(TrainContext(str(folder), [], TINY.train, "cpu"), tmp_path / "key")
     wider = llama_builder(tmp_path / "wider", 4, tokenizer, hidden_size=40)

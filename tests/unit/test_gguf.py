@@ -332,8 +332,8 @@ def test_a_k_quant_is_llama_cpps_and_runs_in_llama_cpp(llama, tmp_path, monkeypa
     import llama_cpp
     from safetensors.torch import load_file
 
-    from attacks.base import AttackContext
     from harness.config.registry import attacks
+    from harness.contract.attack import AttackContext
 
     monkeypatch.setenv("HARNESS_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "stage"

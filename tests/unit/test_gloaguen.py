@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness.cell.pipeline import Pipeline
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks, methods
-from harness.run.pipeline import Pipeline
 from harness.store.stages import Store
 
 SETTINGS = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", "train.lr": "1e-2",

@@ -9,7 +9,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.config.errors import HarnessError
-from harness.run import grid
+from harness.grid import spec as grid
 
 GOOD = """\
 preset: tiny
@@ -286,7 +286,7 @@ def test_a_dry_run_says_of_each_cell_what_is_stored(monkeypatch):
     lacks, or cannot tell, with why said at the first cell of its setup."""
     from types import SimpleNamespace
 
-    from harness.run import jobs
+    from harness.grid import jobs
 
     cells = [SimpleNamespace(setup=setup, name=name) for setup, name in
              [("near", "all"), ("near", "some"), ("near", "new"), ("far", "one"), ("far", "two")]]  # fmt: skip

@@ -6,7 +6,7 @@ import torch
 
 from harness.config.presets import TrainSettings
 from harness.config.registry import methods
-from methods.base import TrainContext
+from harness.contract.method import TrainContext
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. A watermark is a hidden signal in text."] * 40
 
@@ -54,7 +54,7 @@ def test_k1_drops_special_tokens_from_the_teacher_only(random_llamas, tmp_path):
 def test_text_too_short_to_score_is_neutral_not_an_error():
     """A text with no position to score (e.g. a paraphrase that came out as one token) carries no evidence: z = 0,
     p = 1, scored = 0; the others in the batch are scored as usual."""
-    from methods.base import score_long_enough
+    from harness.contract.method import score_long_enough
     from methods.gu_kgw import KGWDetector
 
     key = {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "simple_1", "vocab_size": 100}

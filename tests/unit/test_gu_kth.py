@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from harness.cell.pipeline import Pipeline
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks, methods
-from harness.run.pipeline import Pipeline
 from harness.store.files import read_jsonl
 from harness.store.stages import Store
 

@@ -9,12 +9,12 @@ import random
 import pytest
 import torch
 
+from harness.cell.pipeline import training_settings
+from harness.cell.scoring import method_info
 from harness.config.presets import TINY
 from harness.config.registry import methods
-from harness.run.pipeline import training_settings
-from harness.run.scoring import method_info
+from harness.contract.method import read_key, save_key
 from harness.store.stages import spec_hash
-from methods.base import read_key, save_key
 from methods.kgw import HASH_KEY, GreenLists, KGWKey, pooled_score, secret_hash_key
 
 KGW_METHODS = ("gu-kgw", "gloaguen-kgw", "kgw-decoding")

@@ -1,25 +1,26 @@
-"""The shape of harness/ that the next contributor relies on: each floor imports only its own floor and those below it
-(``FLOORS``, the order docs/development.md states), its import picture has no circle (imports inside functions
-included), it reaches the plugins only through their interfaces (methods/base.py, attacks/base.py) and the registry's
-``module:Class`` strings, and the report names no method or attack (their labels, categories and tables come from the
-plugins)."""
+"""The shape of the repository that the next contributor relies on: each floor of harness/ imports only its own floor
+and those below it (``FLOORS``, the order docs/development.md states); methods/ and attacks/ are leaves on the contract
+floor (they import ``harness.contract`` and the floors below it, nothing in harness/ imports them: the registry names
+them as ``module:Class`` strings); the import picture of all three has no circle (imports inside functions included);
+and the report names no method or attack (their labels, categories and tables come from the plugins)."""
 
 import ast
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-INTERFACES = {"methods.base", "attacks.base"}
+PLUGINS = ("methods", "attacks")
 # The floors of harness/, lowest first, in the order data flows through them: a module imports only modules of its own
 # floor or of a floor below it. docs/development.md's layout section states this order;
 # ``test_the_readme_states_the_floor_order`` holds the two together.
-FLOORS = ("config", "compute", "store", "assets", "run", "report", "cli")
+FLOORS = ("config", "compute", "store", "assets", "contract", "cell", "audit", "grid", "report", "cli")
+PLUGIN_FLOOR = "contract"  # the highest floor a method or an attack may import
 ENTRY_POINTS = {"harness", "harness.__main__"}  # the package itself and ``python -m harness``: above every floor
 
 
-def _modules() -> dict[str, Path]:
+def _modules(*packages: str) -> dict[str, Path]:
     found = {}
-    for file in sorted((ROOT / "harness").rglob("*.py")):
+    for file in sorted(f for package in packages or ("harness",) for f in (ROOT / package).rglob("*.py")):
         name = ".".join(file.relative_to(ROOT).with_suffix("").parts)
         found[name.removesuffix(".__init__")] = file
     return found
@@ -71,18 +72,32 @@ def test_the_readme_states_the_floor_order():
     assert tuple(rows) == FLOORS, rows
 
 
-def test_harness_reaches_plugins_only_through_their_interfaces():
-    upward = {
+def test_harness_imports_no_method_or_attack():
+    """The registry loads plugins by their ``module:Class`` strings; a module of harness/ that imported one would make
+    the built-in plugins different from an outside package's."""
+    found = {
         (name, target)
         for name, file in _modules().items()
         for target in _imports(name, file)
-        if target.split(".")[0] in ("methods", "attacks") and ".".join(target.split(".")[:2]) not in INTERFACES
+        if target.split(".")[0] in PLUGINS
     }
-    assert not upward, upward
+    assert not found, sorted(found)
 
 
-def test_harness_has_no_import_circle():
-    modules = _modules()
+def test_methods_and_attacks_import_only_the_contract_and_below():
+    top = FLOORS.index(PLUGIN_FLOOR)
+    upward = {
+        (name, target)
+        for name, file in _modules(*PLUGINS).items()
+        for target in _imports(name, file)
+        if _floor(target) and FLOORS.index(_floor(target)) > top
+    }
+    assert not upward, sorted(upward)
+    assert _modules(*PLUGINS)  # the walk saw the plugins
+
+
+def test_the_repository_has_no_import_circle():
+    modules = _modules("harness", *PLUGINS)
     graph = {name: {t for t in _imports(name, file) if t in modules and t != name} for name, file in modules.items()}
     done: set[str] = set()
 
@@ -97,7 +112,7 @@ def test_harness_has_no_import_circle():
 
     for name in sorted(graph):
         visit(name, [])
-    assert "harness.report.collect" in graph and graph["harness.run.scoring"]  # the walk saw real modules
+    assert "harness.report.collect" in graph and graph["harness.cell.scoring"]  # the walk saw real modules
 
 
 def test_the_report_names_no_method_or_attack():

@@ -8,15 +8,15 @@ import json
 
 import pytest
 
+from harness.cell import metrics
 from harness.config.presets import TINY
-from harness.run import metrics
 
 
 @pytest.fixture
 def stored(tmp_path, random_llamas):
     """A store with Gu-KGW trained for one step on a random Llama and its base and unaltered runs."""
+    from harness.cell.pipeline import Pipeline
     from harness.config.registry import attacks, methods
-    from harness.run.pipeline import Pipeline
     from harness.store.stages import Store
 
     base = str(random_llamas[1])
@@ -51,7 +51,7 @@ def test_runs_keep_prefix_scores_and_length_metrics(stored):
 
 
 def test_rescore_adds_prefix_scores_to_older_runs(stored, cli, tmp_path):
-    from harness.run import metrics
+    from harness.cell import metrics
     from harness.store.stages import Stage
 
     runs = stored.runs()

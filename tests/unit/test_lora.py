@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from attacks import lora
-from attacks.base import AttackContext
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks
+from harness.contract.attack import AttackContext
 
 PAIRS = [
     ("Add two numbers.", "def add(a, b):\n    return a + b"),
@@ -114,8 +114,8 @@ def test_only_the_adapters_train_and_each_checkpoint_is_them_merged(random_llama
 
 
 def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset):
+    from harness.cell.pipeline import Pipeline
     from harness.config.registry import methods
-    from harness.run.pipeline import Pipeline
     from harness.store.stages import Store
 
     base, _ = random_llamas
@@ -281,8 +281,8 @@ def test_the_presets_give_lora_defaults_that_build():
 def test_the_preset_defaults_move_no_stored_run():
     """The presets' LoRA defaults came after their runs were stored: the preset as runs store (and hash) it leaves
     them out, and holds the fine-tuning defaults as before."""
+    from harness.cell.scoring import preset_settings
     from harness.config.presets import HASHED_ATTACK_DEFAULTS, HASHED_METHOD_DEFAULTS, PRESETS, TINY
-    from harness.run.scoring import preset_settings
 
     stored = preset_settings(TINY)["attacks"]
     assert "lora" in TINY.attacks and "lora" not in stored and stored["finetune"] == TINY.attacks["finetune"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness.run import metrics
-from harness.run.metrics import detection_metrics, median, tpr_at_fpr
+from harness.cell import metrics
+from harness.cell.metrics import detection_metrics, median, tpr_at_fpr
 
 
 def test_perfect_separation():

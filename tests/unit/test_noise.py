@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attacks.base import AttackContext
 from harness.config.registry import attacks
+from harness.contract.attack import AttackContext
 
 
 def weights(folder):
@@ -54,8 +54,8 @@ def test_a_tied_output_projection_is_one_tensor_noised_once(llama_builder, tmp_p
 def test_sigma_zero_is_the_unaltered_model(random_llamas, small_preset, tmp_path):
     """At sigma = 0 the attacked model is the unaltered one bit for bit, so its row scores exactly as the unaltered
     row does (the same generations, the same scores)."""
+    from harness.cell.pipeline import Pipeline
     from harness.config.registry import methods
-    from harness.run.pipeline import Pipeline
     from harness.store.files import read_jsonl
     from harness.store.stages import Store
 

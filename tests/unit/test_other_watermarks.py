@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from harness.cell.pipeline import Pipeline
 from harness.config.registry import attacks, methods
-from harness.run.pipeline import Pipeline
 from harness.store.stages import Store
 
 SETTINGS = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", "eval.num_prompts": "24",

@@ -3,11 +3,11 @@ settings' validation, and (slow) that the tiny paraphraser built here really rew
 
 import pytest
 
-from attacks.base import AttackContext
 from attacks.paraphrase import Dipper
 from harness.assets.dipper_format import split_sentences
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks
+from harness.contract.attack import AttackContext
 
 SENTENCES = ["The cat sat on the mat.", "It was warm there!", "Why did it leave?", "Nobody knows.", "The end."]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cell.pipeline import Pipeline
 from harness.config.presets import TINY, apply_overrides
 from harness.config.registry import attacks, methods
-from harness.run.pipeline import Pipeline
 from harness.store.files import read_jsonl
 from harness.store.stages import Store
 
@@ -40,7 +40,7 @@ def make_preset(tmp_path, base, oracle):
 
 def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama, tmp_path, monkeypatch):
     from harness.assets.models import load_tokenizer
-    from harness.run import detection
+    from harness.cell import detection
 
     base, _ = random_llamas
     assert load_tokenizer(str(base)).get_vocab() != load_tokenizer(str(other_tokenizer_llama)).get_vocab()
@@ -77,7 +77,7 @@ def test_cells_reuse_and_retokenized_oracle(random_llamas, other_tokenizer_llama
 
 
 REVERSE_ATTACK = """
-from attacks.base import TextAttack
+from harness.contract.attack import TextAttack
 
 
 class ReverseWords(TextAttack):

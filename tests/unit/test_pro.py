@@ -12,7 +12,7 @@ from harness.assets.models import resolve
 from harness.config.errors import HarnessError
 from harness.config.presets import TrainSettings
 from harness.config.registry import methods
-from methods.base import TrainContext
+from harness.contract.method import TrainContext
 from methods.pro import PRO, PROParams
 from methods.pro_policy import (
     PolicyMLP,
@@ -574,8 +574,8 @@ def test_centred_score_is_zero_on_average_on_the_base_models_own_text(random_lla
 def test_only_the_centred_score_reads_prompts_and_its_runs_say_so():
     """A run's detector spec records the prompt only for a detector that reads it (PRO's centred score), so the runs
     of every other detector keep their hashes; an audit of texts from a file, which have no prompt, records none."""
+    from harness.cell.scoring import detector_spec
     from harness.config.registry import methods
-    from harness.run.scoring import detector_spec
 
     centred = PRO(PROParams(score="centred"))
     want = {"method": "pro", "key_from": "k", "reads": "text", "context": "prompt"}

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attacks.base import AttackContext
 from harness.assets.models import load_causal_lm, load_tokenizer
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks
+from harness.contract.attack import AttackContext
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

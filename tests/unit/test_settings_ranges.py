@@ -7,7 +7,7 @@ import typing
 import pytest
 
 from harness.config.errors import HarnessError
-from harness.config.plugins import takes_numbers
+from harness.config.params import takes_numbers
 from harness.config.presets import TINY, EvalSettings, TrainSettings
 from harness.config.registry import attacks, methods
 

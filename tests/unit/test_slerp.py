@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attacks.base import AttackContext
 from harness.config.registry import attacks
+from harness.contract.attack import AttackContext
 
 pytest.importorskip("mergekit")
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cell.pipeline import Pipeline
 from harness.config.errors import HarnessError
 from harness.config.presets import TINY
-from harness.run.pipeline import Pipeline
 from harness.store import kinds
 from harness.store.stages import Store, stage_at
 

@@ -137,7 +137,7 @@ def test_seeds_are_averaged(tmp_path, fake_run):
 def test_rescore_recomputes_metrics_from_stored_scores(tmp_path, fake_run, monkeypatch, capsys):
     import json
 
-    from harness.run import metrics
+    from harness.cell import metrics
     from harness.store.stages import Stage
 
     store = Store(tmp_path / "runs")
@@ -239,7 +239,7 @@ def test_a_setup_the_store_no_longer_has_leaves_no_tables_behind(tmp_path, fake_
 def test_rescore_rescores_the_rest_and_names_a_damaged_run(tmp_path, fake_run, cli, monkeypatch):
     import json
 
-    from harness.run import metrics
+    from harness.cell import metrics
 
     store = Store(tmp_path / "runs")
     good = fake_run(store, "gu-kgw", {}, "none", {}, 0.9)
@@ -285,8 +285,8 @@ def test_every_table_name_a_plugin_may_join_is_declared_once():
 
 
 def test_an_attack_or_ablation_that_names_an_unknown_table_is_an_error_naming_the_valid_ones():
-    from attacks.base import ModelAttack, TextAttack
-    from harness.config.plugins import Ablation
+    from harness.contract.attack import ModelAttack, TextAttack
+    from harness.contract.plugin import Ablation
 
     valid = "valid tables: robustness, ft_steps, own"
     with pytest.raises(HarnessError, match=rf"attack class .*<locals>\.Typo: unknown table 'robustnes'; {valid}$"):
@@ -309,7 +309,7 @@ def test_an_outside_plugin_with_an_unknown_table_fails_where_it_is_loaded(tmp_pa
     from harness.config import registry
 
     (tmp_path / "typo_plugin.py").write_text(
-        "from attacks.base import ModelAttack\n\n\nclass Typo(ModelAttack):\n    name = 'typo-tables'\n"
+        "from harness.contract.attack import ModelAttack\n\n\nclass Typo(ModelAttack):\n    name = 'typo-tables'\n"
         "    category = 'Other'\n    label = 'Typo'\n    tables = ('robustnes',)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))

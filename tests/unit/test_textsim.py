@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.run import textsim
+from harness.assets import textsim
 
 ORIGINALS = ["The quick brown fox jumps over the lazy dog.", "A watermark is a hidden signal in generated text."]
 

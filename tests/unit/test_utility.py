@@ -1,11 +1,11 @@
-"""Retained utility (harness/run/utility.py): every model a run evaluates gets its perplexity on the held-out human
+"""Retained utility (harness/cell/utility.py): every model a run evaluates gets its perplexity on the held-out human
 continuations, once per model, and the AUC-utility figure draws it with weight noise as the reference curve."""
 
 import json
 import math
 
+from harness.cell.pipeline import Pipeline
 from harness.config.registry import attacks, methods
-from harness.run.pipeline import Pipeline
 from harness.store import kinds
 from harness.store.stages import Store
 

@@ -1,17 +1,30 @@
 """Plugins written outside the harness, as a third party would: one module, registered only through the entry-point
 groups ``harness.methods`` and ``harness.attacks`` (tests/smoke/test_outside_plugins.py installs it in a folder of its
-own). Two methods (one that trains nothing), a model attack of a category the harness has never seen, and a text
-attack."""
+own). Two methods (one that trains nothing), a model attack of a category the harness has never seen, a text attack,
+and an attack of a kind the harness does not define (neither a model nor a text attack), written against the
+contract's ``CellStages`` alone. It imports ``harness.contract`` and the floors below it, as a built-in plugin does."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import Field
 
-from attacks.base import MODEL, AttackContext, ModelAttack, TextAttack
-from harness.config.plugins import Params
-from methods.base import TrainContext, save_trained
+from harness.assets import models
+from harness.config.params import Params
+from harness.contract.attack import (
+    MODEL,
+    Attack,
+    AttackContext,
+    CellStages,
+    Evaluated,
+    ModelAttack,
+    Output,
+    TextAttack,
+)
+from harness.contract.method import TrainContext, save_trained
+from harness.store.stages import Stage
 from methods.gu_kgw import GuKGW, GuKGWParams
 
 
@@ -34,13 +47,13 @@ class Untrained(GuKGW):
     label = "Untrained KGW"
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
-        tokenizer = ctx.load_tokenizer()
+        tokenizer = models.load_tokenizer(ctx.base_model)
         key = {
             "method": self.name,
             "detector": self.key(tokenizer, self.params.detector_drop_special).to_dict(),
             "ignore_repeated_ngrams": self.params.ignore_repeated_ngrams,
         }
-        save_trained(out, ctx.load_student(), tokenizer, key)
+        save_trained(out, models.load_trainable(ctx.base_model, ctx.device), tokenizer, key)
         return {"steps": 0}
 
 
@@ -90,3 +103,31 @@ class Truncate(TextAttack):
 
     def apply_texts(self, texts: list[str], ctx: AttackContext) -> list[str]:
         return [" ".join(t.split()[: max(1, round(len(t.split()) * self.params.keep))]) for t in texts]
+
+
+class NoiseSweepParams(Params):
+    sigmas: list[float] = Field(default_factory=lambda: [0.02, 0.05], min_length=1)
+    seed: int = 0
+
+
+class NoiseSweep(Attack):
+    """A kind of attack of its own: several noised models from one setting, each a row, made by asking the pipeline
+    (``CellStages``) for ``Noise`` at each scale and for what each noised model writes."""
+
+    name = "noise-sweep"
+    category = "Perturbation sweeps"
+    label = "Noise sweep"
+    Params = NoiseSweepParams
+
+    def config_label(self) -> str:
+        return ", ".join(f"sigma={s:g}" for s in self.params.sigmas)
+
+    def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
+        rows = []
+        for sigma in self.params.sigmas:
+            noise = Noise(NoiseParams(sigma=sigma, seed=self.params.seed))
+            for out in pipeline.attack(noise, trained):
+                label = f"sigma={sigma:g}"
+                named = replace(out, row=f"{self.table_label()} {label}", config_label=label)
+                rows.append((named, pipeline.generate(named.path, named.model_id, named.row)))
+        return rows

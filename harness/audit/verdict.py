@@ -31,13 +31,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.assets import models
+from harness.cell import detection, scoring
+from harness.cell.pipeline import source_spec, training_settings
 from harness.config.errors import HarnessError, first_line
 from harness.config.presets import DataSource, Preset, get_preset
-from harness.run import detection, scoring
-from harness.run.pipeline import source_spec, training_settings
+from harness.contract.method import score_texts
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store, stage_at
-from methods.base import score_texts
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 # Bump when the decision drawn from the scores changes (the pooled tests): a detect stage's result is keyed by it.

@@ -15,8 +15,8 @@ A spec (``grids/tiny.yaml`` is the example to copy)::
     attribution: robustness       # optional: a group whose models' detectors are applied to each other's texts
 
 The whole spec is validated (keys, names, settings, models and data) before any cell runs, and an error names the
-line. Cells that several groups share run once. Every cell is a ``Pipeline.run`` (``harness.run.jobs``), run here or
-as submitit jobs (``harness.run.executors``): stored stages are reused, so a grid started again after a crash
+line. Cells that several groups share run once. Every cell is a ``Pipeline.run`` (``harness.grid.jobs``), run here or
+as submitit jobs (``harness.grid.executors``): stored stages are reused, so a grid started again after a crash
 recomputes only what was not finished.
 """
 

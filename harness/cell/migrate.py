@@ -1,5 +1,5 @@
 """Migrations of a store's finished runs that need their detector again, not only newer metric code (that is
-``scoring.rescore``): a caller of the stage graph (``harness.run.pipeline``) that scores stored texts and republishes
+``scoring.rescore``): a caller of the stage graph (``harness.cell.pipeline``) that scores stored texts and republishes
 the runs as ``rescore`` does."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import logging
 
+from harness.cell import detection, metrics, scoring
+from harness.cell.pipeline import Pipeline
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
-from harness.run import detection, metrics, scoring
-from harness.run.pipeline import Pipeline
 from harness.store import files, kinds
 from harness.store.stages import Store
 

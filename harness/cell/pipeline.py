@@ -11,19 +11,19 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from attacks.base import MODEL, AttackContext, TextAttack
-from harness.assets import data, models, weights
+from harness.assets import data, models, textsim, weights
+from harness.cell import detection, metrics, rewrites, scoring
+from harness.cell.scoring import attack_row
+from harness.cell.utility import utility
 from harness.compute import distributed, imports, memory
 from harness.compute.generation import SAMPLER, sample
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.config.registry import attacks
-from harness.run import detection, metrics, rewrites, scoring, textsim
-from harness.run.scoring import attack_row
-from harness.run.utility import utility
+from harness.contract.attack import MODEL, AttackContext, Output, TextAttack
+from harness.contract.method import TrainContext
 from harness.store import files, kinds
 from harness.store.stages import EditedStage, Stage, Store
-from methods.base import TrainContext
 
 
 @dataclass
@@ -36,19 +36,7 @@ class ScoredRun:
     metrics: dict = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Output:
-    """One model an attack produced (or the unaltered one): its table row and config label, its folder, the id that
-    downstream hashes use, and the spec of the attack stage that made it (None: unaltered)."""
-
-    row: str
-    config_label: str
-    path: Path
-    model_id: str
-    spec: dict | None
-
-
-class Pipeline:
+class Pipeline:  # implements the contract's MethodStages (method.py) and CellStages (attack.py)
     """The stages of one preset on one store. With ``plan=True`` nothing is built: every stage keeps its spec and hash
     and says only whether it is stored, so a grid can tell which of its runs are done already."""
 
@@ -113,14 +101,7 @@ class Pipeline:
         def build(out: Path) -> dict:
             texts = data.iter_texts(self.preset.train_data)
             ctx = TrainContext(
-                self.base["path"],
-                texts,
-                self.preset.train,
-                self.device,
-                extra,
-                self.aux_stage,
-                self.train_other,
-                self.preset.train_data,
+                self.base["path"], texts, self.preset.train, self.device, extra, self, self.preset.train_data
             )
             return method.train(ctx, out)
 
@@ -395,7 +376,8 @@ class Pipeline:
                        lambda tokenizer: method.logits_processors(trained.path, tokenizer))  # fmt: skip
         unaltered = self.generate(unaltered_out.path, unaltered_out.model_id, unaltered_out.row, sampler)
         rows = [(none, unaltered_out, unaltered)]  # (attack, output, generations)
-        # The attack says what it adds (attacks/base.py): models of its own, or rewrites of the unaltered texts.
+        # The attack says what it adds (harness/contract/attack.py): models of its own or rewrites of the unaltered
+        # texts.
         rows += [(attack, out, gen) for out, gen in attack.evaluated(self, trained, (unaltered_out, unaltered))]
         utility(self, self.base["path"], f"base:{self.base['fingerprint']}", "base model")
         for a, out, gen in rows:

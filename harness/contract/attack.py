@@ -1,23 +1,61 @@
 """The attack interface. A model attack reads a saved model folder and writes the modified model to another; a
 text attack rewrites generated texts (paraphrasing). Both are pure functions of their inputs (no state kept
-between calls)."""
+between calls). What an attack may ask of the pipeline that runs it is ``CellStages``, a typed protocol that
+``harness.cell.pipeline.Pipeline`` implements: the pipeline calls ``Attack.evaluated(pipeline, ...)``, and the attack
+calls back only what is written there, so a setting followed from the command line to the attack stays in sight."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from pydantic import Field, model_validator
 
-from harness.config.plugins import ATTACK_TABLES, Params, Plugin, Sweep, check_table_names
+from harness.config.params import Params
 from harness.config.presets import DataSource
+from harness.contract.plugin import ATTACK_TABLES, Plugin, Sweep, check_table_names
+from harness.store.stages import Stage
 
 MODEL = "model"  # the sub-folder of an attack stage that holds the (one) attacked model
 # The sub-folder of a quantizing attack's stage with the library's own output (packed weights, a GGUF file, a
 # compressed-tensors checkpoint), beside the float32 copy in MODEL that is evaluated.
 QUANTIZED = "quantized"
+
+
+@dataclass(frozen=True)
+class Output:
+    """One model an attack produced (or the unaltered one): its table row and config label, its folder, the id that
+    downstream hashes use, and the spec of the attack stage that made it (None: unaltered)."""
+
+    row: str
+    config_label: str
+    path: Path
+    model_id: str
+    spec: dict | None
+
+
+# What an attack adds to a cell: each evaluated output with the stage of the texts scored for it.
+Evaluated = list[tuple[Output, Stage]]
+
+
+class CellStages(Protocol):
+    """The stages an attack's ``evaluated`` makes its rows from."""
+
+    def attack(self, attack: ModelAttack, trained: Stage | Output) -> list[Output]:
+        """The model(s) ``attack`` writes from the watermarked model (its train stage) or from another attack's
+        output (a chain's next link), one per ``attack.outputs()``, all from one attack stage."""
+        ...
+
+    def attack_texts(self, attack: TextAttack, unaltered: tuple[Output, Stage]) -> tuple[Output, Stage]:
+        """The texts of ``unaltered`` (an output and its generate stage) rewritten by ``attack``."""
+        ...
+
+    def generate(self, model_path: str | Path, model_id: str, name: str) -> Stage:
+        """The continuations of the evaluation prompts written by the model in ``model_path`` (``model_id`` keys the
+        stage; ``name`` is the row it is for)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +76,7 @@ class Attack(Plugin):
     category: ClassVar[str]  # row group in tab:robustness, e.g. "Merging"
     label: ClassVar[str]  # e.g. "SLERP"
     description: ClassVar[str] = ""  # what captions call it (default: the label), e.g. "DIPPER paraphrasing"
-    # The tables its rows go in, by the names of ``harness.config.plugins.ATTACK_TABLES`` (checked when the class is
+    # The tables its rows go in, by the names of ``harness.contract.plugin.ATTACK_TABLES`` (checked when the class is
     # defined: an unknown name is an error that lists the valid ones).
     tables: ClassVar[tuple[str, ...]] = ("robustness",)
     sweep: ClassVar[Sweep | None] = None  # a figure of AUC against its strength
@@ -64,11 +102,12 @@ class Attack(Plugin):
         """The Method column of tab:robustness (e.g. "SLERP"; fine-tuning names its dataset there)."""
         return self.label
 
-    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+    def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
         """The ``(output, generations)`` pairs this attack adds to a cell beside the unaltered model, made through
-        ``graph`` (the pipeline's stages: ``attack``, ``attack_texts``, ``generate``) from ``trained`` (the watermarked
-        model's train stage) and ``unaltered`` (the unaltered model's output and generations). The pipeline asks the
-        attack rather than branching on its kind: model and text attacks say theirs below."""
+        ``pipeline`` (``CellStages``: ``attack``, ``attack_texts``, ``generate``) from
+        ``trained`` (the watermarked model's train stage) and ``unaltered`` (the unaltered model's output and
+        generations). The pipeline asks the attack rather than branching on its kind: model and text attacks say
+        theirs below; a new kind of attack implements this alone."""
         raise NotImplementedError(f"attack {self.name} says nothing of what it adds to a cell (evaluated)")
 
 
@@ -92,9 +131,9 @@ class ModelAttack(Attack, ABC):
         checkpoint per requested step, each its own table row, from one training run."""
         return [(self.config_label(), MODEL)]
 
-    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+    def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
         """Each model the attack stage writes from the trained one, with its generations."""
-        return [(out, graph.generate(out.path, out.model_id, out.row)) for out in graph.attack(self, trained)]
+        return [(out, pipeline.generate(out.path, out.model_id, out.row)) for out in pipeline.attack(self, trained)]
 
 
 class TextAttack(Attack, ABC):
@@ -112,9 +151,9 @@ class TextAttack(Attack, ABC):
         ``{"unit", "units", "edited"}``), stored with each rewritten text; None where it cannot."""
         return self.apply_texts(texts, ctx), None
 
-    def evaluated(self, graph, trained, unaltered) -> list[tuple]:
+    def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
         """The rewrites of what the unaltered model wrote."""
-        return [graph.attack_texts(self, unaltered)]
+        return [pipeline.attack_texts(self, unaltered)]
 
 
 # Calibration tokens at most: the stream is read into memory with a 4x pool to pick windows from (a Python list, about

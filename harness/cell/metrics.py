@@ -281,7 +281,7 @@ def run_metrics(folder: Path, new_tokens: int | None = None, ppl_on: str | None 
         if all("ppl_retokenized" in s for s in pos):  # a sampled-ids row's PPL on its decoded text tokenized again
             result["median_ppl_retokenized"] = median([s["ppl_retokenized"] for s in pos])
     if rewritten(gens):  # a text attack: how much it rewrote, and how much meaning it kept
-        from harness.run import textsim
+        from harness.assets import textsim
 
         applied = [g["edit"] for g in gens] if all("edit" in g for g in gens) else None
         result["paraphrase"] = textsim.summary(

@@ -4,13 +4,13 @@ against the base model's length. Nothing here builds a stage."""
 
 from __future__ import annotations
 
-from attacks.base import Attack
 from harness.assets import data, models
 from harness.compute import training
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
+from harness.contract.attack import Attack
+from harness.contract.method import WatermarkMethod
 from harness.store import files
-from methods.base import WatermarkMethod
 
 
 def check_inputs(preset: Preset, plugins, build: bool = True) -> None:

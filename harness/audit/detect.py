@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.audit import verdict as audit
 from harness.config import presets
 from harness.config.errors import HarnessError
-from harness.config.plugins import parse_assignments
+from harness.config.params import parse_assignments
 from harness.config.presets import Preset
-from harness.run import audit
+from harness.contract.method import read_key
 from harness.store import files
 from harness.store.stages import Store
-from methods.base import read_key
 
 
 @dataclass
@@ -67,9 +67,9 @@ class Request:
         """Audit the suspect on ``device``: the report (the key, the source, the decision, where the scores are) and
         the per-text rows."""
         from harness.assets import data, models
+        from harness.cell.checks import eval_lengths
+        from harness.cell.pipeline import Pipeline
         from harness.config.registry import methods
-        from harness.run.checks import eval_lengths
-        from harness.run.pipeline import Pipeline
 
         store, chosen, texts = self.store, self.chosen, self.texts
         if self.model is not None:

@@ -12,9 +12,9 @@ import logging
 import time
 from pathlib import Path
 
+from harness.cell import metrics
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
-from harness.run import metrics
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store
 

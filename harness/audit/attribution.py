@@ -1,15 +1,15 @@
 """Attribution (the paper's appendix): each watermark's detector on the stored texts of every model of a grid and of
 the base model, generating nothing that the grid's runs stored already. A caller of the stage graph
-(``harness.run.pipeline``), as ``harness detect`` (``harness.run.audit``) is: it adds one ``attribution`` stage per
+(``harness.cell.pipeline``), as ``harness detect`` (``harness.audit.verdict``) is: it adds one ``attribution`` stage per
 (detector, texts) pair, which the tables read beside the runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from harness.cell import detection, scoring
+from harness.cell.pipeline import Pipeline
 from harness.config.registry import attacks
-from harness.run import detection, scoring
-from harness.run.pipeline import Pipeline
 from harness.store import files, kinds
 from harness.store.stages import Stage
 

@@ -5,7 +5,7 @@ it, what it applied to each text."""
 
 from __future__ import annotations
 
-from harness.run import textsim
+from harness.assets import textsim
 
 
 def rewrite(attack, gens: list[dict], ctx, tokenizer, similarity_model: str) -> tuple[list[dict], dict]:

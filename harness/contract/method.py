@@ -7,49 +7,51 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from harness.config.errors import HarnessError
-from harness.config.plugins import Ablation, Plugin
 from harness.config.presets import DataSource, TrainSettings
+from harness.contract.plugin import Ablation, Plugin
+
+
+class MethodStages(Protocol):
+    """The stages a method's training may build besides its own (``TrainContext.stages``)."""
+
+    def aux_stage(
+        self, kind: str, spec: dict, build: Callable[[Path], dict], what: str, collective: bool = False
+    ) -> Path:
+        """Build (or reuse) a stage of the run store that other runs can share, e.g. Gu-KTH's teacher texts, keyed by
+        ``spec`` plus the base model's and the training data's fingerprints, and return its folder. ``collective``:
+        under a launch, every process computes it (a stage that trains the whole model); otherwise the main process
+        builds it alone."""
+        ...
+
+    def train_other(self, name: str, settings: dict) -> Path:
+        """Another method's train stage with ``settings`` (the preset's for it, overridden), trained or reused, e.g.
+        the Gu-KGW student Gloaguen-KGW starts from."""
+        ...
 
 
 @dataclass(frozen=True)
 class TrainContext:
-    """What a method gets to train with: the resolved base model, training texts and optimisation settings."""
+    """What a method gets to train with, as values: the resolved base model, the training texts and where they come
+    from, the optimisation settings, the device and the method's other models; and ``stages``, what it may build
+    besides its own stage (``MethodStages``; None where a caller trains with no store).
+    Models load through ``harness.assets.models`` (``load_tokenizer``, ``load_causal_lm`` for the teacher, ``load_trainable`` for the student)."""
 
     base_model: str  # local folder or hub id
     train_texts: Iterable[str]  # streamed: read only as far as training needs (see TrainSettings.tokens)
     settings: TrainSettings
     device: str  # "cpu", "cuda", ...
     models: dict[str, str] | None = None  # the method's other models (``model_refs``), resolved to folders or ids
-    # ``stage(kind, spec, build, what, collective=False) -> folder``: build (or reuse) a stage of the run store that
-    # other runs can share, e.g. Gu-KTH's teacher texts; the pipeline adds the base model's and the training data's
-    # fingerprints to ``spec``. ``collective``: under a launch, every process computes it (a stage that trains the
-    # whole model: Gloaguen-KGW's fine-tuning); otherwise the main process builds it alone.
-    stage: Callable[..., Path] | None = None
-    # ``train_method(name, settings) -> folder``: another method's train stage, trained or reused (Gloaguen-KGW starts
-    # from the Gu-KGW student of the same settings).
-    train_method: Callable[[str, dict], Path] | None = None
+    stages: MethodStages | None = None
     train_data: DataSource | None = None  # where ``train_texts`` come from, for a method that reads them twice
 
-    def load_tokenizer(self, folder: str | Path | None = None):
-        """The base model's tokenizer (or the one saved in ``folder``)."""
-        from harness.assets.models import load_tokenizer
-
-        return load_tokenizer(str(folder or self.base_model))
-
-    def load_teacher(self):
-        """The frozen base model the student learns from, in ``settings.teacher_dtype``."""
-        from harness.assets.models import load_causal_lm
-
-        return load_causal_lm(self.base_model, self.device, dtype=self.settings.teacher_dtype)
-
-    def load_student(self, folder: str | Path | None = None):
-        """A trainable float32 copy of the base model (or of the model saved in ``folder``)."""
-        from harness.assets.models import load_trainable
-
-        return load_trainable(str(folder or self.base_model), self.device)
+    def need_stages(self, method: str) -> MethodStages:
+        """``stages``, or a one-line error naming ``method``, which builds stages of its own."""
+        if self.stages is None:
+            raise HarnessError(f"{method} builds stages of its own: train it through the pipeline (harness run)")
+        return self.stages
 
 
 KEY_FILE = "key.json"
@@ -114,7 +116,7 @@ class Detector(ABC):
         """One test of all ``sequences`` together (``scores``: theirs from ``score``), for a decision about the source
         that wrote them: ``{"p_value", "statistic", "test", "tokens"}``, the p-value valid for the number of texts
         under the scheme's own null hypothesis. None where the scheme has none (the caller then calibrates the
-        per-text scores against human texts, ``harness/run/audit.py``)."""
+        per-text scores against human texts, ``harness/audit/verdict.py``)."""
         return None
 
 

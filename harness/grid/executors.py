@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.errors import HarnessError
-from harness.run.grid import Cell, Grid, shard
-from harness.run.jobs import _first_line, attribute, check_cells, run_cell, train_cell
+from harness.grid.jobs import _first_line, attribute, check_cells, run_cell, train_cell
+from harness.grid.spec import Cell, Grid, shard
 
 log = logging.getLogger(__name__)
 

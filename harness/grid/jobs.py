@@ -9,15 +9,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.run.grid import Cell
+from harness.grid.spec import Cell
 
 
 def check_cells(cells: list[Cell], build: bool = True, results: Path | None = None) -> None:
     """The inputs of every cell (models, data, plugins' own checks), once per distinct preset and plugin;
     ``build=False``: building no built-in model (``checks.check_inputs``). With the ``results`` store: no attack reads
     a cell's watermarked model, stored there, as a model of its own (``Pipeline.check_other_models``)."""
+    from harness.cell.checks import check_inputs
     from harness.config.errors import HarnessError
-    from harness.run.checks import check_inputs
 
     seen: set = set()
     for cell in cells:
@@ -39,7 +39,7 @@ def check_own_models(preset, method, attack, results: Path) -> None:
     run would once it reached the attack: a stored one can be named as a donor, an untrained one not (no folder
     exists), and where the base is not built, nothing is trained from it yet."""
     from harness.assets import models
-    from harness.run.pipeline import Pipeline, model_of
+    from harness.cell.pipeline import Pipeline, model_of
     from harness.store.stages import Store
 
     if attack.model_refs() and models.built(preset.base_model):
@@ -68,7 +68,7 @@ def plan(cell: Cell, results: Path, device: str | None) -> list[tuple[str, bool]
 
 def plan_runs(preset, plugins, results: Path, device: str | None) -> list[tuple[str, bool]]:
     """``(row, stored)`` of each run that ``preset`` with ``(method, attack)`` makes, building nothing."""
-    from harness.run.pipeline import Pipeline
+    from harness.cell.pipeline import Pipeline
     from harness.store.stages import Store
 
     pipe = Pipeline(preset, Store(results), device, plan=True)
@@ -113,7 +113,7 @@ def dry_run(cells: list[Cell], results: Path, device: str | None) -> Iterator[Pl
 
 def run_cell(cell: Cell, results: str, device: str | None) -> dict:
     """Run one cell (the unit a job runs); never raises for the cell's own failure: the grid goes on."""
-    from harness.run.pipeline import Pipeline
+    from harness.cell.pipeline import Pipeline
     from harness.store.stages import Store
 
     try:
@@ -132,7 +132,7 @@ def run_cell(cell: Cell, results: str, device: str | None) -> dict:
 def train_cell(cell: Cell, results: str, device: str | None) -> dict:
     """Train (or reuse) the model of a cell: the first wave of a cluster grid, so that its cells do not all wait on
     one training."""
-    from harness.run.pipeline import Pipeline
+    from harness.cell.pipeline import Pipeline
     from harness.store.stages import Store
 
     try:
@@ -150,8 +150,8 @@ def train_cell(cell: Cell, results: str, device: str | None) -> dict:
 def attribute(cells: tuple[Cell, ...], results: str, device: str | None) -> dict:
     """The attribution matrix of ``cells`` (``attribution.attribute``): every detector on the stored texts of every
     cell's model and of the base, generating nothing new once the cells have run."""
-    from harness.run.attribution import attribute
-    from harness.run.pipeline import Pipeline
+    from harness.audit.attribution import attribute
+    from harness.cell.pipeline import Pipeline
     from harness.store.stages import Store
 
     try:

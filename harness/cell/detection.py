@@ -5,11 +5,11 @@ prefix-score migration compute again from stored texts."""
 from __future__ import annotations
 
 from harness.assets import data
+from harness.cell import metrics
 from harness.compute import distributed
 from harness.compute.generation import completion_perplexity
-from harness.run import metrics
+from harness.contract.method import DetectContext, score_texts
 from harness.store.stages import Stage
-from methods.base import DetectContext, score_texts
 
 
 def detect(pipe, method, trained: Stage, gens: list[dict]) -> tuple[list[dict], list[dict]]:
