@@ -37,7 +37,8 @@ class TrainContext:
     """What a method gets to train with, as values: the resolved base model, the training texts and where they come
     from, the optimisation settings, the device and the method's other models; and ``stages``, what it may build
     besides its own stage (``MethodStages``; None where a caller trains with no store).
-    Models load through ``harness.assets.models`` (``load_tokenizer``, ``load_causal_lm`` for the teacher, ``load_trainable`` for the student)."""
+    Models load through ``harness.assets.models`` (``load_tokenizer``, ``load_causal_lm`` for the teacher,
+    ``load_trainable`` for the student)."""
 
     base_model: str  # local folder or hub id
     train_texts: Iterable[str]  # streamed: read only as far as training needs (see TrainSettings.tokens)
