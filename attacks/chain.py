@@ -148,6 +148,9 @@ class Chain(Attack):
     def edits_weights(self) -> bool:
         return any(link.edits_weights() for link in self.links)
 
+    def rewrites_texts(self) -> bool:
+        return any(link.rewrites_texts() for link in self.links)
+
     def validate(self, base_model: str | None = None) -> None:
         for link in self.links:
             link.validate(base_model)

@@ -25,6 +25,12 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
             refused = method.refuses(attack)  # (a decoding-time watermark under a model attack)
             if refused:
                 raise HarnessError(refused)
+    decoding = preset.eval.decoding_label()
+    for attack in (p for p in plugins if isinstance(p, Attack) and p.rewrites_texts() and decoding):
+        raise HarnessError(
+            f"decoding ({decoding}) applies to a model's own sampling, and {attack.name} scores rewrites of the "
+            "unaltered model's texts: evaluate it at the preset's decoding"
+        )
     training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):

@@ -93,6 +93,16 @@ def analytic_fpr_warning(cells, level: float = 0.01) -> str | None:
     return None
 
 
+def preset_settings(args) -> list[str]:
+    """``--set`` items with each ``--decode KEY=VALUE`` as the ``eval.KEY=VALUE`` it sets (a setting given both ways
+    is refused as given twice)."""
+    from harness.config import presets
+    from harness.config.params import parse_assignments
+
+    decode = presets.decode_overrides(parse_assignments(args.decode, "decoding setting"))
+    return [*args.overrides, *(f"{k}={v}" for k, v in decode.items())]
+
+
 def cmd_run(args) -> None:
     from harness.assets import models
     from harness.cell.checks import check_inputs
@@ -103,7 +113,9 @@ def cmd_run(args) -> None:
     from harness.store.stages import Store
 
     # Validate everything cheap before any model loads.
-    preset = presets.apply_overrides(presets.get_preset(args.preset), parse_assignments(args.overrides, "setting"))
+    preset = presets.apply_overrides(
+        presets.get_preset(args.preset), parse_assignments(preset_settings(args), "setting")
+    )
     method = methods.build(args.method, parse_assignments(args.method_arg, "method setting"), preset)
     attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"), preset)
     if args.then:  # a chain: --attack is its first link
@@ -342,7 +354,7 @@ def _audit(args) -> tuple[dict, list[dict]]:
 
     request = Request(
         args.results, args.alpha, key=args.key, method=args.method, method_args=args.method_arg, model=args.model,
-        texts_file=args.texts, preset=args.preset, overrides=args.overrides, num_texts=args.num_texts,
+        texts_file=args.texts, preset=args.preset, overrides=preset_settings(args), num_texts=args.num_texts,
     )  # fmt: skip
     if not args.verbose:
         _quiet_transformers()

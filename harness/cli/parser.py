@@ -44,6 +44,17 @@ def add_results(parser) -> None:
     parser.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
 
 
+def add_decode(parser) -> None:
+    parser.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="how every model of the run samples, repeatable: greedy=true, temperature=0.7, top_k=50, top_p=0.9, "
+        "min_p=0.05, repetition_penalty=1.2 (default: plain sampling at temperature 1)",
+    )
+
+
 def add_device(parser, help: str) -> None:  # noqa: A002 (argparse's own name)
     """The torch device option of the commands that compute."""
     parser.add_argument("--device", help=help)
@@ -113,6 +124,7 @@ def build_parser() -> Parser:
         dest="overrides",
         help="override a preset setting, repeatable, e.g. --set train.steps=50",
     )
+    add_decode(run)
     add_results(run)
     run.add_argument(
         "--dry-run", action="store_true", help="check the inputs and list the runs, stored or to compute; run nothing"
@@ -183,6 +195,7 @@ def build_parser() -> Parser:
     detect.add_argument("--preset", help="the setup (prompts, lengths; default: that of the key's stored runs)")
     detect.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                         help="override a setting of the setup, as for 'harness run'")  # fmt: skip
+    add_decode(detect)
     detect.add_argument("--num-texts", type=int, help="texts to generate (and human texts to calibrate against)")
     detect.add_argument("--alpha", type=float, default=0.01, help="the false-positive rate of the decision (0.01)")
     detect.add_argument("--json", action="store_true", help="print the result and every text's score as JSON")

@@ -29,7 +29,8 @@ def sample(
     used: dict | None = None,
     processors: tuple = (),
 ) -> list[list[int]]:
-    """Exactly ``new_tokens`` sampled tokens per prompt: multinomial at ``temperature``, no top-k/top-p (Gu et al.).
+    """Exactly ``new_tokens`` sampled tokens per prompt: by default multinomial at ``temperature``, no top-k/top-p
+    (Gu et al.); ``settings``' decoding (``EvalSettings.decoding``) transforms the logits first (``GumbelPerPrompt``).
 
     Prompts all have the same length, so batches need no padding. The random draws belong to the prompt, not to the
     batch: token ``t`` of prompt ``i`` (``first_index`` + its place in ``prompts``) is the argmax of
@@ -38,7 +39,8 @@ def sample(
     multi-process run, up to the last bits of its logits (which a kernel may compute differently at another batch
     size, so the batch size stays part of the hash).
 
-    ``processors`` act on the logits before the draw (a decoding-time watermark's).
+    ``processors`` act on the logits before the draw and before any decoding transform (a decoding-time watermark's,
+    where a learned watermark's bias is: in the logits).
 
     ``settings.batch_size`` ``"auto"``: batches of up to 1,024 prompts on a GPU, halved whenever one does not fit
     (the prompts already drawn are kept); 256 on a CPU (``AUTO_BATCH``). The batch size used last goes into
@@ -58,8 +60,9 @@ def sample(
             rows = torch.arange(len(ids), device=model.device) + first_index + start
             try:
                 gen = draw(
-                    model, ids, rows, settings.seed, settings.temperature, settings.new_tokens, eos_id, processors
-                )
+                    model, ids, rows, settings.seed, settings.temperature, settings.new_tokens, eos_id, processors,
+                    settings.decoding(),
+                )  # fmt: skip
             except torch.OutOfMemoryError:
                 if not auto or size == 1:
                     raise
@@ -75,9 +78,10 @@ def sample(
     return out
 
 
-def draw(model, ids, rows, seed: int, temperature: float, new_tokens: int, pad_id, processors=()):
+def draw(model, ids, rows, seed: int, temperature: float, new_tokens: int, pad_id, processors=(), decoding=None):
     """``model.generate`` of exactly ``new_tokens`` tokens after the equal-length prompts ``ids``, each row drawing
-    with its own noise (``rows``: the rows' prompt indices); ``processors`` act on the logits before the draw."""
+    with its own noise (``rows``: the rows' prompt indices); ``processors`` act on the logits before the draw and
+    ``decoding`` (``EvalSettings.decoding``: penalty, top-k, top-p, min-p, greedy) after them."""
     import torch
 
     with torch.no_grad():
@@ -85,7 +89,7 @@ def draw(model, ids, rows, seed: int, temperature: float, new_tokens: int, pad_i
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             do_sample=False,  # the draw is the argmax of the noised logits
-            logits_processor=[*processors, GumbelPerPrompt(seed, rows, ids.shape[1], temperature)],
+            logits_processor=[*processors, GumbelPerPrompt(seed, rows, ids.shape[1], temperature, decoding)],
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             pad_token_id=pad_id,
@@ -122,16 +126,37 @@ def hash32_int32(x):
 
 
 class GumbelPerPrompt:
-    """Logits processor: ``scores / temperature + Gumbel(hash(seed, prompt index, step, token))`` (see ``sample``)."""
+    """Logits processor: ``scores / temperature + Gumbel(hash(seed, prompt index, step, token))`` (see ``sample``),
+    the scores first transformed as a user's decoding stack does, in transformers' order (``decoding``, the settings
+    that are set: ``EvalSettings.decoding``): the repetition penalty, then the temperature, then top-k, top-p and
+    min-p, which leave the tokens they drop at -inf (so the noisy argmax is an exact draw from the truncated
+    distribution). Greedy returns the penalised scores without noise: the argmax is the likeliest token. The transforms
+    are transformers' own processors; with none set, the scores are exactly those of the sampler before they
+    existed."""
 
-    def __init__(self, seed: int, rows, prompt_len: int, temperature: float):
+    def __init__(self, seed: int, rows, prompt_len: int, temperature: float, decoding: dict | None = None):
+        from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper, TopPLogitsWarper
+
         self.rows = hash32(rows.long() ^ hash32(rows.new_tensor(seed) ^ 0x5BD1E995))  # one key per prompt
         self.prompt_len, self.temperature = prompt_len, temperature
         self.vocab = None
+        decoding = decoding or {}
+        self.greedy = bool(decoding.get("greedy"))
+        penalty = decoding.get("repetition_penalty")
+        self.penalty = RepetitionPenaltyLogitsProcessor(penalty) if penalty is not None else None
+        self.warpers = [
+            cls(decoding[name])
+            for name, cls in (("top_k", TopKLogitsWarper), ("top_p", TopPLogitsWarper), ("min_p", MinPLogitsWarper))
+            if name in decoding
+        ]
 
     def __call__(self, input_ids, scores):
         import torch
 
+        if self.penalty is not None:
+            scores = self.penalty(input_ids, scores.float())
+        if self.greedy:
+            return scores.float()
         if self.vocab is None or self.vocab.shape[0] != scores.shape[-1]:
             vocab = hash32(torch.arange(scores.shape[-1], device=scores.device) ^ 0x27D4EB2F)
             self.vocab = vocab.to(torch.int32)  # (the same 32 bits: int64 -> int32 wraps)
@@ -140,7 +165,10 @@ class GumbelPerPrompt:
         # hash32(keys ^ vocab) >> 8, computed on int32: 24 bits, exact in float32, never 0 or 1
         bits = _shift(hash32_int32(keys[:, None] ^ self.vocab[None, :]), 8)
         uniform = (bits.float() + 0.5) / 2**24
-        return scores.float() / self.temperature - torch.log(-torch.log(uniform))
+        scores = scores.float() / self.temperature
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        return scores - torch.log(-torch.log(uniform))
 
 
 def completion_perplexity(

@@ -4,7 +4,7 @@ loads. Everything here that changes a result goes into the run-store hashes; whe
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator, model_validator
 
@@ -99,6 +99,9 @@ class TrainSettings(Params):
 _POSITIVE_INT = TypeAdapter(PositiveInt)
 
 
+# The settings of EvalSettings that choose how tokens are drawn (``harness run --decode KEY=VALUE``; a grid group's
+# ``decodings``): runs that differ only in them share a setup, and the decoding table sets them side by side.
+DECODING = ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 # The sampler divides float32 logits by the temperature: any logit below 2^64 in size stays finite at this one.
 MIN_TEMPERATURE = 2.0**-64
 MAX_PROMPTS = 1_000_000  # evaluation prompts (the paper's grid: 5,000); past islice's limit, a count was a traceback
@@ -110,7 +113,18 @@ class EvalSettings(Params):
     num_prompts: int = Field(gt=1, le=MAX_PROMPTS)
     prompt_tokens: int = Field(gt=0)
     new_tokens: int = Field(gt=2)
+    # Decoding, as a user's stack applies it to the logits (the watermark's bias and any decoding-time watermark are
+    # in them already): repetition penalty, then temperature, then top-k, top-p and min-p, then a draw; or greedy,
+    # the argmax after the penalty (harness/compute/generation.py). Each at its neutral value is off, and the sampler
+    # then does exactly what it did before they existed (the same texts and hashes: ``added_later``).
     temperature: float = Field(1.0, gt=0)  # (at least MIN_TEMPERATURE)
+    greedy: bool = False
+    top_k: int = Field(0, ge=0)  # the k likeliest tokens; 0: off
+    top_p: float = Field(1.0, gt=0, le=1)  # the smallest set of likeliest tokens holding p of the mass; 1: off
+    min_p: float = Field(0.0, ge=0, lt=1)  # tokens at least min_p times the likeliest's probability; 0: off
+    # CTRL's penalty on every token already in the prompt or the text: its logit divided by it where positive,
+    # multiplied where negative (transformers' RepetitionPenaltyLogitsProcessor); 1: off
+    repetition_penalty: float = Field(1.0, gt=0)
     seed: int = Field(42, ge=-(2**63), le=2**63 - 1)  # (the sampler hashes it as a 64-bit integer)
     # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 256 on a
     # CPU), recorded in the generation's manifest. Draws are per prompt, so the batch does not choose the texts; it
@@ -120,6 +134,35 @@ class EvalSettings(Params):
     # What detectors read: the decoded text tokenized again (as a user submits text; Gu et al. and the paper), or the
     # sampled token ids. Part of the run hash, not of the generation's.
     score_on: Literal["text", "ids"] = "text"
+
+    added_later: ClassVar[tuple[str, ...]] = ("greedy", "top_k", "top_p", "min_p", "repetition_penalty")
+
+    @model_validator(mode="after")
+    def _greedy_alone(self) -> EvalSettings:
+        if self.greedy:
+            set_ = [f"{k}={getattr(self, k)}" for k in ("temperature", "top_k", "top_p", "min_p")
+                    if getattr(self, k) != type(self).model_fields[k].default]  # fmt: skip
+            if set_:
+                raise ValueError(
+                    f"greedy decoding takes the likeliest token: {', '.join(set_)} would not change it (drop it, or "
+                    "drop greedy)"
+                )
+        return self
+
+    def decoding(self) -> dict:
+        """The decoding settings that differ from plain sampling at temperature 1 (``DECODING``), as set."""
+        fields = type(self).model_fields
+        return {k: getattr(self, k) for k in DECODING if getattr(self, k) != fields[k].default}
+
+    def undecoded(self) -> EvalSettings:
+        """These settings with plain sampling at temperature 1: what runs that differ only in decoding share."""
+        fields = type(self).model_fields
+        return self.model_copy(update={k: fields[k].default for k in DECODING})
+
+    def decoding_label(self) -> str:
+        """What tables call this decoding: ``greedy``, ``temperature=0.7, top_p=0.9``; "" for plain sampling at
+        temperature 1 (the paper's and every earlier run's)."""
+        return decoding_label(self.model_dump())
 
     @field_validator("temperature")
     @classmethod
@@ -140,6 +183,14 @@ class EvalSettings(Params):
             return _POSITIVE_INT.validate_python(value)
         except ValidationError:
             raise ValueError(f"must be a positive integer or 'auto', not {value!r}") from None
+
+
+def decoding_label(eval_settings: dict) -> str:
+    """``EvalSettings.decoding_label`` of the evaluation settings as a run's spec stores them (a setting it lacks is
+    at its default)."""
+    fields = EvalSettings.model_fields
+    set_ = {k: eval_settings[k] for k in DECODING if k in eval_settings and eval_settings[k] != fields[k].default}
+    return ", ".join("greedy" if k == "greedy" else f"{k}={v:g}" for k, v in set_.items())
 
 
 class Preset(Params):
@@ -403,6 +454,22 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
+def _later_fields(parents: list[str]) -> tuple[str, ...]:
+    """The ``added_later`` settings of the section at ``parents`` (``["eval"]``), which a dump leaves out at their
+    defaults and an override may still set."""
+    section = {"eval": EvalSettings, "train": TrainSettings}.get(".".join(parents))
+    return section.added_later if section is not None else ()
+
+
+def decode_overrides(items: dict[str, str]) -> dict[str, str]:
+    """``{"top_p": "0.9"}`` (``--decode top_p=0.9``, a grid's ``decodings``) as the overrides they are
+    (``eval.top_p``); a key that is no decoding setting is one line naming those there are."""
+    unknown = [k for k in items if k not in DECODING]
+    if unknown:
+        raise HarnessError(f"unknown decoding setting '{unknown[0]}': decoding settings are {', '.join(DECODING)}")
+    return {f"eval.{k}": v for k, v in items.items()}
+
+
 def apply_overrides(preset: Preset, overrides: dict[str, str]) -> Preset:
     """Return ``preset`` with ``section.key=value`` overrides (e.g. ``train.steps=50``), validated as a whole.
     ``methods.<method>.<key>`` and ``attacks.<attack>.<key>`` set any setting that plugin declares (the preset's
@@ -428,7 +495,7 @@ def apply_overrides(preset: Preset, overrides: dict[str, str]) -> Preset:
                 if not isinstance(node.get(part), dict):
                     raise HarnessError(f"unknown setting '{dotted}'")
                 node = node[part]
-            if leaf not in node:
+            if leaf not in node and leaf not in _later_fields(parents):
                 raise HarnessError(f"unknown setting '{dotted}'")
         node[leaf] = _value(dotted, value)
     try:

@@ -94,6 +94,11 @@ class Attack(Plugin):
         """Whether the attack changes the model (a model attack but ``none``), rather than what it wrote."""
         return isinstance(self, ModelAttack) and not self.identity
 
+    def rewrites_texts(self) -> bool:
+        """Whether its rows score rewrites of texts (a text attack's, or a chain's that ends in one) rather than what a
+        model sampled: the evaluation's decoding settings do not apply to them."""
+        return isinstance(self, TextAttack)
+
     def token_lengths(self) -> dict[str, int]:
         lengths = getattr(self.params, "token_lengths", None)  # calibration settings say theirs
         return lengths() if lengths is not None else {}

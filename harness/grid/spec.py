@@ -12,6 +12,7 @@ A spec (``grids/tiny.yaml`` is the example to copy)::
           pro: [{}, {delta: 0.5}]
         attacks:                  # optional, default {none: [{}]}
           slerp: [{t: 0.1}, {t: 0.5}]
+        decodings: [{}, {top_p: 0.9}]  # optional: how the models sample, a cell each (as harness run --decode)
     attribution: robustness       # optional: a group whose models' detectors are applied to each other's texts
 
 The whole spec is validated (keys, names, settings, models and data) before any cell runs, and an error names the
@@ -45,6 +46,9 @@ class Group(_Strict):
     overrides: dict[str, Any] = {}  # over the spec's, for this group only (e.g. another base model)
     methods: dict[str, list[dict[str, Any]]] = Field(min_length=1)
     attacks: dict[str, list[dict[str, Any]]] = {"none": [{}]}
+    # How every model of the group samples: each entry a cell of every method x attack (``harness run --decode``);
+    # {} = the preset's own decoding.
+    decodings: list[dict[str, Any]] = Field(default_factory=lambda: [{}], min_length=1)
 
 
 class GridSpec(_Strict):
@@ -82,8 +86,10 @@ class Cell:
 
     @property
     def training(self) -> tuple:
-        """What identifies the trained model this cell uses (cells that share it share one training)."""
-        return (self.setup, self.method, self.method_settings)
+        """What identifies the trained model this cell uses (cells that share it share one training): its setup but
+        for how its models sample, which no training reads."""
+        undecoded = self.preset.model_copy(update={"eval": self.preset.eval.undecoded()})
+        return (undecoded.model_dump_json(), self.method, self.method_settings)
 
     def name(self, with_seed: bool = False) -> str:
         m, a = self.build()
@@ -92,7 +98,9 @@ class Cell:
         # names it: two merges of the same weights are otherwise the same words.
         kind = a.table_label()
         attack = "none" if a.identity else f"{a.name}({f'{kind}: ' if kind != a.label else ''}{a.config_label()})"
-        return f"{m.name}({m.config_label()}) x {attack}{seed}"
+        decoding = self.preset.eval.decoding_label()
+        decoding = f" decoding({decoding})" if decoding else ""
+        return f"{m.name}({m.config_label()}) x {attack}{decoding}{seed}"
 
 
 @dataclass(frozen=True)
@@ -273,7 +281,13 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
             raise HarnessError(f"{at('groups', group_name, 'overrides')}: {err}") from None
         if not group.attacks:
             raise HarnessError(f"{at('groups', group_name, 'attacks')}: no attacks (use {{none: [{{}}]}})")
-        for seed in seeds:
+        decoded = []
+        for k, decoding in enumerate(group.decodings):
+            try:
+                decoded.append(presets.apply_overrides(preset, presets.decode_overrides(_strings(decoding))))
+            except HarnessError as err:
+                raise HarnessError(f"{at('groups', group_name, 'decodings', k)}: {err}") from None
+        for seed, preset in ((seed, preset) for preset in decoded for seed in seeds):
             seeded = preset.model_copy(update={"train": preset.train.model_copy(update={"seed": seed})})
             for method, method_list in group.methods.items():
                 if not method_list:

@@ -26,6 +26,7 @@ import pandas as pd
 
 from harness.cell import metrics
 from harness.config.errors import HarnessError
+from harness.config.presets import DECODING, decoding_label
 from harness.store import kinds
 from harness.store.files import read_jsonl
 from harness.store.stages import Store
@@ -63,14 +64,15 @@ def collect(store: Store) -> pd.DataFrame:
     stale = df[df["metrics_version"] != metrics.METRICS_VERSION]
     if len(stale):
         log.warning("%d runs hold metrics of older metric code: 'harness rescore' updates them", len(stale))
-    keys = ["setup", "seed", "method", "params", "category", "attack", "attack_params", "attack_config"]
+    keys = ["setup", "seed", "method", "params", "decoding", "category", "attack", "attack_params", "attack_config"]
     dupes = df.duplicated(keys, keep="last")
     if dupes.any():
         log.warning("%d older runs with the same labels are left out (newest kept)", int(dupes.sum()))
     df = df[~dupes].reset_index(drop=True)
     df["main"] = _one_main_configuration(df)
     df["main_method"] = _main_settings(df)
-    return df.sort_values(["setup", "method", "method_config", "category", "attack", "run"]).reset_index(drop=True)
+    order = ["setup", "method", "method_config", "category", "attack", "decoding", "run"]
+    return df.sort_values(order).reset_index(drop=True)
 
 
 def _one_main_configuration(df: pd.DataFrame) -> pd.Series:
@@ -155,6 +157,7 @@ def _row(run: Path) -> dict:
         "preset_method": json.dumps(preset_settings(spec["preset"], preset, name), sort_keys=True),
         "main": only(name, params, preset_settings(spec["preset"], preset, name), ()),
         "params": json.dumps(params, sort_keys=True),
+        "decoding": decoding_label(preset.get("eval", {})),  # "": plain sampling at temperature 1
         "category": cfg["attack"]["category"],
         "attack": cfg["attack"]["label"],
         "attack_name": cfg["attack"].get("name"),
@@ -235,7 +238,16 @@ def setup_key(preset: dict) -> str:
     and name. Short hash."""
     kept = {k: v for k, v in preset.items() if k not in NOT_SETUP}
     kept["train"] = {k: v for k, v in kept.get("train", {}).items() if k != "seed"}
+    if "eval" in kept:  # how the models sampled is the run's ``decoding``: every decoding shares the setup
+        plain = {"temperature": 1.0} if "temperature" in kept["eval"] else {}
+        kept["eval"] = {k: v for k, v in kept["eval"].items() if k not in DECODING} | plain
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def plain_decoding(part: pd.DataFrame) -> pd.DataFrame:
+    """The runs of ``part`` whose models sampled plainly at temperature 1 (the preset's decoding, every table's but
+    the decoding table's): a run at other decoding settings shares its setup and is another row of that table."""
+    return part[part["decoding"] == ""] if "decoding" in part else part
 
 
 def setups(df: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -17,7 +17,7 @@ import pandas as pd
 from harness.config.errors import printable
 from harness.contract.plugin import Sweep
 from harness.report import collect
-from harness.report.collect import main_runs, method_rank, natural_key, param, setups, unaltered
+from harness.report.collect import main_runs, method_rank, natural_key, param, plain_decoding, setups, unaltered
 from harness.report.frames import watermark_config
 from harness.store import files
 from harness.store.files import plain_name
@@ -283,7 +283,7 @@ def write_figures(df: pd.DataFrame, store: Store, out_dir: Path) -> list[Path]:
     written: list[Path] = []
     for name, part in setups(df).items():
         folder = out_dir / plain_name(name) / "figures"
-        for figure_name, fig in setup_figures(part, store).items():
+        for figure_name, fig in setup_figures(plain_decoding(part), store).items():
             folder.mkdir(parents=True, exist_ok=True)
             written += _save(fig, folder, figure_name)
     return written

@@ -73,6 +73,34 @@ def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> p
     return _not_applicable(table, runs)
 
 
+PLAIN_DECODING = "temperature=1"  # how the decoding table names plain sampling (``EvalSettings.decoding_label`` "")
+DECODING_METRICS = ["AUC", "AUC_lo", "AUC_hi", "TPR@1%", "PPL"]
+
+
+def decoding(df: pd.DataFrame) -> pd.DataFrame:
+    """The decoding table: each row of tab:robustness, the unwatermarked base's included, stored at another decoding
+    than plain sampling at temperature 1 (``decoding``), beside the same row at plain sampling; a row per (decoding,
+    category, attack, setting), plain sampling first, and per method's main configuration its AUC with its bootstrap
+    interval, TPR at 1% FPR (on the base's row: the share of its texts flagged, the false-positive rate a decoding
+    leaves) and median PPL (mean over seeds where several). Empty where every run sampled plainly."""
+    if "decoding" not in df or (df["decoding"] == "").all():
+        return pd.DataFrame()
+    part = main_runs(df)
+    decoded_rows = set(part[part["decoding"] != ""][ROW_KEYS].itertuples(index=False, name=None))
+    part = part[[row in decoded_rows for row in part[ROW_KEYS].itertuples(index=False, name=None)]]
+    part = on_one_footing(part).assign(decoding=lambda d: d["decoding"].replace("", PLAIN_DECODING))
+    keys = ["decoding", *ROW_KEYS]
+    part = mean_over_seeds(part, ["method", *keys], DECODING_METRICS)
+    methods = sorted(part["method"].unique(), key=method_rank)
+    table = part.pivot_table(index=keys, columns="method", values=DECODING_METRICS, aggfunc="first")
+    table.columns = [f"{method} {metric}" for metric, method in table.columns]
+    rows = sorted(set(part[keys].itertuples(index=False, name=None)),
+                  key=lambda r: (r[0] != PLAIN_DECODING, natural_key(r[0]), category_rank(r[1]), natural_key(r[2]),
+                                 natural_key(r[3])))  # fmt: skip
+    columns = [f"{m} {metric}" for m in methods for metric in DECODING_METRICS]
+    return table.reindex(index=pd.MultiIndex.from_tuples(rows, names=keys), columns=columns)
+
+
 def robustness_runs(df: pd.DataFrame, every_row: bool = False) -> pd.DataFrame:
     """The runs of tab:robustness (``robustness``)."""
     part = main_runs(df)

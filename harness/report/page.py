@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report.collect import setups
+from harness.report.collect import plain_decoding, setups
 from harness.report.html import STYLE, detection_scores, esc, figures, other_configurations, plural, run_details
 from harness.report.tables import TABLES, Setup
 from harness.store import files
@@ -46,7 +46,8 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
             if attributions is None or attributions.empty
             else attributions[attributions["setup"] == part["setup"].iloc[0]]
         )
-        setup = Setup(part, attributions=mine, page=True, store=store)
+        everything, part = part, plain_decoding(part)  # (other decodings: the decoding table's rows)
+        setup = Setup(part, attributions=mine, page=True, store=store, decoded=everything)
         body += [
             f'<h2 id="setup-{esc(name)}">{esc(name)}: {esc(part["base_model"].iloc[0])}, preset '
             f"{esc(part['preset'].iloc[0])}</h2>",
@@ -58,7 +59,7 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
             figures(part, store),
             *table_sections(setup, "tail"),
             "<h3>Runs (spec, versions, timings)</h3>",
-            run_details(part, store),
+            run_details(everything, store),
         ]  # fmt: skip
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>harness report</title>'
             f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")  # fmt: skip

@@ -31,6 +31,7 @@ from harness.report.collect import (
     in_table,
     main_runs,
     method_rank,
+    plain_decoding,
     plugin_class,
     setups,
 )
@@ -54,6 +55,7 @@ class Setup:
     attributions: pd.DataFrame | None = None  # the setup's attribution rows (``collect.collect_attribution``)
     page: bool = False  # for the report's page, where every stored cell belongs (``frames.robustness``'s every_row)
     store: Store | None = None  # where the runs' per-text scores are (tab:comparison reads them; none: no such table)
+    decoded: pd.DataFrame | None = None  # the setup's runs at every decoding (``part``: plain sampling's alone)
 
     @cached_property
     def classes(self) -> dict[str, Any]:
@@ -157,6 +159,13 @@ def _attributions(setup: Setup) -> list[tuple[str, None]]:
     return [("attribution", None)] if setup.attributions is not None and len(setup.attributions) else []
 
 
+def _decodings(setup: Setup) -> list[tuple[str, None]]:
+    """The decoding table where the setup holds a run at another decoding than plain sampling (else no table and no
+    section of the report: a store of plain runs reads as it always did)."""
+    runs = setup.decoded if setup.decoded is not None else setup.part
+    return [("decoding", None)] if "decoding" in runs and (runs["decoding"] != "").any() else []
+
+
 def _own_caption(setup: Setup, attack: str) -> str:
     cls = plugin_class("attack", attack)
     return f"AUC under {cls.description or cls.label} ({setup.about})."
@@ -203,6 +212,23 @@ TABLES: tuple[Table, ...] = (
             lambda table, _: html.frame(table),
             "head",
         ),
+    ),
+    Table(
+        "decoding",
+        "the decoding table (not in the paper)",
+        "each row of tab:robustness, the unwatermarked base's included, at every decoding it was stored at (greedy, "
+        "temperature, top-k, top-p, min-p, repetition penalty) beside plain sampling at temperature 1",
+        build=lambda setup, _: frames.decoding(setup.decoded if setup.decoded is not None else setup.part),
+        latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Decoding", "Category", "Attack", "Setting"]),
+        caption=lambda setup, _: (
+            "AUC with its 95% bootstrap interval, TPR at 1% FPR and median PPL of each method's main configuration "
+            "when its models decode otherwise than by plain sampling at temperature 1 (the same settings for the "
+            "unwatermarked base, whose TPR at 1% is the share of its texts flagged), the transforms applied in a "
+            "user's order after the watermark: repetition penalty, temperature, top-k, top-p, min-p "
+            f"({setup.about})."
+        ),
+        each=_decodings,
+        section=Section("Decoding settings", lambda table, _: html.frame(table), "tail"),
     ),
     Table(
         "fpr_tpr",
@@ -308,7 +334,7 @@ def setup_tables(
 ) -> dict[str, tuple]:
     """``{file name: (table, LaTeX)}`` of one setup's runs, every declared table; tables with no stored run are left
     out (tab:comparison, which reads per-text scores, where no ``store`` is given)."""
-    setup = Setup(part, ci, attributions, store=store)
+    setup = Setup(plain_decoding(part), ci, attributions, store=store, decoded=part)
     out = {}
     for table in TABLES:
         for name, subject in table.subjects(setup):
@@ -405,8 +431,10 @@ def write_tables(
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "runs.csv"]
-    # (main_method: derived, what ablations vary around; by_length: in tokens_to_detect)
-    _csv(df.drop(columns=["main_method", "by_length"]).set_index("run"), written[0])
+    # (main_method: derived, what ablations vary around; by_length: in tokens_to_detect; decoding: only where a run
+    # sampled otherwise than plainly, so that a store of plain runs writes the runs.csv it always did)
+    derived = ["main_method", "by_length"] + (["decoding"] if (df.get("decoding", "") == "").all() else [])
+    _csv(df.drop(columns=derived).set_index("run"), written[0])
     for name, part in setups(df).items():
         folder = out_dir / plain_name(name)
         folder.mkdir(exist_ok=True)
