@@ -233,14 +233,20 @@ def scores(store: Store, run: str) -> list[dict]:
 
 
 # --- setups and configurations -----------------------------------------------------------------------------------
+def plain_eval(eval_settings: dict) -> dict:
+    """Stored evaluation settings as plain sampling's (temperature 1 where the temperature is recorded, no other
+    decoding setting): what runs that differ only in how their models sampled share, the prompts and human texts."""
+    plain = {"temperature": 1.0} if "temperature" in eval_settings else {}
+    return {k: v for k, v in eval_settings.items() if k not in DECODING} | plain
+
+
 def setup_key(preset: dict) -> str:
     """What makes runs comparable: the preset's settings (base model, data, training, evaluation) without its seed
     and name. Short hash."""
     kept = {k: v for k, v in preset.items() if k not in NOT_SETUP}
     kept["train"] = {k: v for k, v in kept.get("train", {}).items() if k != "seed"}
     if "eval" in kept:  # how the models sampled is the run's ``decoding``: every decoding shares the setup
-        plain = {"temperature": 1.0} if "temperature" in kept["eval"] else {}
-        kept["eval"] = {k: v for k, v in kept["eval"].items() if k not in DECODING} | plain
+        kept["eval"] = plain_eval(kept["eval"])
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
@@ -326,8 +332,11 @@ def _eval_spec(spec: dict) -> dict | None:
     while todo:
         node = todo.pop(0)
         if isinstance(node, dict):
-            if "eval_data" in node and "eval" in node:
-                return {k: node.get(k) for k in ("eval", "eval_data", "tokenizer")}
+            if "eval_data" in node and "eval" in node:  # (how the texts were sampled does not choose the prompts)
+                found = {k: node.get(k) for k in ("eval", "eval_data", "tokenizer")}
+                if isinstance(found["eval"], dict):
+                    found["eval"] = plain_eval(found["eval"])
+                return found
             todo += list(node.values())
     return None
 

@@ -147,10 +147,20 @@ def test_decoded_runs_share_the_setup_and_only_the_decoding_table_reads_them(tmp
 
     store = Store(tmp_path / "runs")
     top_p = TINY.model_copy(update={"eval": decoded(top_p="0.9")})
+    unaltered = {}
     for preset, auc in ((TINY, 0.9), (top_p, 0.7)):
         for method in ("gu-kgw", "pro"):
             fake_run(store, method, {}, "base", {}, 0.5, preset=preset)
-            fake_run(store, method, {}, "none", {}, auc, preset=preset)
+            unaltered[method, auc] = fake_run(store, method, {}, "none", {}, auc, preset=preset).name
+    # the same prompts and human texts: a decoded run pairs with the plain one (benchmarks/paired.py), another
+    # evaluation does not
+    _, on = collect.paired_scores(store, [unaltered["pro", 0.7]], [unaltered["pro", 0.9]])
+    assert on == "evaluation spec"
+    pairs = Store(tmp_path / "pairs")
+    other = TINY.model_copy(update={"eval": TINY.eval.model_copy(update={"prompt_tokens": 16})})
+    runs = [fake_run(pairs, "pro", {}, "none", {}, 0.9, preset=p).name for p in (top_p, other)]
+    with pytest.raises(ValueError, match="different"):
+        collect.paired_scores(pairs, runs[:1], runs[1:])
     df = collect.collect(store)
     assert df["setup"].nunique() == 1 and sorted(df["decoding"].unique()) == ["", "top_p=0.9"]
     written = tables.write_tables(df, tmp_path / "tables")
