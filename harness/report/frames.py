@@ -77,12 +77,15 @@ PLAIN_DECODING = "temperature=1"  # how the decoding table names plain sampling 
 DECODING_METRICS = ["AUC", "AUC_lo", "AUC_hi", "TPR@1%", "PPL"]
 
 
-def decoding(df: pd.DataFrame) -> pd.DataFrame:
+def decoding(df: pd.DataFrame, store: Store | None = None) -> pd.DataFrame:
     """The decoding table: each row of tab:robustness, the unwatermarked base's included, stored at another decoding
     than plain sampling at temperature 1 (``decoding``), beside the same row at plain sampling; a row per (decoding,
     category, attack, setting), plain sampling first, and per method's main configuration its AUC with its bootstrap
     interval, TPR at 1% FPR (on the base's row: the share of its texts flagged, the false-positive rate a decoding
-    leaves) and median PPL (mean over seeds where several). Empty where every run sampled plainly."""
+    leaves) and median PPL (mean over seeds where several). With the runs' ``store``, also ``dAUC`` and its interval:
+    the change from plain sampling, a paired bootstrap over prompts (the same prompts and human texts: only the
+    generated texts differ) as in tab:comparison, over the training seeds both hold. Empty where every run sampled
+    plainly."""
     if "decoding" not in df or (df["decoding"] == "").all():
         return pd.DataFrame()
     part = main_runs(df)
@@ -90,15 +93,44 @@ def decoding(df: pd.DataFrame) -> pd.DataFrame:
     part = part[[row in decoded_rows for row in part[ROW_KEYS].itertuples(index=False, name=None)]]
     part = on_one_footing(part).assign(decoding=lambda d: d["decoding"].replace("", PLAIN_DECODING))
     keys = ["decoding", *ROW_KEYS]
-    part = mean_over_seeds(part, ["method", *keys], DECODING_METRICS)
-    methods = sorted(part["method"].unique(), key=method_rank)
-    table = part.pivot_table(index=keys, columns="method", values=DECODING_METRICS, aggfunc="first")
+    values = list(DECODING_METRICS)
+    means = mean_over_seeds(part, ["method", *keys], values)
+    if store is not None:
+        changes = _changes_from_plain(part, store, keys)
+        means = means.merge(changes, on=["method", *keys], how="left")
+        values += ["dAUC", "dAUC_lo", "dAUC_hi"]
+    methods = sorted(means["method"].unique(), key=method_rank)
+    table = means.pivot_table(index=keys, columns="method", values=values, aggfunc="first", dropna=False)
     table.columns = [f"{method} {metric}" for metric, method in table.columns]
-    rows = sorted(set(part[keys].itertuples(index=False, name=None)),
+    rows = sorted(set(means[keys].itertuples(index=False, name=None)),
                   key=lambda r: (r[0] != PLAIN_DECODING, natural_key(r[0]), category_rank(r[1]), natural_key(r[2]),
                                  natural_key(r[3])))  # fmt: skip
-    columns = [f"{m} {metric}" for m in methods for metric in DECODING_METRICS]
+    columns = [f"{m} {metric}" for m in methods for metric in values]
     return table.reindex(index=pd.MultiIndex.from_tuples(rows, names=keys), columns=columns)
+
+
+def _changes_from_plain(part: pd.DataFrame, store: Store, keys: list[str]) -> pd.DataFrame:
+    """``dAUC`` = AUC at each decoding - AUC at plain sampling of the same method and row, with its 95% paired
+    bootstrap interval over prompts (``metrics.paired_bootstrap``), over the seeds both hold; missing where a pair
+    is not comparable (a warning says why)."""
+    runs = {(r.method, r.decoding, r.category, r.attack, r.attack_config, r.seed): r.run for r in part.itertuples()}
+    out = []
+    for (method, *key), cell in part.groupby(["method", *keys], sort=False):
+        if key[0] == PLAIN_DECODING:
+            continue
+        seeds = sorted(s for s in cell["seed"] if (method, PLAIN_DECODING, *key[1:], s) in runs)
+        try:
+            if not seeds:
+                raise ValueError("no plain run of the same seed")
+            scores, _ = paired_scores(store, [runs[(method, *key, s)] for s in seeds],
+                                      [runs[(method, PLAIN_DECODING, *key[1:], s)] for s in seeds])  # fmt: skip
+            found = metrics.paired_bootstrap(*scores, bootstrap=COMPARISON_DRAWS)
+        except (ValueError, OSError, KeyError) as err:
+            log.warning("decoding table, %s at %s: not compared with plain sampling: %s", method, key[0], err)
+            continue
+        out.append({"method": method, **dict(zip(keys, key, strict=True)), "dAUC": found["auc_diff"],
+                    "dAUC_lo": found["auc_diff_ci95"][0], "dAUC_hi": found["auc_diff_ci95"][1]})  # fmt: skip
+    return pd.DataFrame(out, columns=["method", *keys, "dAUC", "dAUC_lo", "dAUC_hi"])
 
 
 def robustness_runs(df: pd.DataFrame, every_row: bool = False) -> pd.DataFrame:

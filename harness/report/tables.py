@@ -218,14 +218,19 @@ TABLES: tuple[Table, ...] = (
         "the decoding table (not in the paper)",
         "each row of tab:robustness, the unwatermarked base's included, at every decoding it was stored at (greedy, "
         "temperature, top-k, top-p, min-p, repetition penalty) beside plain sampling at temperature 1",
-        build=lambda setup, _: frames.decoding(setup.decoded if setup.decoded is not None else setup.part),
+        build=lambda setup, _: frames.decoding(setup.decoded if setup.decoded is not None else setup.part, setup.store),
         latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Decoding", "Category", "Attack", "Setting"]),
         caption=lambda setup, _: (
             "AUC with its 95% bootstrap interval, TPR at 1% FPR and median PPL of each method's main configuration "
             "when its models decode otherwise than by plain sampling at temperature 1 (the same settings for the "
             "unwatermarked base, whose TPR at 1% is the share of its texts flagged), the transforms applied in a "
-            "user's order after the watermark: repetition penalty, temperature, top-k, top-p, min-p "
-            f"({setup.about})."
+            "user's order after the watermark: repetition penalty, temperature, top-k, top-p, min-p"
+            + (
+                "; dAUC: the change from plain sampling, with its 95% paired bootstrap interval over prompts"
+                if setup.store is not None
+                else ""
+            )
+            + f" ({setup.about})."
         ),
         each=_decodings,
         section=Section("Decoding settings", lambda table, _: html.frame(table), "tail"),

@@ -4,6 +4,8 @@ no top-p, every other setting changes the texts, and bad settings are one line b
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 
@@ -170,6 +172,15 @@ def test_decoded_runs_share_the_setup_and_only_the_decoding_table_reads_them(tmp
     assert "top_p" not in (folder / "robustness.csv").read_text()  # the robustness table: plain sampling's runs
     assert "decoding" in (tmp_path / "tables" / "runs.csv").read_text().splitlines()[0]
     assert folder / "decoding.tex" in written
+    # with the store, each decoded cell's change from plain sampling and its paired interval (fake AUCs 0.7 and 0.9)
+    tables.write_tables(df, tmp_path / "paired", store=store)
+    with open(tmp_path / "paired" / "tiny" / "decoding.csv", newline="") as fh:
+        rows = {(r["decoding"], r["attack"]): r for r in csv.DictReader(fh)}
+    change = rows[("top_p=0.9", "")]
+    for method in ("Gu-KGW", "PRO"):
+        d, lo, hi = (float(change[f"{method} {k}"]) for k in ("dAUC", "dAUC_lo", "dAUC_hi"))
+        assert lo <= d <= hi and -0.4 < d < 0, (method, d, lo, hi)
+    assert rows[("temperature=1", "")]["PRO dAUC"] == "missing"  # (plain sampling is what the others change from)
     plain = Store(tmp_path / "plain")
     fake_run(plain, "gu-kgw", {}, "none", {}, 0.9)
     tables.write_tables(collect.collect(plain), tmp_path / "plain-tables")
