@@ -215,7 +215,6 @@ def tune(
     unwrapped_model)`` at each step of ``p.steps``; return the attack's report (``evaluated``: what each checkpoint
     holds; ``versions``: libraries besides accelerate and datasets that the attack used)."""
     from harness.assets import data
-    from harness.compute import distributed
     from harness.compute.training import loss_step, train
     from harness.config.presets import TrainSettings
 
@@ -229,19 +228,9 @@ def tune(
         if step in p.steps:
             on_checkpoint(step, unwrapped)
 
-    def loss(model, batch):
-        """Mean cross-entropy over the trained tokens of the whole batch. With several processes each holds some rows,
-        and its mean over its own tokens would weigh tokens unevenly (rows differ in response length): each sums its
-        tokens' losses over the whole batch's count instead (the processes' gradients are then averaged, hence the
-        factor)."""
-        ids, labels, attention = batch.unbind(1)
-        tokens = distributed.total(int((labels[:, 1:] != -100).sum()))  # the model predicts token t from t - 1
-        out = model(input_ids=ids, attention_mask=attention, labels=labels, num_items_in_batch=tokens)
-        return out.loss * distributed.world_size() if distributed.active() else out.loss
-
     stats = {"read": 0, "epochs": 0}
     batches = example_batches(example_stream(tokenizer, d, p, stats), p.batch_size, p.seq_len, tokenizer)
-    report = train(model, loss_step(loss), batches, settings, desc, device, on_step=save)
+    report = train(model, loss_step(response_loss), batches, settings, desc, device, on_step=save)
     return {
         "dataset": {
             **d.source.model_dump(),
@@ -262,6 +251,19 @@ def tune(
         **{k: v for k, v in report.items() if k != "losses"},
         "losses": report["losses"],
     }
+
+
+def response_loss(model, batch):
+    """Mean cross-entropy over the trained tokens (labels not -100) of a batch of ``example_batches``. With several
+    processes each holds some rows, and its mean over its own tokens would weigh tokens unevenly (rows differ in
+    response length): each sums its tokens' losses over the whole batch's count instead (the processes' gradients are
+    then averaged, hence the factor)."""
+    from harness.compute import distributed
+
+    ids, labels, attention = batch.unbind(1)
+    tokens = distributed.total(int((labels[:, 1:] != -100).sum()))  # the model predicts token t from t - 1
+    out = model(input_ids=ids, attention_mask=attention, labels=labels, num_items_in_batch=tokens)
+    return out.loss * distributed.world_size() if distributed.active() else out.loss
 
 
 def checkpoint(step: int) -> str:

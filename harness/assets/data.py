@@ -220,17 +220,26 @@ def packed_batches(stream: list[int], seq_len: int, batch_size: int, seed: int) 
 def eval_prompts(tokenizer, texts: list[str], num: int, prompt_tokens: int, new_tokens: int) -> list[dict]:
     """Prompts = the first ``prompt_tokens`` tokens of documents long enough to also hold ``new_tokens`` human
     tokens after them (the negatives). Returns ``num`` records ``{"prompt_ids", "human_ids"}``."""
+    out = prompt_records(tokenizer, texts, prompt_tokens, new_tokens, num)
+    if len(out) < num:
+        raise HarnessError(
+            f"only {len(out)} evaluation documents have {prompt_tokens + new_tokens} tokens; asked for {num} (lower "
+            "eval.num_prompts)"
+        )
+    return out
+
+
+def prompt_records(tokenizer, texts: list[str], prompt_tokens: int, new_tokens: int, limit: int | None = None) -> list:
+    """``eval_prompts``' records of every document of ``texts`` long enough (the first ``limit`` of them)."""
     need = prompt_tokens + new_tokens
     out = []
     bos = [tokenizer.bos_token_id] if _adds_bos(tokenizer) else []
     for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
         if len(ids) >= need:
             out.append({"prompt_ids": bos + ids[:prompt_tokens], "human_ids": ids[prompt_tokens:need]})
-            if len(out) == num:
-                return out
-    raise HarnessError(
-        f"only {len(out)} evaluation documents have {need} tokens; asked for {num} (lower eval.num_prompts)"
-    )
+            if len(out) == limit:
+                break
+    return out
 
 
 def _adds_bos(tokenizer) -> bool:

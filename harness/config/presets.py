@@ -297,6 +297,10 @@ TINY = Preset(
         # less per step). Measured on the tiny LM (README): at 1e-2 the held-out NLL after 9 steps rose 4.84 -> 6.03
         # (the full fine-tune's: 6.59) with the training loss falling 5.36 -> 4.76; at 3e-2 the loss climbed to 6.3.
         "lora": {**TINY_FINETUNE, "lr": 1e-2},
+        # Distillation: teacher texts as long as the evaluation's, prompted from the corpus's train split; the
+        # fine-tune's lr and batch (not tuned here).
+        "distill": {"dataset": "tiny-corpus", "texts": "100,1000", "prompt_tokens": 32, "new_tokens": 64,
+                    "lr": 2e-3, "batch_size": 8},  # fmt: skip
         "merge": {"donors": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
@@ -373,6 +377,8 @@ SMALL = Preset(
         # 2x the watermark lr.
         "finetune": SMALL_FINETUNE,
         "lora": {**SMALL_FINETUNE, "lr": 5e-3},  # 5x the fine-tune's lr, as in the tiny preset (not tuned here)
+        "distill": {"dataset": "small-corpus", "texts": "100,1000", "prompt_tokens": 32, "new_tokens": 64,
+                    "lr": 1e-3, "batch_size": 16},  # fmt: skip
         "merge": {"donors": "builtin:small-donor-code,builtin:small-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
@@ -424,6 +430,8 @@ SMOL = Preset(
         "awq": {**TINY_CALIBRATION, "group_size": 64},  # (SmolLM2's width, 576, is 4.5 groups of 128)
         "finetune": SMOL_FINETUNE,
         "lora": {**SMOL_FINETUNE, "lr": 3e-3},  # 5x the fine-tune's lr, as in the tiny preset (not tuned here)
+        "distill": {"dataset": "tiny-corpus", "texts": "100,1000", "prompt_tokens": 32, "new_tokens": 64,
+                    "lr": 6e-4, "batch_size": 8},  # fmt: skip
         "merge": {"donors": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },

@@ -45,6 +45,7 @@ ATTACKS: dict[str, str] = {
     "merge": "attacks.donor_merge:DonorMerge",
     "finetune": "attacks.finetune:FineTune",
     "lora": "attacks.lora:LoRA",
+    "distill": "attacks.distillation:Distill",
     "weight-noise": "attacks.noise:WeightNoise",
     "dipper": "attacks.paraphrase:Dipper",
     "token-edit": "attacks.edits:TokenEdit",

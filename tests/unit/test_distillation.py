@@ -1,0 +1,72 @@
+"""Distillation of a model into another from N of its texts (attacks/distillation.py): one student per N, trained on
+the first N teacher texts of one draw, the loss on the sampled tokens; bad settings and a student of another tokenizer
+are one line before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.config.errors import HarnessError
+from harness.config.registry import attacks
+from harness.contract.attack import AttackContext
+
+DOCS = [
+    "The quick brown fox jumps over the lazy dog and runs into the forest to find more food for the winter.",
+    "A watermark is a hidden signal in generated text that a detector can find with a secret key and a test.",
+    "Return the number of items in the list, or raise an error if it is empty; lists keep the order of items.",
+]
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"texts": "0"}, "at least one teacher text"),
+        ({"texts": "-5"}, "at least one teacher text"),
+        ({"texts": "100,0"}, "at least one teacher text"),
+        ({"texts": "ten"}, "whole numbers"),
+        ({"texts": "2000000"}, "at most"),
+        ({"dataset": "tiny-code-instruct"}, "instruction pairs"),
+        ({"dataset": "no-such-corpus"}, "unknown dataset"),
+        ({"epochs": "0"}, "greater than 0"),
+        ({"new_tokens": "1"}, "greater than 1"),
+        ({"lr": "nan"}, "finite"),
+    ],
+)
+def test_bad_settings_are_one_line(settings, says):
+    with pytest.raises(HarnessError) as err:
+        attacks.build("distill", settings)
+    assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_student_of_another_tokenizer_is_refused(random_llamas, other_tokenizer_llama):
+    attack = attacks.build("distill", {"student": str(other_tokenizer_llama)})
+    with pytest.raises(HarnessError, match="another tokenizer than the base model"):
+        attack.validate(str(random_llamas[1]))
+    attacks.build("distill", {"student": str(random_llamas[0])}).validate(str(random_llamas[1]))  # the same: fine
+
+
+def test_one_student_per_n_from_one_draw(random_llamas, tmp_path):
+    from harness.assets.models import load_causal_lm
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS * 2))
+    settings = {"texts": "4,8", "dataset": str(corpus), "prompt_tokens": 4, "new_tokens": 6, "batch_size": 2,
+                "lr": 1e-2}  # fmt: skip
+    attack = attacks.build("distill", settings)
+    assert attack.outputs() == [("N=4", "students/n-4"), ("N=8", "students/n-8")]
+    teacher, base = random_llamas
+    out = tmp_path / "stage"
+    out.mkdir()  # (the store makes a stage folder before the attack writes into it)
+    report = attack.apply(teacher, out, AttackContext(base_model=str(base), device="cpu"))
+    rows = [json.loads(line) for line in (out / "teacher_texts.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and all(len(r["completion_ids"]) == 6 for r in rows)
+    assert rows[0]["prompt_ids"] == rows[6]["prompt_ids"] and rows[0]["completion_ids"] != rows[6]["completion_ids"]
+    assert report["training"][4]["steps"] == 2 and report["training"][8]["steps"] == 4
+    weights = {}
+    for n in (4, 8):
+        model = load_causal_lm(str(out / f"students/n-{n}"), "cpu", dtype="float32")
+        weights[n] = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    start = load_causal_lm(str(base), "cpu", dtype="float32").model.layers[0].mlp.up_proj.weight
+    assert not weights[4].equal(start) and not weights[4].equal(weights[8])  # trained, each on its own N
