@@ -272,7 +272,8 @@ def _fake_run(
     m = methods.build(method, method_settings, preset)
     a = attacks.build(attack, attack_settings, preset) if attack != "base" else None
     label = None if a is None or a.identity or not hasattr(a, "outputs") else a.outputs()[output][0]
-    what = json.dumps([method, method_settings, attack, attack_settings, seed, output, preset.model_dump()]
+    # (the preset as a run spec hashes it: preset defaults given to a plugin later move no draw)
+    what = json.dumps([method, method_settings, attack, attack_settings, seed, output, preset.hashed()]
                       + ([prompts] if prompts else []), sort_keys=True, default=str)  # fmt: skip
     digest = hashlib.sha256(what.encode()).hexdigest()
     # (the evaluation a generate stage's spec records, as a real run's upstream holds it: what pairs runs)
