@@ -12,9 +12,8 @@ log = logging.getLogger(__name__)
 # Version of the sampler: part of every generation's hash, so texts drawn by an older one are never reused as its own.
 SAMPLER = "per-prompt-gumbel-1"
 _M32 = 0xFFFFFFFF
-# Batch "auto": a GPU starts at 1,024 prompts and halves until a batch fits. A CPU takes 256, chosen from
-# benchmarks/generate.py on 2 AVX2 cores (new tokens/s at batch 32 / 64 / 128 / 256 / 512): the tiny LM 2,912 /
-# 4,610 / 6,309 / 7,030 / 6,998; the SmolLM2-135M shape 81 (16) / 141 / 180-184 / 185. Below that the per-step work
+# Batch "auto": a GPU starts at 1,024 prompts and halves until a batch fits. A CPU takes 256, where new tokens/s stop
+# growing with the batch (benchmarks/generate.py, whose table is in benchmarks/README.md): below it the per-step work
 # around the model (the generation loop, the noise, small matrices) is shared by fewer rows.
 AUTO_BATCH = {"cuda": 1024, "cpu": 256}
 
