@@ -125,10 +125,13 @@ class Request:
         stage, result = audit.audit(pipe, method, trained, suspect)
         # (no verdict where the scheme has no null: audit.NO_NULL)
         flagged = None if result["p_value"] is None else result["p_value"] < self.alpha
+        source = {"kind": suspect.kind, "ref": suspect.ref}
+        if texts is None and preset.eval.decoding():  # how the suspect sampled, where not plainly
+            source["decoding"] = preset.eval.decoding_label()
         report = {
             "key": {"train_stage": trained.key, "method": method.name, "config": method.config_label(),
                     "base_model": preset.base_model, "published": method.published_key(read_key(trained.path))},
-            "source": {"kind": suspect.kind, "ref": suspect.ref},
+            "source": source,
             "decision": {"watermarked": flagged, "alpha": self.alpha, **result},
             "scores": str(stage.path / "scores.jsonl"),
         }  # fmt: skip

@@ -386,7 +386,8 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
         ) + f" (this test flags a source that never saw the key with probability at most {d['alpha']:g}, over keys)"
     lines = [
         f"key: {key['method']} ({key['config']}), train stage {key['train_stage']}, base model {key['base_model']}",
-        f"{report['source']['kind']}: {report['source']['ref']}",
+        f"{report['source']['kind']}: {report['source']['ref']}"
+        + (f" (sampled with {report['source']['decoding']})" if report["source"].get("decoding") else ""),
         *(part for part in (shown, more) if part),
         "",
         tested,

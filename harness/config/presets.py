@@ -299,8 +299,14 @@ TINY = Preset(
         "lora": {**TINY_FINETUNE, "lr": 1e-2},
         # Distillation: teacher texts as long as the evaluation's, prompted from the corpus's train split; the
         # fine-tune's lr and batch (not tuned here).
-        "distill": {"dataset": "tiny-corpus", "texts": "100,1000", "prompt_tokens": 32, "new_tokens": 64,
-                    "lr": 2e-3, "batch_size": 8},  # fmt: skip
+        "distill": {
+            "dataset": "tiny-corpus",
+            "texts": "100,1000",
+            "prompt_tokens": 32,
+            "new_tokens": 64,
+            "lr": 2e-3,
+            "batch_size": 8,
+        },  # fmt: skip
         "merge": {"donors": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
@@ -377,8 +383,14 @@ SMALL = Preset(
         # 2x the watermark lr.
         "finetune": SMALL_FINETUNE,
         "lora": {**SMALL_FINETUNE, "lr": 5e-3},  # 5x the fine-tune's lr, as in the tiny preset (not tuned here)
-        "distill": {"dataset": "small-corpus", "texts": "100,1000", "prompt_tokens": 32, "new_tokens": 64,
-                    "lr": 1e-3, "batch_size": 16},  # fmt: skip
+        "distill": {
+            "dataset": "small-corpus",
+            "texts": "100,1000",
+            "prompt_tokens": 32,
+            "new_tokens": 64,
+            "lr": 1e-3,
+            "batch_size": 16,
+        },  # fmt: skip
         "merge": {"donors": "builtin:small-donor-code,builtin:small-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },
@@ -430,8 +442,14 @@ SMOL = Preset(
         "awq": {**TINY_CALIBRATION, "group_size": 64},  # (SmolLM2's width, 576, is 4.5 groups of 128)
         "finetune": SMOL_FINETUNE,
         "lora": {**SMOL_FINETUNE, "lr": 3e-3},  # 5x the fine-tune's lr, as in the tiny preset (not tuned here)
-        "distill": {"dataset": "tiny-corpus", "texts": "100,1000", "prompt_tokens": 32, "new_tokens": 64,
-                    "lr": 6e-4, "batch_size": 8},  # fmt: skip
+        "distill": {
+            "dataset": "tiny-corpus",
+            "texts": "100,1000",
+            "prompt_tokens": 32,
+            "new_tokens": 64,
+            "lr": 6e-4,
+            "batch_size": 8,
+        },  # fmt: skip
         "merge": {"donors": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"},
         "dipper": dict(TINY_PARAPHRASER),
     },

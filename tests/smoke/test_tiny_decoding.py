@@ -48,6 +48,23 @@ def test_top_p_rows_hold_the_stated_false_positive_rate(shared_store, harness, t
         assert "top_p" not in fh.read()
 
 
+def test_detect_samples_the_suspect_as_asked_and_keeps_its_rate(shared_store, harness):
+    """The unwatermarked base sampled with top-p 0.9 is not convicted by the Gu-KGW key at 1%, and the report says
+    how it was sampled."""
+    from harness.assets.models import resolve
+
+    out = harness("run", "--method", "gu-kgw", "--results", str(shared_store), timeout=3600)  # (the key's training)
+    assert out.returncode == 0, out.stderr[-3000:]
+    specs = [json.loads(p.read_text()) for p in shared_store.glob("*/spec.json")]
+    key = next(s["detector"]["key_from"] for s in specs if s["detector"]["method"] == "gu-kgw")
+    out = harness("detect", "--results", str(shared_store), "--key", key, "--model", resolve("builtin:tiny-lm"),
+                  "--decode", "top_p=0.9", "--num-texts", "60", "--json", timeout=1800)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["source"]["decoding"] == "top_p=0.9", report["source"]
+    assert not report["decision"]["watermarked"] and report["decision"]["p_value"] > 0.01, report["decision"]
+
+
 def test_a_text_attack_refuses_a_decoding_setting(shared_store, harness):
     out = harness("run", "--method", "gu-kgw", "--attack", "typo", "--decode", "temperature=0.7",
                   "--results", str(shared_store), timeout=600)  # fmt: skip
