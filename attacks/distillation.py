@@ -41,6 +41,10 @@ class DistillParams(Params):
     batch_size: int = Field(32, gt=0)
     warmup_steps: int = Field(0, ge=0)
     seed: int = 0
+    # 0: every weight of the student trains; r > 0: LoRA adapters of rank r on every projection of its blocks
+    # (alpha 2r, dropout 0.1, as the lora attack's defaults), merged into its float32 weights once trained.
+    lora_rank: int = Field(0, ge=0)
+    added_later = ("lora_rank",)
 
     @field_validator("texts", mode="before")
     @classmethod
@@ -117,6 +121,20 @@ class Distill(ModelAttack):
         from harness.compute.training import check_split
 
         check_split(self.params.batch_size, f"the distillation's batch_size ({self.params.batch_size})")
+        if self.params.lora_rank:
+            import importlib.util
+
+            if importlib.util.find_spec("peft") is None:
+                raise HarnessError("distill with lora_rank needs the Python package 'peft': pip install "
+                                   "'watermark-harness[lora]'")  # fmt: skip
+            if base_model is not None:
+                from types import SimpleNamespace
+
+                from attacks.lora import LLAMA_PROJECTIONS, targeted_layers
+
+                targeted_layers(
+                    base_model, SimpleNamespace(rank=self.params.lora_rank, target_modules=LLAMA_PROJECTIONS)
+                )
         if base_model is not None and self.params.student != BASE:
             from harness.assets.models import load_tokenizer, resolve
 
@@ -155,7 +173,11 @@ class Distill(ModelAttack):
         trained = {}
         for n in p.texts:
             student = models.load_trainable(str(student_ref), ctx.device)
+            if p.lora_rank:
+                student = _with_adapters(student, p)
             report = _train(student, tokenizer, texts[:n], completions[:n], p, ctx.device, f"distill: student N={n}")
+            if p.lora_rank:
+                student = student.merge_and_unload()
             save_model(student, out_dir / student_folder(n), tokenizer)
             trained[n] = report
             del student
@@ -165,6 +187,7 @@ class Distill(ModelAttack):
             "teacher_texts": len(completions),
             "sampling": "plain sampling at temperature 1 (the harness's per-prompt sampler)",
             "student": p.student,
+            "trained": f"LoRA adapters of rank {p.lora_rank}, merged" if p.lora_rank else "every weight",
             "students": {n: student_folder(n) for n in p.texts},
             "training": trained,
             "settings": p.model_dump(),
@@ -187,6 +210,21 @@ def _prompts(tokenizer, source, count: int, prompt_tokens: int, new_tokens: int)
     if not records:
         raise HarnessError(f"distill: no document of '{source.path}' holds {prompt_tokens + new_tokens} tokens")
     return [records[i % len(records)]["prompt_ids"] for i in range(count)]
+
+
+def _with_adapters(student, p: DistillParams):
+    """``student`` with LoRA adapters of rank ``p.lora_rank`` on every projection (peft), drawn from ``p.seed``; only
+    they train."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from attacks.lora import LLAMA_PROJECTIONS
+
+    config = LoraConfig(r=p.lora_rank, lora_alpha=2 * p.lora_rank, lora_dropout=0.1,
+                        target_modules=list(LLAMA_PROJECTIONS), bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(p.seed)
+        return get_peft_model(student, config)
 
 
 def _train(student, tokenizer, prompts, completions, p: DistillParams, device: str, desc: str) -> dict:

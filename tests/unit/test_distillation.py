@@ -70,3 +70,26 @@ def test_one_student_per_n_from_one_draw(random_llamas, tmp_path):
         weights[n] = model.model.layers[0].mlp.up_proj.weight.detach().clone()
     start = load_causal_lm(str(base), "cpu", dtype="float32").model.layers[0].mlp.up_proj.weight
     assert not weights[4].equal(start) and not weights[4].equal(weights[8])  # trained, each on its own N
+
+
+def test_a_lora_student_moves_only_its_adapted_projections(random_llamas, tmp_path):
+    from harness.assets.models import load_causal_lm
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
+    settings = {"texts": "4", "dataset": str(corpus), "prompt_tokens": 4, "new_tokens": 6, "batch_size": 2,
+                "lr": 5e-2, "lora_rank": 2}  # fmt: skip
+    attack = attacks.build("distill", settings)
+    teacher, base = random_llamas
+    attack.validate(str(base))
+    out = tmp_path / "stage"
+    out.mkdir()
+    report = attack.apply(teacher, out, AttackContext(base_model=str(base), device="cpu"))
+    assert report["trained"] == "LoRA adapters of rank 2, merged"
+    student = load_causal_lm(str(out / "students/n-4"), "cpu", dtype="float32").state_dict()
+    start = load_causal_lm(str(base), "cpu", dtype="float32").state_dict()
+    assert set(student) == set(start)  # merged back into a plain model
+    moved = {name for name in start if not student[name].equal(start[name])}
+    assert moved and all(name.endswith("_proj.weight") for name in moved), sorted(moved)
+    with pytest.raises(HarnessError, match="rank 4096 is above the width"):
+        attacks.build("distill", {"lora_rank": "4096"}).validate(str(base))
