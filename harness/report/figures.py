@@ -226,6 +226,11 @@ def auc_utility(part: pd.DataFrame, store: Store, plt):
         lambda name: bool(getattr(collect.plugin_class("attack", name), attribute, False))
     )
     runs["reference"], runs["unaltered"] = declares("reference_curve"), declares("identity")
+    if "decoding" in runs:  # a run at another decoding: a point of its own, named by its row and decoding
+        decoded = runs["decoding"] != ""
+        rows = runs["attack"].where(~runs["unaltered"], "unaltered")
+        runs.loc[decoded, "attack"] = rows[decoded] + " [" + runs.loc[decoded, "decoding"] + "]"
+        runs.loc[decoded, ["reference", "unaltered"]] = False
     if runs.empty or runs["unaltered"].all():
         return None
     from matplotlib.ticker import LogFormatter
@@ -262,8 +267,11 @@ def attack_styles(attacks: list[str]) -> dict[str, tuple[str, str]]:
     return {a: (f"C{i % 10}", MARKERS[(i // 10) % len(MARKERS)]) for i, a in enumerate(attacks)}
 
 
-def setup_figures(part: pd.DataFrame, store: Store) -> dict:
-    """``{name: matplotlib figure}`` of one setup's runs (figures with nothing to plot left out); close them after."""
+def setup_figures(runs: pd.DataFrame, store: Store) -> dict:
+    """``{name: matplotlib figure}`` of one setup's runs (figures with nothing to plot left out); close them after.
+    Every figure draws plain sampling's runs but the utility figure, which also places each run at another decoding
+    (the same model, so the same utility) as a point of its own."""
+    part = plain_decoding(runs)
     plt = _pyplot()
     figures = {"auc_ppl": auc_ppl(part, plt), "roc": roc(part, store, plt)}
     for attack in sorted(part["attack_name"].dropna().unique()):
@@ -272,7 +280,7 @@ def setup_figures(part: pd.DataFrame, store: Store) -> dict:
             figures[plain_name(f"auc_vs_{attack}")] = auc_vs(part, attack, sweep, plt)
     figures["green_ratio"] = green_ratio(part, store, plt)
     figures["tpr_by_length"] = tpr_by_length(part, plt)
-    figures["auc_utility"] = auc_utility(part, store, plt)
+    figures["auc_utility"] = auc_utility(runs, store, plt)
     return {name: fig for name, fig in figures.items() if fig is not None}
 
 
@@ -283,7 +291,7 @@ def write_figures(df: pd.DataFrame, store: Store, out_dir: Path) -> list[Path]:
     written: list[Path] = []
     for name, part in setups(df).items():
         folder = out_dir / plain_name(name) / "figures"
-        for figure_name, fig in setup_figures(plain_decoding(part), store).items():
+        for figure_name, fig in setup_figures(part, store).items():
             folder.mkdir(parents=True, exist_ok=True)
             written += _save(fig, folder, figure_name)
     return written

@@ -56,7 +56,7 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
             "<h3>Other configurations (settings, ablations)</h3>",
             other_configurations(part),
             "<h3>Figures</h3>",
-            figures(part, store),
+            figures(everything, store),
             *table_sections(setup, "tail"),
             "<h3>Runs (spec, versions, timings)</h3>",
             run_details(everything, store),
