@@ -160,6 +160,7 @@ class Distill(ModelAttack):
         tokenizer = models.load_tokenizer(str(model_dir))
         texts = _prompts(tokenizer, self.source(), max(p.texts), p.prompt_tokens, p.new_tokens)
         teacher = models.load_causal_lm(str(model_dir), ctx.device)
+        # (the sampler reads the prompts it is given; num_prompts only has to be valid)
         settings = EvalSettings(num_prompts=max(2, len(texts)), prompt_tokens=p.prompt_tokens,
                                 new_tokens=p.new_tokens, seed=p.seed, batch_size="auto")  # fmt: skip
         completions = sample(teacher, texts, settings, tokenizer.eos_token_id, "distill: teacher texts")

@@ -26,9 +26,10 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
             if refused:
                 raise HarnessError(refused)
     decoding = preset.eval.decoding_label()
-    for attack in (p for p in plugins if isinstance(p, Attack) and p.rewrites_texts() and decoding):
+    rewriting = next((p for p in plugins if isinstance(p, Attack) and p.rewrites_texts()), None)
+    if decoding and rewriting is not None:
         raise HarnessError(
-            f"decoding ({decoding}) applies to a model's own sampling, and {attack.name} scores rewrites of the "
+            f"decoding ({decoding}) applies to a model's own sampling, and {rewriting.name} scores rewrites of the "
             "unaltered model's texts: evaluate it at the preset's decoding"
         )
     training.check_split(preset.train.batch_size, f"train.batch_size ({preset.train.batch_size})")

@@ -140,8 +140,7 @@ class EvalSettings(Params):
     @model_validator(mode="after")
     def _greedy_alone(self) -> EvalSettings:
         if self.greedy:
-            set_ = [f"{k}={getattr(self, k)}" for k in ("temperature", "top_k", "top_p", "min_p")
-                    if getattr(self, k) != type(self).model_fields[k].default]  # fmt: skip
+            set_ = [f"{k}={v}" for k, v in self.decoding().items() if k not in ("greedy", "repetition_penalty")]
             if set_:
                 raise ValueError(
                     f"greedy decoding takes the likeliest token: {', '.join(set_)} would not change it (drop it, or "
@@ -151,13 +150,11 @@ class EvalSettings(Params):
 
     def decoding(self) -> dict:
         """The decoding settings that differ from plain sampling at temperature 1 (``DECODING``), as set."""
-        fields = type(self).model_fields
-        return {k: getattr(self, k) for k in DECODING if getattr(self, k) != fields[k].default}
+        return decoding_of(self.model_dump())
 
     def undecoded(self) -> EvalSettings:
         """These settings with plain sampling at temperature 1: what runs that differ only in decoding share."""
-        fields = type(self).model_fields
-        return self.model_copy(update={k: fields[k].default for k in DECODING})
+        return EvalSettings(**plain_sampling(self.model_dump()))
 
     def decoding_label(self) -> str:
         """What tables call this decoding: ``greedy``, ``temperature=0.7, top_p=0.9``; "" for plain sampling at
@@ -185,12 +182,23 @@ class EvalSettings(Params):
             raise ValueError(f"must be a positive integer or 'auto', not {value!r}") from None
 
 
-def decoding_label(eval_settings: dict) -> str:
-    """``EvalSettings.decoding_label`` of the evaluation settings as a run's spec stores them (a setting it lacks is
-    at its default)."""
+# Evaluation settings as a dump or a run's spec holds them (a setting they lack is at its default: ``added_later``).
+def decoding_of(eval_settings: dict) -> dict:
+    """The decoding settings of ``eval_settings`` that differ from plain sampling at temperature 1, as set."""
     fields = EvalSettings.model_fields
-    set_ = {k: eval_settings[k] for k in DECODING if k in eval_settings and eval_settings[k] != fields[k].default}
-    return ", ".join("greedy" if k == "greedy" else f"{k}={v:g}" for k, v in set_.items())
+    return {k: eval_settings[k] for k in DECODING if k in eval_settings and eval_settings[k] != fields[k].default}
+
+
+def decoding_label(eval_settings: dict) -> str:
+    """``EvalSettings.decoding_label`` of ``eval_settings``."""
+    return ", ".join("greedy" if k == "greedy" else f"{k}={v:g}" for k, v in decoding_of(eval_settings).items())
+
+
+def plain_sampling(eval_settings: dict) -> dict:
+    """``eval_settings`` at plain sampling (temperature 1 where the temperature is recorded, no other decoding
+    setting): what runs that differ only in how their models sampled share, the prompts and human texts included."""
+    plain = {"temperature": 1.0} if "temperature" in eval_settings else {}
+    return {k: v for k, v in eval_settings.items() if k not in DECODING} | plain
 
 
 class Preset(Params):
@@ -480,11 +488,14 @@ def get_preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def _later_fields(parents: list[str]) -> tuple[str, ...]:
-    """The ``added_later`` settings of the section at ``parents`` (``["eval"]``), which a dump leaves out at their
-    defaults and an override may still set."""
-    section = {"eval": EvalSettings, "train": TrainSettings}.get(".".join(parents))
-    return section.added_later if section is not None else ()
+def _section_fields(parents: list[str]) -> set[str]:
+    """Every setting of the preset's section at ``parents`` (``["eval"]``), by its class: a dump leaves out the
+    ``added_later`` ones at their defaults, and an override may still set them."""
+    section: Any = Preset
+    for part in parents:
+        field = section.model_fields.get(part) if isinstance(section, type) and issubclass(section, Params) else None
+        section = field.annotation if field is not None else None
+    return set(section.model_fields) if isinstance(section, type) and issubclass(section, Params) else set()
 
 
 def decode_overrides(items: dict[str, str]) -> dict[str, str]:
@@ -521,7 +532,7 @@ def apply_overrides(preset: Preset, overrides: dict[str, str]) -> Preset:
                 if not isinstance(node.get(part), dict):
                     raise HarnessError(f"unknown setting '{dotted}'")
                 node = node[part]
-            if leaf not in node and leaf not in _later_fields(parents):
+            if leaf not in node and leaf not in _section_fields(parents):
                 raise HarnessError(f"unknown setting '{dotted}'")
         node[leaf] = _value(dotted, value)
     try:

@@ -23,6 +23,7 @@ recomputes only what was not finished.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from dataclasses import dataclass, field, replace
@@ -287,7 +288,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
                 decoded.append(presets.apply_overrides(preset, presets.decode_overrides(_strings(decoding))))
             except HarnessError as err:
                 raise HarnessError(f"{at('groups', group_name, 'decodings', k)}: {err}") from None
-        for seed, preset in ((seed, preset) for preset in decoded for seed in seeds):
+        for preset, seed in itertools.product(decoded, seeds):
             seeded = preset.model_copy(update={"train": preset.train.model_copy(update={"seed": seed})})
             for method, method_list in group.methods.items():
                 if not method_list:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from harness.cell import metrics
 from harness.config.errors import HarnessError
-from harness.config.presets import DECODING, decoding_label
+from harness.config.presets import decoding_label, plain_sampling
 from harness.store import kinds
 from harness.store.files import read_jsonl
 from harness.store.stages import Store
@@ -233,20 +233,13 @@ def scores(store: Store, run: str) -> list[dict]:
 
 
 # --- setups and configurations -----------------------------------------------------------------------------------
-def plain_eval(eval_settings: dict) -> dict:
-    """Stored evaluation settings as plain sampling's (temperature 1 where the temperature is recorded, no other
-    decoding setting): what runs that differ only in how their models sampled share, the prompts and human texts."""
-    plain = {"temperature": 1.0} if "temperature" in eval_settings else {}
-    return {k: v for k, v in eval_settings.items() if k not in DECODING} | plain
-
-
 def setup_key(preset: dict) -> str:
     """What makes runs comparable: the preset's settings (base model, data, training, evaluation) without its seed
     and name. Short hash."""
     kept = {k: v for k, v in preset.items() if k not in NOT_SETUP}
     kept["train"] = {k: v for k, v in kept.get("train", {}).items() if k != "seed"}
     if "eval" in kept:  # how the models sampled is the run's ``decoding``: every decoding shares the setup
-        kept["eval"] = plain_eval(kept["eval"])
+        kept["eval"] = plain_sampling(kept["eval"])
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
@@ -335,7 +328,7 @@ def _eval_spec(spec: dict) -> dict | None:
             if "eval_data" in node and "eval" in node:  # (how the texts were sampled does not choose the prompts)
                 found = {k: node.get(k) for k in ("eval", "eval_data", "tokenizer")}
                 if isinstance(found["eval"], dict):
-                    found["eval"] = plain_eval(found["eval"])
+                    found["eval"] = plain_sampling(found["eval"])
                 return found
             todo += list(node.values())
     return None

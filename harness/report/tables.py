@@ -57,6 +57,11 @@ class Setup:
     store: Store | None = None  # where the runs' per-text scores are (tab:comparison reads them; none: no such table)
     decoded: pd.DataFrame | None = None  # the setup's runs at every decoding (``part``: plain sampling's alone)
 
+    @property
+    def every_decoding(self) -> pd.DataFrame:
+        """The setup's runs at every decoding (``part`` where none was given)."""
+        return self.decoded if self.decoded is not None else self.part
+
     @cached_property
     def classes(self) -> dict[str, Any]:
         """``{method label: its class}`` (None where the method is not installed here)."""
@@ -162,7 +167,7 @@ def _attributions(setup: Setup) -> list[tuple[str, None]]:
 def _decodings(setup: Setup) -> list[tuple[str, None]]:
     """The decoding table where the setup holds a run at another decoding than plain sampling (else no table and no
     section of the report: a store of plain runs reads as it always did)."""
-    runs = setup.decoded if setup.decoded is not None else setup.part
+    runs = setup.every_decoding
     return [("decoding", None)] if "decoding" in runs and (runs["decoding"] != "").any() else []
 
 
@@ -218,7 +223,7 @@ TABLES: tuple[Table, ...] = (
         "the decoding table (not in the paper)",
         "each row of tab:robustness, the unwatermarked base's included, at every decoding it was stored at (greedy, "
         "temperature, top-k, top-p, min-p, repetition penalty) beside plain sampling at temperature 1",
-        build=lambda setup, _: frames.decoding(setup.decoded if setup.decoded is not None else setup.part, setup.store),
+        build=lambda setup, _: frames.decoding(setup.every_decoding, setup.store),
         latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Decoding", "Category", "Attack", "Setting"]),
         caption=lambda setup, _: (
             "AUC with its 95% bootstrap interval, TPR at 1% FPR and median PPL of each method's main configuration "
