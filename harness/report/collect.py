@@ -243,6 +243,9 @@ def setup_key(preset: dict) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+PLAIN_DECODING = "temperature=1"  # how the decoding table names plain sampling (``EvalSettings.decoding_label`` "")
+
+
 def plain_decoding(part: pd.DataFrame) -> pd.DataFrame:
     """The runs of ``part`` whose models sampled plainly at temperature 1 (the preset's decoding, every table's but
     the decoding table's): a run at other decoding settings shares its setup and is another row of that table."""

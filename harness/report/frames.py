@@ -17,6 +17,7 @@ from harness.report.collect import (
     METRICS,
     MISSING,
     NOT_APPLICABLE,
+    PLAIN_DECODING,
     TPRS,
     category_rank,
     decoding_time_methods,
@@ -73,7 +74,6 @@ def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> p
     return _not_applicable(table, runs)
 
 
-PLAIN_DECODING = "temperature=1"  # how the decoding table names plain sampling (``EvalSettings.decoding_label`` "")
 DECODING_METRICS = ["AUC", "AUC_lo", "AUC_hi", "TPR@1%", "PPL"]
 
 

@@ -22,7 +22,7 @@ import urllib.parse
 
 import pandas as pd
 
-from harness.report.collect import MISSING, NOT_APPLICABLE, main_runs, plugin_class
+from harness.report.collect import MISSING, NOT_APPLICABLE, PLAIN_DECODING, main_runs, plain_decoding, plugin_class
 from harness.report.latex import colour, colour_legend
 from harness.store.stages import Store
 
@@ -69,7 +69,7 @@ def heatmap(table: pd.DataFrame, part: pd.DataFrame) -> str:
     coloured by the paper's rule and linked to its run in ``part`` (the first seed's; with several seeds its title
     gives the AUC's interval over them); a cell with no stored run says so."""
     runs: dict[tuple, list[str]] = {}  # (method, category, attack, setting) -> its runs, by seed
-    for r in main_runs(part).sort_values("seed").itertuples():
+    for r in main_runs(plain_decoding(part)).sort_values("seed").itertuples():  # (tab:robustness samples plainly)
         runs.setdefault((r.method, r.category, r.attack, r.attack_config), []).append(r.run)
     methods = [] if table.empty else list(dict.fromkeys(table.columns.get_level_values(0)))
     head = "".join(f'<th colspan="2">{esc(m)}</th>' for m in methods)
@@ -131,6 +131,31 @@ def other_configurations(part: pd.DataFrame) -> str:
         link = f'<a href="{href("run-" + r["run"])}">{r["AUC"]:.3f}</a>'
         out.append(f"<tr><td>{esc(r['method'])}</td><td>{esc(r['method_config'])}</td><td>{esc(attack)}</td>"
                    f"<td>{link}</td><td>{r['TPR@1%']:.3f}</td></tr>")  # fmt: skip
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def decoding(table: pd.DataFrame, part: pd.DataFrame) -> str:
+    """The decoding table (``frames.decoding``) as the page shows it: its rows and columns, each AUC linked to its run
+    in ``part`` (the first seed's), as the heatmap links its cells, so that every stored run is reached from a
+    number."""
+    if table.empty:
+        return "<p>none stored</p>"
+    runs: dict[tuple, str] = {}  # (method, decoding, category, attack, setting) -> its first seed's run
+    for r in main_runs(part).sort_values("seed").itertuples():
+        runs.setdefault((r.method, r.decoding or PLAIN_DECODING, r.category, r.attack, r.attack_config), r.run)
+    head = "".join(f"<th>{esc(name)}</th>" for name in [*table.index.names, *table.columns])
+    out = ['<table class="decoding">', f"<tr>{head}</tr>"]
+    for key, row in table.iterrows():
+        cells = [f'<td class="row">{esc(k)}</td>' for k in key]
+        for column in table.columns:
+            method, metric = column.rsplit(" ", 1)
+            value, run = row[column], runs.get((method, *key))
+            text = f"{value:.3f}" if isinstance(value, float) and value == value else MISSING
+            if metric == "AUC" and run is not None and text != MISSING:
+                text = f'<a href="{href("run-" + run)}">{text}</a>'
+            cells.append(f"<td>{text}</td>")
+        out.append(f"<tr>{''.join(cells)}</tr>")
     out.append("</table>")
     return "\n".join(out)
 

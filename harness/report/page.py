@@ -28,7 +28,7 @@ def table_sections(setup: Setup, place: str) -> list[str]:
     for table in TABLES:
         if table.section is not None and table.section.place == place:
             for _, subject in table.subjects(setup):
-                rendered = table.section.render(table.build(setup, subject), setup.part)
+                rendered = table.section.render(table.build(setup, subject), setup.every_decoding)
                 out += [f"<h3>{table.section.heading}</h3>", rendered]
     return out
 

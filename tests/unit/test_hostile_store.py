@@ -28,14 +28,19 @@ FOLDERS = [IMG, JS, TEX, "a&b%c_d{e}"]
 
 @pytest.fixture
 def hostile(tmp_path, fake_run):
-    """Gu-KGW and PRO, base, unaltered and SLERP rows plus another configuration, and an attribution stage: every
-    run folder renamed and every label, setting and text a hostile string (each stage republished, so it verifies)."""
+    """Gu-KGW and PRO, base, unaltered and SLERP rows plus another configuration and an unaltered row sampled with
+    top-p 0.9, and an attribution stage: every run folder renamed and every label, setting and text a hostile string
+    (each stage republished, so it verifies)."""
     store = Store(tmp_path / "runs")
     runs = []
     for method, auc in (("gu-kgw", 0.97), ("pro", 0.9)):
         runs += [fake_run(store, method, {}, "base", {}, 0.5), fake_run(store, method, {}, "none", {}, auc)]
         runs.append(fake_run(store, method, {}, "slerp", {"t": 0.5}, auc - 0.25))
     runs.append(fake_run(store, "gu-kgw", {"delta": 1.0}, "none", {}, 0.83))  # not main: the other configurations
+    # sampled with top-p 0.9: the decoding table and its section of the report
+    from harness.config.presets import TINY, apply_overrides
+
+    runs.append(fake_run(store, "gu-kgw", {}, "none", {}, 0.9, preset=apply_overrides(TINY, {"eval.top_p": "0.9"})))
     labels = {"gu-kgw": f"KGW{IMG}", "pro": f"PRO{SCRIPT}"}
     settings = None
     for k, path in enumerate(runs):
