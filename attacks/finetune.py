@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
+from harness.assets.chat import INSTRUCTION_FORMAT, framing
 from harness.config.params import Params
 from harness.config.presets import DataSource
 from harness.contract.attack import AttackContext, ModelAttack, library_versions
@@ -282,10 +283,9 @@ def format_example(tokenizer, prompt: str, response: str) -> tuple[list[int], in
         head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
         tail_ids = tokenizer(full[len(head) :], add_special_tokens=False)["input_ids"]
         return head_ids + tail_ids, len(head_ids)
-    head_ids = tokenizer(f"### Instruction:\n{prompt}\n\n### Response:\n", add_special_tokens=False)["input_ids"]
+    head_ids = tokenizer(INSTRUCTION_FORMAT.format(instruction=prompt), add_special_tokens=False)["input_ids"]
     tail_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and tokenizer.bos_token_id not in eos else []
+    bos, eos = framing(tokenizer)
     return bos + head_ids + tail_ids + eos, len(bos) + len(head_ids)
 
 
@@ -293,10 +293,8 @@ def text_windows(tokenizer, text: str, seq_len: int) -> list[tuple[list[int], in
     """Examples of one plain-text document, all trained on: its tokens (after BOS, followed by EOS, as
     ``format_example`` frames a response) in windows of ``seq_len`` that overlap by one token, so that every token
     but the first is predicted once, from the tokens before it in its window."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None and tokenizer.bos_token_id not in eos else []
-    ids = bos + ids + eos
+    bos, eos = framing(tokenizer)
+    ids = bos + tokenizer(text, add_special_tokens=False)["input_ids"] + eos
     return [(ids[start : start + seq_len], 0) for start in range(0, max(len(ids) - 1, 1), seq_len - 1)]
 
 

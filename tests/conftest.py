@@ -277,7 +277,7 @@ def _fake_run(
                       + ([prompts] if prompts else []), sort_keys=True, default=str)  # fmt: skip
     digest = hashlib.sha256(what.encode()).hexdigest()
     # (the evaluation a generate stage's spec records, as a real run's upstream holds it: what pairs runs)
-    generate = {"eval": preset.eval.model_dump(), "eval_data": preset.eval_data.model_dump(), "tokenizer": "fake"}
+    generate = {"eval": preset.eval.model_dump(), "eval_data": preset.eval_source().model_dump(), "tokenizer": "fake"}
     spec = scoring.run_spec(preset, m, a, label, trained_key=digest[:16], generate_key=digest[16:32],
                             oracle={"ref": preset.oracle_model, "fingerprint": "fake"},
                             upstream={"generate": generate})  # fmt: skip

@@ -1,11 +1,13 @@
-"""Rebuild ``harness/data/tiny_code_instruct.jsonl.gz``: the instruction set the ``tiny`` preset fine-tunes on.
+"""Rebuild ``harness/assets/bundled/tiny_code_instruct.jsonl.gz``: the instruction set the ``tiny`` preset fine-tunes
+on.
 
 The fine-tuning attack needs data of another domain than the watermark's training text (the paper fine-tunes on
 OpenMathInstruct-2 and OpenCodeInstruct after distilling on OpenWebText). The tiny preset trains on CPython's
 documentation, so its fine-tuning set is code, in OpenCodeInstruct's shape: the instruction asks for a function by
 its signature and the first paragraph of its docstring, the response is the function's source without the docstring.
 Functions come from the pure-Python standard library, read with ``ast`` (no import), in a fixed order. Bundled, like
-the corpus, because the standard library differs between Python versions. Licence: PSF-2.0 (``harness/data/NOTICE``).
+the corpus, because the standard library differs between Python versions. Licence: PSF-2.0
+(``harness/assets/bundled/NOTICE``).
 
 Usage: ``python tools/make_tiny_code_instruct.py`` (the committed file was made with CPython 3.11.7).
 """
@@ -21,7 +23,7 @@ import sys
 from make_tiny_corpus import stdlib_trees  # this folder is on sys.path when the script runs
 
 MIN_DOC, MAX_CODE, MIN_CODE = 40, 1500, 120  # characters
-OUT = pathlib.Path(__file__).resolve().parent.parent / "harness" / "data" / "tiny_code_instruct.jsonl.gz"
+OUT = pathlib.Path(__file__).resolve().parent.parent / "harness" / "assets" / "bundled" / "tiny_code_instruct.jsonl.gz"
 
 
 def examples() -> list[dict]:

@@ -1,9 +1,11 @@
-"""Rebuild ``harness/data/tiny_corpus.jsonl.gz``: the English corpus the ``tiny`` preset trains and evaluates on.
+"""Rebuild ``harness/assets/bundled/tiny_corpus.jsonl.gz``: the English corpus the ``tiny`` preset trains and
+evaluates on.
 
 The text is CPython's own documentation as shipped with the interpreter: the ``pydoc_data.topics`` help pages and
 the distinct docstrings (over 200 characters) of the pure-Python standard library, read with ``ast`` (no import).
 It is bundled rather than extracted at run time because docstrings differ between Python versions: a bundled file
-gives every machine the same corpus, hence the same tiny model. Licence: PSF-2.0 (see ``harness/data/NOTICE``).
+gives every machine the same corpus, hence the same tiny model. Licence: PSF-2.0
+(see ``harness/assets/bundled/NOTICE``).
 
 Usage: ``python tools/make_tiny_corpus.py`` (the committed file was made with CPython 3.11.7).
 """
@@ -19,14 +21,19 @@ import sysconfig
 
 MAX_CHARS = 2000  # long help pages are cut at paragraph ends into documents of about this size
 SKIP_TOP = {"site-packages", "test", "idlelib", "lib2to3", "tkinter", "turtledemo", "ensurepip"}
-OUT = pathlib.Path(__file__).resolve().parent.parent / "harness" / "data" / "tiny_corpus.jsonl.gz"
+OUT = pathlib.Path(__file__).resolve().parent.parent / "harness" / "assets" / "bundled" / "tiny_corpus.jsonl.gz"
+
+
+def stdlib_root() -> pathlib.Path:
+    """The folder of this interpreter's pure-Python standard library."""
+    return pathlib.Path(sysconfig.get_paths()["stdlib"])
 
 
 def stdlib_trees():
     """``(path parts, ast)`` of every module of the pure-Python standard library (the folders in SKIP_TOP and test
     suites left out), in a fixed order; read with ``ast``, never imported. tools/make_tiny_code_instruct.py uses it
     too."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    root = stdlib_root()
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).parts
         if rel[0] in SKIP_TOP or "tests" in rel:

@@ -13,19 +13,31 @@ from pathlib import Path
 
 from harness.config.errors import HarnessError, first_line
 from harness.config.presets import DataSource
-from harness.config.refs import SMALL_CORPUS, TINY_CODE_INSTRUCT, TINY_CORPUS, load_target, looks_like_path
+from harness.config.refs import (
+    SMALL_CORPUS,
+    TINY_CHAT,
+    TINY_CODE,
+    TINY_CODE_INSTRUCT,
+    TINY_CORPUS,
+    load_target,
+    looks_like_path,
+)
 from harness.store.files import file_sha256, parse_json
 
 # Built-in datasets: name -> (a file bundled in harness/assets/bundled, or a "module:function" that builds the file
 # on first use and returns its path; splits; fields). The corpora are split by the held-out rule below; the
-# instruction set (tools/make_tiny_code_instruct.py) is one split of prompt/response pairs.
+# fine-tuning set (tools/make_tiny_code_instruct.py) is one split of prompt/response pairs.
 BUILTIN_DATA = {
     TINY_CORPUS: ("tiny_corpus.jsonl.gz", ("train", "heldout"), ("text",)),
     TINY_CODE_INSTRUCT: ("tiny_code_instruct.jsonl.gz", ("train",), ("prompt", "response")),
+    # Functions of the standard library as written (tools/make_tiny_code.py): the low-entropy domain.
+    TINY_CODE: ("tiny_code.jsonl.gz", ("train", "heldout"), ("text",)),
     # Extracted from installed docstrings (harness/assets/small.py), not bundled.
     SMALL_CORPUS: ("harness.assets.small:corpus", ("train", "heldout"), ("text",)),
+    # Questions answered by tiny-corpus's documents, on its split (harness/assets/chat.py): made from it as read.
+    TINY_CHAT: ("tiny_corpus.jsonl.gz", ("train", "heldout"), ("prompt", "response")),
 }
-SPLIT_CORPORA = (TINY_CORPUS, SMALL_CORPUS)  # split into train and held-out documents by the rule below
+SPLIT_CORPORA = (TINY_CORPUS, SMALL_CORPUS, TINY_CODE)  # split into train and held-out documents by the rule below
 # Held out for evaluation: every 3rd bundled document of at least 600 characters (long enough for a prompt and a
 # continuation); a rule on characters, so the split does not depend on the tokenizer.
 HELDOUT_MIN_CHARS = 600
@@ -55,7 +67,8 @@ def check(src: DataSource) -> None:
         _, splits, fields = BUILTIN_DATA[src.path]
         if src.split not in splits:
             raise HarnessError(f"{src.path} has splits {', '.join(splits)}, not '{src.split}'")
-        if src.text_field not in fields or src.name is not None:  # settings it has no use for are refused, not ignored
+        wanted = (src.text_field, *([src.prompt_field] if src.prompt_field is not None else []))
+        if any(f not in fields for f in wanted) or src.name is not None:  # settings it has no use for are refused
             raise HarnessError(f"{src.path} has fields {', '.join(fields)} and no configurations (name)")
         return
     local = Path(src.path).expanduser()
@@ -92,6 +105,13 @@ def iter_texts(src: DataSource) -> Iterator[str]:
 
 def iter_rows(src: DataSource, fields: tuple[str, ...]) -> Iterator[dict]:
     """Stream the records of ``src`` in a fixed order, each checked to hold text in every one of ``fields``."""
+    if src.path == TINY_CHAT:  # made from the corpus's documents of the same split, as they are read
+        check(src)
+        from harness.assets.chat import tiny_chat_record
+
+        corpus = DataSource(path=TINY_CORPUS, split=src.split)
+        yield from (tiny_chat_record(row) for row in iter_rows(corpus, ("text",)))
+        return
     if src.path.startswith("builtin:"):
         check(src)
         rows = [json.loads(line) for line in gzip.decompress(_bundled_bytes(src.path)).decode().splitlines()]
@@ -171,6 +191,10 @@ def same_documents(a: DataSource, b: DataSource) -> bool:
 
 def fingerprint(src: DataSource) -> str:
     """Content hash for bundled or local data (file hashes cached as for models); the id and split for hub data."""
+    if src.path == TINY_CHAT:  # the corpus it is made from, and how its instructions are worded
+        from harness.assets.chat import TINY_CHAT_VERSION
+
+        return hashlib.sha256(_bundled_bytes(src.path) + f"tiny-chat-{TINY_CHAT_VERSION}".encode()).hexdigest()[:16]
     if src.path in BUILTIN_DATA:
         return hashlib.sha256(_bundled_bytes(src.path)).hexdigest()[:16]
     local = Path(src.path).expanduser()
@@ -227,6 +251,32 @@ def eval_prompts(tokenizer, texts: list[str], num: int, prompt_tokens: int, new_
             "eval.num_prompts)"
         )
     return out
+
+
+def chat_prompts(tokenizer, ref: str, rows: list[dict], src: DataSource, num: int, new_tokens: int,
+                 system: str | None, context: int | None) -> list[dict]:  # fmt: skip
+    """Chat prompts (``eval.prompts=chat``): ``eval_prompts``' records of the instruction set ``rows`` (read from
+    ``src``: its ``prompt_field`` the instruction, its ``text_field`` the human answer), each instruction rendered
+    for the model ``ref`` (harness/assets/chat.py), and the first ``new_tokens`` tokens of its human answer as the
+    negative. Instructions whose answer is shorter, or that leave no room for ``new_tokens`` in the model's
+    ``context``, are skipped; one line where a system prompt alone leaves none, or too few records remain."""
+    from harness.assets.chat import check_system, render
+
+    check_system(tokenizer, ref, system, new_tokens, context)
+    answers = tokenizer([r[src.text_field] for r in rows], add_special_tokens=False)["input_ids"]
+    out = []
+    for row, answer in zip(rows, answers, strict=True):
+        if len(answer) < new_tokens:
+            continue
+        prompt = render(tokenizer, ref, row[src.prompt_field], system)
+        if context is None or len(prompt) + new_tokens <= context:
+            out.append({"prompt_ids": prompt, "human_ids": answer[:new_tokens]})
+            if len(out) == num:
+                return out
+    raise HarnessError(
+        f"only {len(out)} instructions of '{src.path}' have human answers of {new_tokens} tokens (and fit the "
+        f"model's context); asked for {num} (lower eval.num_prompts)"
+    )
 
 
 def prompt_records(tokenizer, texts: list[str], prompt_tokens: int, new_tokens: int, limit: int | None = None) -> list:

@@ -114,7 +114,7 @@ class Request:
                 f"the key's base model '{preset.base_model}' is not the model it was trained from here (fingerprint "
                 f"{pipe.base['fingerprint']}, the key's {trained.spec['base_model']['fingerprint']})"
             )
-        for source in (preset.eval_data, preset.train_data):
+        for source in (preset.eval_source() if texts is None else preset.eval_data, preset.train_data):
             data.check(source)
         if texts is None:
             suspect = audit.Suspect("model", self.model, audit.check_model(resolved, self.model, pipe.tokenizer))
@@ -128,6 +128,8 @@ class Request:
         source = {"kind": suspect.kind, "ref": suspect.ref}
         if texts is None and preset.eval.decoding():  # how the suspect sampled, where not plainly
             source["decoding"] = preset.eval.decoding_label()
+        if texts is None and preset.eval.prompts_label():  # what it was asked, where not the documents
+            source["prompts"] = preset.eval.prompts_label()
         report = {
             "key": {"train_stage": trained.key, "method": method.name, "config": method.config_label(),
                     "base_model": preset.base_model, "published": method.published_key(read_key(trained.path))},

@@ -34,7 +34,7 @@ from harness.assets import models
 from harness.cell import detection, scoring
 from harness.cell.pipeline import source_spec, training_settings
 from harness.config.errors import HarnessError, first_line
-from harness.config.presets import DataSource, Preset, get_preset
+from harness.config.presets import PROMPTS, DataSource, Preset, get_preset
 from harness.contract.method import score_texts
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store, stage_at
@@ -99,14 +99,16 @@ def _stage_at(path: Path, ref: str) -> Stage:
 
 def setup_of(stage: Stage, preset: Preset | None) -> Preset:
     """The setup the key's texts are judged in: ``preset`` if given, else that of a stored run of this key (its
-    evaluation prompts and lengths), else the tiny preset; always with the key's base model and training data (the
-    tokenizer, and the human texts that calibrate a reference distribution)."""
+    evaluation prompts and lengths, at plain sampling of its documents: a run at another decoding or of chat prompts
+    does not choose how a suspect is asked), else the tiny preset; always with the key's base model and training data
+    (the tokenizer, and the human texts that calibrate a reference distribution)."""
     if preset is None:
         for run in Store(stage.root).runs():
             try:  # (a run damaged or edited since is not a setup to judge by: the next one is)
                 spec = json.loads((run / "spec.json").read_text())
                 if spec["detector"]["key_from"] == stage.key:
                     preset = Preset.model_validate(spec["config"]["preset"])
+                    preset = preset.model_copy(update={"eval": preset.eval.plain()})
                     break
             except (OSError, ValueError, KeyError, TypeError):  # (pydantic's ValidationError is a ValueError)
                 continue
@@ -309,9 +311,11 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         "detector": {**scoring.detector_spec(method, trained.key, e.score_on, prompted),
                      "settings": method.params.model_dump()},
         "source": source,
-        "human": {"eval_data": source_spec(pipe.preset.eval_data), "prompts": e.num_prompts,
+        "human": {"eval_data": source_spec(pipe.preset.eval_source()), "prompts": e.num_prompts,
                   "prompt_tokens": e.prompt_tokens, "new_tokens": e.new_tokens},
     }  # fmt: skip
+    if e.prompts_label():  # the human answers of chat instructions, or code: what the model was asked is recorded
+        spec["human"]["asked"] = {k: v for k, v in e.model_dump().items() if k in PROMPTS}
     if not method.detector_has_null:  # compared with the base model's own continuations (a generate stage)
         reference = pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base model")
         spec["reference"] = {"generate": reference.key}

@@ -4,7 +4,7 @@ against the base model's length. Nothing here builds a stage."""
 
 from __future__ import annotations
 
-from harness.assets import data, models
+from harness.assets import chat, data, models
 from harness.compute import training
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
@@ -20,6 +20,7 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     by its recipe's where it has one, else built first, hence last). ``build=False`` (a dry run) builds no built-in
     model: the checks that would need one built are left to the run."""
     files.check_cache()  # (where built models and file hashes are kept: a file there fails every build, late)
+    asked = preset.eval_source()  # (the code or chat data where eval.prompts says; one line where the preset has none)
     for method in (p for p in plugins if isinstance(p, WatermarkMethod)):
         for attack in (p for p in plugins if isinstance(p, Attack)):
             refused = method.refuses(attack)  # (a decoding-time watermark under a model attack)
@@ -36,9 +37,12 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)
-    for source in (preset.train_data, preset.eval_data, *(s for p in plugins for s in p.data_refs().values())):
+    for source in dict.fromkeys((preset.train_data, preset.eval_data, asked,
+                                 *(s for p in plugins for s in p.data_refs().values()))):  # fmt: skip
         data.check(source)
     check_held_out(preset, plugins)
+    if preset.eval.prompts == "chat" and (build or models.built(preset.base_model)):
+        chat.check(preset.base_model, preset.eval.system_prompt, preset.eval.new_tokens)
     # What follows is judged against the base model: a built-in one this machine lacks is judged by the config its
     # recipe gives (models.planned), or else built here by a first run (last, for that).
     base_ready = build or models.built(preset.base_model) or models.planned(preset.base_model)
@@ -57,7 +61,8 @@ def check_held_out(preset: Preset, plugins) -> None:
     split by the rule in harness/assets/data.py)."""
     for plugin in plugins:
         for what, source in plugin.data_refs().items():
-            if data.same_documents(source, preset.eval_data):
+            if any(data.same_documents(source, held) for held in dict.fromkeys((preset.eval_data,
+                                                                                preset.eval_source()))):  # fmt: skip
                 where = source.path + (f" ({source.name})" if source.name else "") + f", split {source.split}"
                 raise HarnessError(
                     f"{plugin.name}: its {what} data ({where}) is the evaluation's own texts (eval_data: the prompts "
@@ -66,5 +71,8 @@ def check_held_out(preset: Preset, plugins) -> None:
 
 
 def eval_lengths(preset: Preset) -> dict[str, int]:
-    """The sequences evaluation feeds a model: a prompt and its continuation (+1: a BOS token)."""
+    """The sequences evaluation feeds a model: a prompt and its continuation (+1: a BOS token); for chat prompts the
+    continuation alone (an instruction is whole: ``data.chat_prompts`` skips those that leave no room)."""
+    if preset.eval.prompts == "chat":
+        return {"eval.new_tokens": preset.eval.new_tokens + 1}
     return {"eval.prompt_tokens + eval.new_tokens": preset.eval.prompt_tokens + preset.eval.new_tokens + 1}

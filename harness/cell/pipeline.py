@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import islice
 from pathlib import Path
 
 from harness.assets import data, models, textsim, weights
@@ -258,8 +259,14 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
     def prompts(self) -> list[dict]:
         """Evaluation prompts and human continuations; ``run`` reads them before training, so bad evaluation data
         fails in seconds rather than after hours of training."""
-        e = self.preset.eval
-        texts = data.load_texts(self.preset.eval_data, limit=max(4 * e.num_prompts, 1000))
+        e, source = self.preset.eval, self.preset.eval_source()
+        limit = max(4 * e.num_prompts, 1000)
+        if e.prompts == "chat":
+            rows = list(islice(data.iter_rows(source, (source.prompt_field, source.text_field)), limit))
+            context = models.context_length(self.preset.base_model)
+            return data.chat_prompts(self.tokenizer, self.preset.base_model, rows, source, e.num_prompts,
+                                     e.new_tokens, e.system_prompt, context)  # fmt: skip
+        texts = data.load_texts(source, limit=limit)
         return data.eval_prompts(self.tokenizer, texts, e.num_prompts, e.prompt_tokens, e.new_tokens)
 
     def generate(self, model_path: str | Path, model_id: str, name: str, watermark: tuple | None = None) -> Stage:
@@ -269,7 +276,7 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         spec = {
             "stage": kinds.GENERATE,
             "model": model_id,
-            "eval_data": source_spec(self.preset.eval_data),
+            "eval_data": source_spec(self.preset.eval_source()),  # (the code or chat data where eval.prompts says)
             "eval": e.model_dump(exclude={"ppl_batch_size", "score_on"}),  # neither changes the texts
             "tokenizer": self.base["fingerprint"],
             "sampler": SAMPLER,

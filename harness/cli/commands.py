@@ -94,12 +94,16 @@ def analytic_fpr_warning(cells, level: float = 0.01) -> str | None:
 
 
 def preset_settings(args) -> list[str]:
-    """``--set`` items with each ``--decode KEY=VALUE`` as the ``eval.KEY=VALUE`` it sets (a setting given both ways
-    is refused as given twice)."""
+    """``--set`` items with each ``--decode KEY=VALUE``, ``--prompts`` and ``--system-prompt`` as the ``eval.KEY=VALUE``
+    it sets (a setting given both ways is refused as given twice)."""
     from harness.config import presets
     from harness.config.params import parse_assignments
 
     decode = presets.decode_overrides(parse_assignments(args.decode, "decoding setting"))
+    if args.system_prompt is not None:
+        decode |= {"eval.prompts": args.prompts or "chat", "eval.system_prompt": args.system_prompt}
+    elif args.prompts is not None:
+        decode["eval.prompts"] = args.prompts
     return [*args.overrides, *(f"{k}={v}" for k, v in decode.items())]
 
 
@@ -139,7 +143,10 @@ def cmd_run(args) -> None:
     if not distributed.is_main():
         return  # one report per launch
     what = attack.table_label() if args.then else attack.name
-    print(f"\n{args.method} x {what} on preset '{preset.name}' (base model {preset.base_model})")
+    used = [f"prompts: {preset.eval.prompts_label()}" if preset.eval.prompts_label() else "",
+            f"decoding: {preset.eval.decoding_label()}" if preset.eval.decoding_label() else ""]  # fmt: skip
+    used_text = "".join(f"; {u}" for u in used if u)
+    print(f"\n{args.method} x {what} on preset '{preset.name}' (base model {preset.base_model}{used_text})")
     print(format_cells(cells))
     print(f"\nruns stored in {store.root}/<run>; 'harness tables' rebuilds tab:robustness from them")
 
@@ -387,6 +394,7 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
     lines = [
         f"key: {key['method']} ({key['config']}), train stage {key['train_stage']}, base model {key['base_model']}",
         f"{report['source']['kind']}: {report['source']['ref']}"
+        + (f" (asked {report['source']['prompts']})" if report["source"].get("prompts") else "")
         + (f" (sampled with {report['source']['decoding']})" if report["source"].get("decoding") else ""),
         *(part for part in (shown, more) if part),
         "",

@@ -55,6 +55,21 @@ def add_decode(parser) -> None:
     )
 
 
+def add_prompts(parser) -> None:
+    parser.add_argument(
+        "--prompts",
+        choices=("documents", "code", "chat"),
+        help="what every model of the run is asked: documents to continue (default: the preset's eval_data), code "
+        "to continue (its code_data: a low-entropy domain), or chat: instructions of its chat_data through the "
+        "model's chat template, answers scored against human answers",
+    )
+    parser.add_argument(
+        "--system-prompt",
+        metavar="TEXT",
+        help="a system turn before every chat instruction (implies --prompts chat)",
+    )
+
+
 def add_device(parser, help: str) -> None:  # noqa: A002 (argparse's own name)
     """The torch device option of the commands that compute."""
     parser.add_argument("--device", help=help)
@@ -125,6 +140,7 @@ def build_parser() -> Parser:
         help="override a preset setting, repeatable, e.g. --set train.steps=50",
     )
     add_decode(run)
+    add_prompts(run)
     add_results(run)
     run.add_argument(
         "--dry-run", action="store_true", help="check the inputs and list the runs, stored or to compute; run nothing"
@@ -196,6 +212,7 @@ def build_parser() -> Parser:
     detect.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
                         help="override a setting of the setup, as for 'harness run'")  # fmt: skip
     add_decode(detect)
+    add_prompts(detect)
     detect.add_argument("--num-texts", type=int, help="texts to generate (and human texts to calibrate against)")
     detect.add_argument("--alpha", type=float, default=0.01, help="the false-positive rate of the decision (0.01)")
     detect.add_argument("--json", action="store_true", help="print the result and every text's score as JSON")

@@ -31,7 +31,10 @@ def sample(
     """Exactly ``new_tokens`` sampled tokens per prompt: by default multinomial at ``temperature``, no top-k/top-p
     (Gu et al.); ``settings``' decoding (``EvalSettings.decoding``) transforms the logits first (``GumbelPerPrompt``).
 
-    Prompts all have the same length, so batches need no padding. The random draws belong to the prompt, not to the
+    Prompts of different lengths (chat prompts) are padded on the left within a batch and masked (their positions
+    count from each prompt's first token), so each gets what it gets alone; document prompts all have the same length
+    and need no padding. A repetition penalty also sees the padding (EOS where the tokenizer has no pad token), as a
+    user's batched stack does. The random draws belong to the prompt, not to the
     batch: token ``t`` of prompt ``i`` (``first_index`` + its place in ``prompts``) is the argmax of
     ``logits / temperature`` plus Gumbel noise hashed from (seed, i, t, token id), which is an exact draw from
     ``softmax(logits / temperature)``. A prompt thus gets the same text in any batch and in any process of a
@@ -50,22 +53,25 @@ def sample(
     auto = settings.batch_size == "auto"
     size = AUTO_BATCH["cuda" if model.device.type == "cuda" else "cpu"] if auto else settings.batch_size
     size = max(1, min(size, len(prompts)))
-    width = len(prompts[0]) if prompts else 0
+    pad = eos_id if eos_id is not None else 0
     out: list[list[int]] = []
     with Progress(len(prompts), desc, unit="text") as bar:
         while len(out) < len(prompts):
             start = len(out)
-            ids = torch.tensor(prompts[start : start + size], device=model.device)
+            batch = prompts[start : start + size]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=model.device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
             rows = torch.arange(len(ids), device=model.device) + first_index + start
             try:
                 gen = draw(
                     model, ids, rows, settings.seed, settings.temperature, settings.new_tokens, eos_id, processors,
-                    settings.decoding(),
+                    settings.decoding(), mask,
                 )  # fmt: skip
             except torch.OutOfMemoryError:
                 if not auto or size == 1:
                     raise
-                del ids, rows
+                del ids, rows, mask
                 torch.cuda.empty_cache()
                 size //= 2
                 log.info("generation: a batch did not fit; %d prompts per batch from here", size)
@@ -77,16 +83,19 @@ def sample(
     return out
 
 
-def draw(model, ids, rows, seed: int, temperature: float, new_tokens: int, pad_id, processors=(), decoding=None):
-    """``model.generate`` of exactly ``new_tokens`` tokens after the equal-length prompts ``ids``, each row drawing
-    with its own noise (``rows``: the rows' prompt indices); ``processors`` act on the logits before the draw and
-    ``decoding`` (``EvalSettings.decoding``: penalty, top-k, top-p, min-p, greedy) after them."""
+def draw(
+    model, ids, rows, seed: int, temperature: float, new_tokens: int, pad_id, processors=(), decoding=None, mask=None
+):
+    """``model.generate`` of exactly ``new_tokens`` tokens after the prompts ``ids`` (left-padded where ``mask``,
+    their attention mask, says so; else all real tokens), each row drawing with its own noise (``rows``: the rows'
+    prompt indices); ``processors`` act on the logits before the draw and ``decoding`` (``EvalSettings.decoding``:
+    penalty, top-k, top-p, min-p, greedy) after them."""
     import torch
 
     with torch.no_grad():
         return model.generate(
             input_ids=ids,
-            attention_mask=torch.ones_like(ids),
+            attention_mask=mask if mask is not None else torch.ones_like(ids),
             do_sample=False,  # the draw is the argmax of the noised logits
             logits_processor=[*processors, GumbelPerPrompt(seed, rows, ids.shape[1], temperature, decoding)],
             max_new_tokens=new_tokens,

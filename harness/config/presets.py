@@ -3,7 +3,9 @@ loads. Everything here that changes a result goes into the run-store hashes; whe
 
 from __future__ import annotations
 
+import hashlib
 import json
+import typing
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator, model_validator
@@ -19,6 +21,11 @@ class DataSource(Params):
     name: str | None = None  # dataset configuration, e.g. "realnewslike" for allenai/c4
     split: str = "train"
     text_field: str = "text"
+    # Instruction sets: the field holding each record's instruction (``text_field`` then holds its answer); None for
+    # plain documents. Chat prompts (``eval.prompts=chat``) read such a set.
+    prompt_field: str | None = None
+
+    added_later: ClassVar[tuple[str, ...]] = ("prompt_field",)
 
 
 # Tokens in one training batch at most (the paper's 64 x 512 is 32,768): 16.8M tokens' float32 logits at a
@@ -105,6 +112,11 @@ DECODING = ("greedy", "temperature", "top_k", "top_p", "min_p", "repetition_pena
 # The sampler divides float32 logits by the temperature: any logit below 2^64 in size stays finite at this one.
 MIN_TEMPERATURE = 2.0**-64
 MAX_PROMPTS = 1_000_000  # evaluation prompts (the paper's grid: 5,000); past islice's limit, a count was a traceback
+# The settings of EvalSettings that choose what the models are asked (``harness run --prompts``, ``--system-prompt``;
+# a grid group's ``prompts``): runs that differ only in them, or in their decoding, share a setup, and the prompts
+# table sets them side by side.
+PROMPTS = ("prompts", "system_prompt")
+PROMPT_KINDS = ("documents", "code", "chat")
 
 
 class EvalSettings(Params):
@@ -126,6 +138,13 @@ class EvalSettings(Params):
     # multiplied where negative (transformers' RepetitionPenaltyLogitsProcessor); 1: off
     repetition_penalty: float = Field(1.0, gt=0)
     seed: int = Field(42, ge=-(2**63), le=2**63 - 1)  # (the sampler hashes it as a 64-bit integer)
+    # What the models are asked: ``documents`` continue the first ``prompt_tokens`` tokens of the preset's
+    # ``eval_data`` (the paper's protocol), ``code`` those of its ``code_data`` (a low-entropy domain), ``chat``
+    # answer the instructions of its ``chat_data`` rendered through the model's chat template (harness/assets/chat.py;
+    # ``prompt_tokens`` unused: an instruction is whole), after ``system_prompt`` where one is given. The human texts
+    # scored as negatives are the documents' continuations or the instructions' human answers, ``new_tokens`` long.
+    prompts: Literal["documents", "code", "chat"] = "documents"
+    system_prompt: str | None = None
     # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 256 on a
     # CPU), recorded in the generation's manifest. Draws are per prompt, so the batch does not choose the texts; it
     # stays part of the hash as kernels may compute the last bits of logits differently at another batch size.
@@ -135,7 +154,18 @@ class EvalSettings(Params):
     # sampled token ids. Part of the run hash, not of the generation's.
     score_on: Literal["text", "ids"] = "text"
 
-    added_later: ClassVar[tuple[str, ...]] = ("greedy", "top_k", "top_p", "min_p", "repetition_penalty")
+    added_later: ClassVar[tuple[str, ...]] = (
+        "greedy", "top_k", "top_p", "min_p", "repetition_penalty", "prompts", "system_prompt"
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _system_prompt_for_chat(self) -> EvalSettings:
+        if self.system_prompt is not None:
+            if self.prompts != "chat":
+                raise ValueError(f"a system prompt is a turn of a chat: it needs prompts=chat, not {self.prompts}")
+            if not self.system_prompt.strip():
+                raise ValueError("the system prompt is empty: give its text, or leave it out")
+        return self
 
     @model_validator(mode="after")
     def _greedy_alone(self) -> EvalSettings:
@@ -152,14 +182,19 @@ class EvalSettings(Params):
         """The decoding settings that differ from plain sampling at temperature 1 (``DECODING``), as set."""
         return decoding_of(self.model_dump())
 
-    def undecoded(self) -> EvalSettings:
-        """These settings with plain sampling at temperature 1: what runs that differ only in decoding share."""
-        return EvalSettings(**plain_sampling(self.model_dump()))
+    def plain(self) -> EvalSettings:
+        """These settings with plain sampling at temperature 1 of the preset's documents: what runs that differ only
+        in how their models were used share."""
+        return EvalSettings(**documents_prompts(plain_sampling(self.model_dump())))
 
     def decoding_label(self) -> str:
         """What tables call this decoding: ``greedy``, ``temperature=0.7, top_p=0.9``; "" for plain sampling at
         temperature 1 (the paper's and every earlier run's)."""
         return decoding_label(self.model_dump())
+
+    def prompts_label(self) -> str:
+        """What tables call these prompts: ``code``, ``chat``, ``chat (system: "You are...")``; "" for documents."""
+        return prompts_label(self.model_dump())
 
     @field_validator("temperature")
     @classmethod
@@ -194,6 +229,31 @@ def decoding_label(eval_settings: dict) -> str:
     return ", ".join("greedy" if k == "greedy" else f"{k}={v:g}" for k, v in decoding_of(eval_settings).items())
 
 
+SYSTEM_LABEL_CHARS = 32  # of a system prompt, in a label
+
+
+def prompts_label(eval_settings: dict) -> str:
+    """``EvalSettings.prompts_label`` of ``eval_settings``: "" for documents (what every run asked before the setting
+    existed); a long system prompt is named by its start and a short hash of the whole."""
+    kind = eval_settings.get("prompts", "documents")
+    if kind == "documents":
+        return ""
+    system = eval_settings.get("system_prompt")
+    if system is None:
+        return kind
+    shown = " ".join(system.split())
+    if len(shown) > SYSTEM_LABEL_CHARS:
+        digest = hashlib.sha256(system.encode()).hexdigest()[:6]
+        shown = f"{shown[:SYSTEM_LABEL_CHARS].rstrip()}... {digest}"
+    return f'{kind} (system: "{shown}")'
+
+
+def documents_prompts(eval_settings: dict) -> dict:
+    """``eval_settings`` at the preset's documents (no ``PROMPTS`` setting): what runs that differ only in what the
+    models were asked share."""
+    return {k: v for k, v in eval_settings.items() if k not in PROMPTS}
+
+
 def plain_sampling(eval_settings: dict) -> dict:
     """``eval_settings`` at plain sampling (temperature 1 where the temperature is recorded, no other decoding
     setting): what runs that differ only in how their models sampled share, the prompts and human texts included."""
@@ -213,12 +273,42 @@ class Preset(Params):
     methods: dict[str, dict[str, Any]] = {}  # per-method default settings
     attacks: dict[str, dict[str, Any]] = {}  # per-attack default settings (--attack-arg overrides them)
     notes: str = ""
+    # What ``eval.prompts=code`` and ``eval.prompts=chat`` read (None: the preset has none; --set code_data.path=...):
+    # code documents continued as ``eval_data``'s are, and an instruction set (its ``prompt_field`` set).
+    code_data: DataSource | None = None
+    chat_data: DataSource | None = None
+
+    added_later: ClassVar[tuple[str, ...]] = ("code_data", "chat_data")
+
+    @model_validator(mode="after")
+    def _chat_data_pairs(self) -> Preset:
+        if self.chat_data is not None and self.chat_data.prompt_field is None:
+            raise ValueError(
+                "chat_data is an instruction set: set chat_data.prompt_field (the instruction) and text_field (the "
+                "human answer)"
+            )
+        return self
+
+    def eval_source(self) -> DataSource:
+        """The data the evaluation's prompts and human texts come from, by ``eval.prompts``; one line where the
+        preset has none."""
+        kind = self.eval.prompts
+        source = {"documents": self.eval_data, "code": self.code_data, "chat": self.chat_data}[kind]
+        if source is None:
+            raise HarnessError(
+                f"preset {self.name} has no {kind}_data for --prompts {kind}: give one with "
+                f"--set {kind}_data.path=..." + (" chat_data.prompt_field=... chat_data.text_field=..." if kind ==
+                                                  "chat" else "")
+            )  # fmt: skip
+        return source
 
     def hashed(self) -> dict:
         """The preset as every run's spec holds it (and hashes it): its plugins' default settings only for the plugins
         runs have recorded them for since the first stored results. A plugin added later has its preset settings in
-        each run's own params (which is what they change), so giving it preset defaults moves no stored run's hash."""
-        data = self.model_dump()
+        each run's own params (which is what they change), so giving it preset defaults moves no stored run's hash.
+        The code and chat data are left out: a run that reads one records it in its generation's spec (as
+        ``eval_data``), and no other run depends on them."""
+        data = self.model_dump(exclude={"code_data", "chat_data"})
         for section, names in (("methods", HASHED_METHOD_DEFAULTS), ("attacks", HASHED_ATTACK_DEFAULTS)):
             data[section] = {name: v for name, v in data[section].items() if name in names}
         return data
@@ -249,6 +339,12 @@ TINY_PARAPHRASER = {"model": "builtin:tiny-paraphraser", "tokenizer": None, "sen
 # logits, so the same at every scale; trained by each preset's own logit distillation.
 GAUSSIAN_BIAS = {"std": 0.6}
 
+# The low-entropy domain and the instruction set of the offline presets (``--prompts code``, ``--prompts chat``):
+# functions of the standard library as written, and questions answered by the tiny corpus's documents
+# (harness/assets/chat.py); both held out.
+TINY_CODE = DataSource(path="builtin:tiny-code", split="heldout")
+TINY_CHAT = DataSource(path="builtin:tiny-chat", split="heldout", text_field="response", prompt_field="prompt")
+
 TINY_FINETUNE = {"dataset": "tiny-code-instruct", "steps": finetune_steps(150), "lr": 2e-3, "batch_size": 8,
                  "seq_len": 128}  # fmt: skip
 
@@ -262,6 +358,8 @@ TINY = Preset(
     oracle_model="builtin:tiny-lm",
     train_data=DataSource(path="builtin:tiny-corpus", split="train"),
     eval_data=DataSource(path="builtin:tiny-corpus", split="heldout"),
+    code_data=TINY_CODE,
+    chat_data=TINY_CHAT,
     train=TrainSettings(steps=150, batch_size=16, seq_len=128, lr=1e-3),
     eval=EvalSettings(num_prompts=200, prompt_tokens=32, new_tokens=64, batch_size=100),
     # Gu-KGW: the paper's strongest setting; the tiny model learns it (AUC 0.99) in 150 steps.
@@ -366,6 +464,8 @@ SMALL = Preset(
     oracle_model="builtin:small-oracle",
     train_data=DataSource(path="builtin:small-corpus", split="train"),
     eval_data=DataSource(path="builtin:small-corpus", split="heldout"),
+    code_data=TINY_CODE,  # (the standard library's code: the small corpus is its docstrings)
+    chat_data=TINY_CHAT,
     # 1/10 of the paper's watermark training (500 of 5,000 steps of 64 x 512 tokens) and of its evaluation (500 of
     # 5,000 prompts, 50 + 200 tokens each).
     train=TrainSettings(steps=500, batch_size=64, seq_len=512, lr=5e-4, mixed_precision="bf16"),
@@ -421,6 +521,8 @@ SMOL = Preset(
     # English prose about Python (the tiny corpus: pydoc topics and docstrings), bundled; the same held-out split.
     train_data=DataSource(path="builtin:tiny-corpus", split="train"),
     eval_data=DataSource(path="builtin:tiny-corpus", split="heldout"),
+    code_data=TINY_CODE,
+    chat_data=TINY_CHAT,
     # Sized for 2 CPU cores (benchmarks/train_step.py times a step at this shape): SMOL_STEPS steps at a
     # learning rate 30x the paper's 1e-5 (its 5,000 steps of 64 x 512 tokens are 2,000x these). Measured: 40 steps at
     # 1e-4 left Gu-KGW at AUC 0.66 and at 3e-4 at 0.71 (TPR@1% 0.13) with the base's PPL kept, so the budget went to
@@ -467,9 +569,14 @@ SMOL = Preset(
 PRESETS = {p.name: p for p in (TINY, SMOL, SMALL, PAPER)}
 
 
+TEXT_SETTINGS = ("eval.system_prompt",)  # free text, taken as given (a system prompt may start with "[" or say "none")
+
+
 def _value(dotted: str, value: str):
     """An override's value as given on the command line: None, a JSON list or object, or the string itself (pydantic
-    converts it to the setting's type)."""
+    converts it to the setting's type); the string itself always for a setting of free text (``TEXT_SETTINGS``)."""
+    if dotted in TEXT_SETTINGS:
+        return value
     if value.strip().lower() in ("none", "null"):
         return None
     if value.lstrip().startswith(("[", "{")):
@@ -495,6 +602,9 @@ def _section_fields(parents: list[str]) -> set[str]:
     for part in parents:
         field = section.model_fields.get(part) if isinstance(section, type) and issubclass(section, Params) else None
         section = field.annotation if field is not None else None
+        options = [a for a in typing.get_args(section) if a is not type(None)]
+        if len(options) == 1:  # an optional section (``DataSource | None``)
+            section = options[0]
     return set(section.model_fields) if isinstance(section, type) and issubclass(section, Params) else set()
 
 
@@ -504,6 +614,18 @@ def decode_overrides(items: dict[str, str]) -> dict[str, str]:
     unknown = [k for k in items if k not in DECODING]
     if unknown:
         raise HarnessError(f"unknown decoding setting '{unknown[0]}': decoding settings are {', '.join(DECODING)}")
+    return {f"eval.{k}": v for k, v in items.items()}
+
+
+def prompts_overrides(entry: str | dict) -> dict[str, str]:
+    """A grid's ``prompts`` entry (``chat``, or ``{prompts: chat, system_prompt: "..."}``) as the overrides it is
+    (``eval.prompts``); a key that is no prompts setting is one line naming those there are."""
+    items = {"prompts": entry} if isinstance(entry, str) else dict(entry)
+    unknown = [k for k in items if k not in PROMPTS]
+    if unknown:
+        raise HarnessError(f"unknown prompts setting '{unknown[0]}': prompts settings are {', '.join(PROMPTS)}")
+    if not all(isinstance(v, str) for v in items.values()):
+        raise HarnessError(f"prompts settings are text: {', '.join(f'{k}={v!r}' for k, v in items.items())}")
     return {f"eval.{k}": v for k, v in items.items()}
 
 
@@ -528,7 +650,9 @@ def apply_overrides(preset: Preset, overrides: dict[str, str]) -> Preset:
                 )
             node = data[parents[0]].setdefault(parents[1], {})
         else:
-            for part in parents:
+            for depth, part in enumerate(parents):
+                if node.get(part) is None and part in _section_fields(parents[:depth]):
+                    node[part] = {}  # a section the preset leaves unset (code_data): set from its first setting
                 if not isinstance(node.get(part), dict):
                     raise HarnessError(f"unknown setting '{dotted}'")
                 node = node[part]

@@ -101,6 +101,8 @@ BUILTIN_MODELS = {
 
 TINY_CORPUS = "builtin:tiny-corpus"
 TINY_CODE_INSTRUCT = "builtin:tiny-code-instruct"
+TINY_CODE = "builtin:tiny-code"
+TINY_CHAT = "builtin:tiny-chat"
 SMALL_CORPUS = "builtin:small-corpus"
 
 

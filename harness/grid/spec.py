@@ -50,6 +50,9 @@ class Group(_Strict):
     # How every model of the group samples: each entry a cell of every method x attack (``harness run --decode``);
     # {} = the preset's own decoding.
     decodings: list[dict[str, Any]] = Field(default_factory=lambda: [{}], min_length=1)
+    # What every model of the group is asked: each entry a cell of every method x attack x decoding (``harness run
+    # --prompts``): documents, code or chat, or {prompts: chat, system_prompt: "..."}.
+    prompts: list[str | dict[str, Any]] = Field(default_factory=lambda: ["documents"], min_length=1)
 
 
 class GridSpec(_Strict):
@@ -88,9 +91,9 @@ class Cell:
     @property
     def training(self) -> tuple:
         """What identifies the trained model this cell uses (cells that share it share one training): its setup but
-        for how its models sample, which no training reads."""
-        undecoded = self.preset.model_copy(update={"eval": self.preset.eval.undecoded()})
-        return (undecoded.model_dump_json(), self.method, self.method_settings)
+        for how its models sample and what they are asked, which no training reads."""
+        plain = self.preset.model_copy(update={"eval": self.preset.eval.plain()})
+        return (plain.model_dump_json(), self.method, self.method_settings)
 
     def name(self, with_seed: bool = False) -> str:
         m, a = self.build()
@@ -99,9 +102,10 @@ class Cell:
         # names it: two merges of the same weights are otherwise the same words.
         kind = a.table_label()
         attack = "none" if a.identity else f"{a.name}({f'{kind}: ' if kind != a.label else ''}{a.config_label()})"
-        decoding = self.preset.eval.decoding_label()
+        decoding, prompts = self.preset.eval.decoding_label(), self.preset.eval.prompts_label()
         decoding = f" decoding({decoding})" if decoding else ""
-        return f"{m.name}({m.config_label()}) x {attack}{decoding}{seed}"
+        prompts = f" prompts({prompts})" if prompts else ""
+        return f"{m.name}({m.config_label()}) x {attack}{prompts}{decoding}{seed}"
 
 
 @dataclass(frozen=True)
@@ -282,10 +286,17 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
             raise HarnessError(f"{at('groups', group_name, 'overrides')}: {err}") from None
         if not group.attacks:
             raise HarnessError(f"{at('groups', group_name, 'attacks')}: no attacks (use {{none: [{{}}]}})")
+        asked = []
+        for k, prompts in enumerate(group.prompts):
+            try:
+                asked.append(presets.apply_overrides(preset, presets.prompts_overrides(prompts)))
+            except HarnessError as err:
+                raise HarnessError(f"{at('groups', group_name, 'prompts', k)}: {err}") from None
         decoded = []
         for k, decoding in enumerate(group.decodings):
             try:
-                decoded.append(presets.apply_overrides(preset, presets.decode_overrides(_strings(decoding))))
+                overrides = presets.decode_overrides(_strings(decoding))
+                decoded += [presets.apply_overrides(preset, overrides) for preset in asked]
             except HarnessError as err:
                 raise HarnessError(f"{at('groups', group_name, 'decodings', k)}: {err}") from None
         for preset, seed in itertools.product(decoded, seeds):

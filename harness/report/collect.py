@@ -26,7 +26,7 @@ import pandas as pd
 
 from harness.cell import metrics
 from harness.config.errors import HarnessError
-from harness.config.presets import decoding_label, plain_sampling
+from harness.config.presets import decoding_label, documents_prompts, plain_sampling, prompts_label
 from harness.store import kinds
 from harness.store.files import read_jsonl
 from harness.store.stages import Store
@@ -64,14 +64,25 @@ def collect(store: Store) -> pd.DataFrame:
     stale = df[df["metrics_version"] != metrics.METRICS_VERSION]
     if len(stale):
         log.warning("%d runs hold metrics of older metric code: 'harness rescore' updates them", len(stale))
-    keys = ["setup", "seed", "method", "params", "decoding", "category", "attack", "attack_params", "attack_config"]
+    keys = [
+        "setup",
+        "seed",
+        "method",
+        "params",
+        "prompts",
+        "decoding",
+        "category",
+        "attack",
+        "attack_params",
+        "attack_config",
+    ]
     dupes = df.duplicated(keys, keep="last")
     if dupes.any():
         log.warning("%d older runs with the same labels are left out (newest kept)", int(dupes.sum()))
     df = df[~dupes].reset_index(drop=True)
     df["main"] = _one_main_configuration(df)
     df["main_method"] = _main_settings(df)
-    order = ["setup", "method", "method_config", "category", "attack", "decoding", "run"]
+    order = ["setup", "method", "method_config", "category", "attack", "prompts", "decoding", "run"]
     return df.sort_values(order).reset_index(drop=True)
 
 
@@ -158,6 +169,7 @@ def _row(run: Path) -> dict:
         "main": only(name, params, preset_settings(spec["preset"], preset, name), ()),
         "params": json.dumps(params, sort_keys=True),
         "decoding": decoding_label(preset.get("eval", {})),  # "": plain sampling at temperature 1
+        "prompts": prompts_label(preset.get("eval", {})),  # "": the preset's documents
         "category": cfg["attack"]["category"],
         "attack": cfg["attack"]["label"],
         "attack_name": cfg["attack"].get("name"),
@@ -238,18 +250,36 @@ def setup_key(preset: dict) -> str:
     and name. Short hash."""
     kept = {k: v for k, v in preset.items() if k not in NOT_SETUP}
     kept["train"] = {k: v for k, v in kept.get("train", {}).items() if k != "seed"}
-    if "eval" in kept:  # how the models sampled is the run's ``decoding``: every decoding shares the setup
-        kept["eval"] = plain_sampling(kept["eval"])
+    if "eval" in kept:  # how the models sampled and what they were asked are the run's ``decoding`` and ``prompts``
+        kept["eval"] = documents_prompts(plain_sampling(kept["eval"]))  # (every one shares the setup)
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 PLAIN_DECODING = "temperature=1"  # how the decoding table names plain sampling (``EvalSettings.decoding_label`` "")
+DOCUMENTS = "documents"  # how the prompts table names the preset's documents (``EvalSettings.prompts_label`` "")
 
 
-def plain_decoding(part: pd.DataFrame) -> pd.DataFrame:
-    """The runs of ``part`` whose models sampled plainly at temperature 1 (the preset's decoding, every table's but
-    the decoding table's): a run at other decoding settings shares its setup and is another row of that table."""
-    return part[part["decoding"] == ""] if "decoding" in part else part
+def plain_runs(part: pd.DataFrame) -> pd.DataFrame:
+    """The runs of ``part`` whose models continued the preset's documents by plain sampling at temperature 1 (the
+    paper's protocol, every table's but the decoding and prompts tables'): a run at other decoding settings or of
+    other prompts shares its setup and is another row of those tables."""
+    for column in ("decoding", "prompts"):
+        if column in part:
+            part = part[part[column] == ""]
+    return part
+
+
+def use_labels(part: pd.DataFrame) -> pd.Series:
+    """How each run of ``part`` used its models beyond plain sampling of the preset's documents: its prompts, then its
+    decoding (``chat, top_p=0.9``); "" for the paper's protocol."""
+    columns = [part[c] for c in ("prompts", "decoding") if c in part]
+    return pd.Series([", ".join(x for x in used if x) for used in zip(*columns, strict=True)] if columns else
+                     [""] * len(part), index=part.index, dtype=object)  # fmt: skip
+
+
+def documents_runs(part: pd.DataFrame) -> pd.DataFrame:
+    """The runs of ``part`` whose models continued the preset's documents (at any decoding)."""
+    return part[part["prompts"] == ""] if "prompts" in part else part
 
 
 def setups(df: pd.DataFrame) -> dict[str, pd.DataFrame]:

@@ -17,7 +17,7 @@ import pandas as pd
 from harness.config.errors import printable
 from harness.contract.plugin import Sweep
 from harness.report import collect
-from harness.report.collect import main_runs, method_rank, natural_key, param, plain_decoding, setups, unaltered
+from harness.report.collect import main_runs, method_rank, natural_key, param, plain_runs, setups, unaltered
 from harness.report.frames import watermark_config
 from harness.store import files
 from harness.store.files import plain_name
@@ -226,11 +226,12 @@ def auc_utility(part: pd.DataFrame, store: Store, plt):
         lambda name: bool(getattr(collect.plugin_class("attack", name), attribute, False))
     )
     runs["reference"], runs["unaltered"] = declares("reference_curve"), declares("identity")
-    if "decoding" in runs:  # a run at another decoding: a point of its own, named by its row and decoding
-        decoded = runs["decoding"] != ""
+    used = collect.use_labels(runs)  # a run at another decoding or of other prompts: a point of its own, so named
+    if (used != "").any():
+        other = used != ""
         rows = runs["attack"].where(~runs["unaltered"], "unaltered")
-        runs.loc[decoded, "attack"] = rows[decoded] + " [" + runs.loc[decoded, "decoding"] + "]"
-        runs.loc[decoded, ["reference", "unaltered"]] = False
+        runs.loc[other, "attack"] = rows[other] + " [" + used[other] + "]"
+        runs.loc[other, ["reference", "unaltered"]] = False
     if runs.empty or runs["unaltered"].all():
         return None
     from matplotlib.ticker import LogFormatter
@@ -269,9 +270,9 @@ def attack_styles(attacks: list[str]) -> dict[str, tuple[str, str]]:
 
 def setup_figures(runs: pd.DataFrame, store: Store) -> dict:
     """``{name: matplotlib figure}`` of one setup's runs (figures with nothing to plot left out); close them after.
-    Every figure draws plain sampling's runs but the utility figure, which also places each run at another decoding
-    (the same model, so the same utility) as a point of its own."""
-    part = plain_decoding(runs)
+    Every figure draws the runs of plain sampling of the documents but the utility figure, which also places each
+    run at another decoding or of other prompts (the same model, so the same utility) as a point of its own."""
+    part = plain_runs(runs)
     plt = _pyplot()
     figures = {"auc_ppl": auc_ppl(part, plt), "roc": roc(part, store, plt)}
     for attack in sorted(part["attack_name"].dropna().unique()):

@@ -14,6 +14,7 @@ from harness.cell import metrics
 from harness.cell.scoring import BASE_ROW
 from harness.contract.plugin import Ablation
 from harness.report.collect import (
+    DOCUMENTS,
     METRICS,
     MISSING,
     NOT_APPLICABLE,
@@ -21,6 +22,7 @@ from harness.report.collect import (
     TPRS,
     category_rank,
     decoding_time_methods,
+    documents_runs,
     edits_weights,
     in_table,
     main_runs,
@@ -31,9 +33,11 @@ from harness.report.collect import (
     paired_scores,
     param,
     plugin_class,
+    scores,
     spread_over_seeds,
     tradeoff_settings,
     unaltered,
+    use_labels,
 )
 from harness.store.stages import Store
 
@@ -86,6 +90,7 @@ def decoding(df: pd.DataFrame, store: Store | None = None) -> pd.DataFrame:
     the change from plain sampling, a paired bootstrap over prompts (the same prompts and human texts: only the
     generated texts differ) as in tab:comparison, over the training seeds both hold. Empty where every run sampled
     plainly."""
+    df = documents_runs(df)  # (another decoding of other prompts: a row of the prompts table)
     if "decoding" not in df or (df["decoding"] == "").all():
         return pd.DataFrame()
     part = main_runs(df)
@@ -131,6 +136,71 @@ def _changes_from_plain(part: pd.DataFrame, store: Store, keys: list[str]) -> pd
         out.append({"method": method, **dict(zip(keys, key, strict=True)), "dAUC": found["auc_diff"],
                     "dAUC_lo": found["auc_diff_ci95"][0], "dAUC_hi": found["auc_diff_ci95"][1]})  # fmt: skip
     return pd.DataFrame(out, columns=["method", *keys, "dAUC", "dAUC_lo", "dAUC_hi"])
+
+
+PROMPTS_METRICS = ["AUC", "AUC_lo", "AUC_hi", "TPR@1%", "tokens_to_detect", "PPL"]
+
+
+def prompts(df: pd.DataFrame, store: Store | None = None) -> pd.DataFrame:
+    """The prompts table: each row of tab:robustness, the unwatermarked base's included, stored with other prompts
+    than the preset's documents (code, chat instructions; at the decoding named after them where not plain sampling),
+    beside the same row on the documents; a row per (prompts, category, attack, setting), the documents first, and per
+    method's main configuration its AUC with its bootstrap interval, TPR at 1% FPR (on the base's row: the share of
+    its texts flagged), tokens to detect and median PPL (mean over seeds where several). With the runs' ``store``,
+    also ``dAUC`` and its interval: the change from the documents, a bootstrap of each run on its own
+    (``metrics.independent_bootstrap``: other prompts, other human texts, nothing to pair). Empty where every run
+    continued the documents."""
+    if "prompts" not in df or (df["prompts"] == "").all():
+        return pd.DataFrame()
+    part = main_runs(df)
+    part = part[(part["prompts"] != "") | (part["decoding"] == "")]  # (documents at another decoding: the decoding
+    part = part.assign(prompts=use_labels(part))  # table's); other prompts named with their decoding where set
+    asked = set(part[part["prompts"] != ""][ROW_KEYS].itertuples(index=False, name=None))
+    part = part[[row in asked for row in part[ROW_KEYS].itertuples(index=False, name=None)]]
+    part = on_one_footing(part).assign(prompts=lambda d: d["prompts"].replace("", DOCUMENTS))
+    keys = ["prompts", *ROW_KEYS]
+    values = list(PROMPTS_METRICS)
+    means = mean_over_seeds(part, ["method", *keys], values)
+    if store is not None:
+        means = means.merge(_changes_from_documents(part, store, keys), on=["method", *keys], how="left")
+        values += ["dAUC", "dAUC_lo", "dAUC_hi"]
+    methods = sorted(means["method"].unique(), key=method_rank)
+    table = means.pivot_table(index=keys, columns="method", values=values, aggfunc="first", dropna=False)
+    table.columns = [f"{method} {metric}" for metric, method in table.columns]
+    rows = sorted(set(means[keys].itertuples(index=False, name=None)),
+                  key=lambda r: (r[0] != DOCUMENTS, natural_key(r[0]), category_rank(r[1]), natural_key(r[2]),
+                                 natural_key(r[3])))  # fmt: skip
+    columns = [f"{m} {metric}" for m in methods for metric in values]
+    return table.reindex(index=pd.MultiIndex.from_tuples(rows, names=keys), columns=columns)
+
+
+def _changes_from_documents(part: pd.DataFrame, store: Store, keys: list[str]) -> pd.DataFrame:
+    """``dAUC`` = AUC with each prompts - AUC on the documents of the same method and row, with its 95% interval from
+    an independent bootstrap of each run's texts (``metrics.independent_bootstrap``), over the seeds both hold."""
+    runs = {(r.method, r.prompts, r.category, r.attack, r.attack_config, r.seed): r.run for r in part.itertuples()}
+    out = []
+    for (method, *key), cell in part.groupby(["method", *keys], sort=False):
+        if key[0] == DOCUMENTS:
+            continue
+        seeds = sorted(s for s in cell["seed"] if (method, DOCUMENTS, *key[1:], s) in runs)
+        try:
+            if not seeds:
+                raise ValueError("no run on the documents of the same seed")
+            sides = [[_pos_neg(store, runs[(method, prompts, *key[1:], s)]) for s in seeds]
+                     for prompts in (key[0], DOCUMENTS)]  # fmt: skip
+            found = metrics.independent_bootstrap(*sides, bootstrap=COMPARISON_DRAWS)
+        except (ValueError, OSError, KeyError) as err:
+            log.warning("prompts table, %s with %s: not compared with the documents: %s", method, key[0], err)
+            continue
+        out.append({"method": method, **dict(zip(keys, key, strict=True)), "dAUC": found["auc_diff"],
+                    "dAUC_lo": found["auc_diff_ci95"][0], "dAUC_hi": found["auc_diff_ci95"][1]})  # fmt: skip
+    return pd.DataFrame(out, columns=["method", *keys, "dAUC", "dAUC_lo", "dAUC_hi"])
+
+
+def _pos_neg(store: Store, run: str) -> tuple[list[float], list[float]]:
+    """A run's stored scores of its generated and of its human texts."""
+    rows = scores(store, run)
+    return [s["score"] for s in rows if s["label"] == 1], [s["score"] for s in rows if s["label"] == 0]
 
 
 def robustness_runs(df: pd.DataFrame, every_row: bool = False) -> pd.DataFrame:

@@ -22,7 +22,17 @@ import urllib.parse
 
 import pandas as pd
 
-from harness.report.collect import MISSING, NOT_APPLICABLE, PLAIN_DECODING, main_runs, plain_decoding, plugin_class
+from harness.report.collect import (
+    DOCUMENTS,
+    MISSING,
+    NOT_APPLICABLE,
+    PLAIN_DECODING,
+    documents_runs,
+    main_runs,
+    plain_runs,
+    plugin_class,
+    use_labels,
+)
 from harness.report.latex import colour, colour_legend
 from harness.store.stages import Store
 
@@ -69,7 +79,7 @@ def heatmap(table: pd.DataFrame, part: pd.DataFrame) -> str:
     coloured by the paper's rule and linked to its run in ``part`` (the first seed's; with several seeds its title
     gives the AUC's interval over them); a cell with no stored run says so."""
     runs: dict[tuple, list[str]] = {}  # (method, category, attack, setting) -> its runs, by seed
-    for r in main_runs(plain_decoding(part)).sort_values("seed").itertuples():  # (tab:robustness samples plainly)
+    for r in main_runs(plain_runs(part)).sort_values("seed").itertuples():  # (tab:robustness samples plainly)
         runs.setdefault((r.method, r.category, r.attack, r.attack_config), []).append(r.run)
     methods = [] if table.empty else list(dict.fromkeys(table.columns.get_level_values(0)))
     head = "".join(f'<th colspan="2">{esc(m)}</th>' for m in methods)
@@ -139,19 +149,33 @@ def decoding(table: pd.DataFrame, part: pd.DataFrame) -> str:
     """The decoding table (``frames.decoding``) as the page shows it: its rows and columns, each AUC linked to its run
     in ``part`` (the first seed's), as the heatmap links its cells, so that every stored run is reached from a
     number."""
+    runs = documents_runs(part)
+    return _linked(table, runs, runs["decoding"].replace("", PLAIN_DECODING), "decoding")
+
+
+def prompts(table: pd.DataFrame, part: pd.DataFrame) -> str:
+    """The prompts table (``frames.prompts``) as the page shows it, each AUC linked to its run as in ``decoding``."""
+    runs = part[(part["prompts"] != "") | (part["decoding"] == "")]
+    return _linked(table, runs, use_labels(runs).replace("", DOCUMENTS), "prompts")
+
+
+def _linked(table: pd.DataFrame, part: pd.DataFrame, labels: pd.Series, css: str) -> str:
+    """``table`` (rows keyed by (``labels``' label, category, attack, setting), columns ``<method> <metric>``) with
+    each AUC linked to the first seed's run of its key in ``part``."""
     if table.empty:
         return "<p>none stored</p>"
-    runs: dict[tuple, str] = {}  # (method, decoding, category, attack, setting) -> its first seed's run
-    for r in main_runs(part).sort_values("seed").itertuples():
-        runs.setdefault((r.method, r.decoding or PLAIN_DECODING, r.category, r.attack, r.attack_config), r.run)
+    runs: dict[tuple, str] = {}  # (method, label, category, attack, setting) -> its first seed's run
+    for r in main_runs(part.assign(use_label=labels)).sort_values("seed").itertuples():
+        runs.setdefault((r.method, r.use_label, r.category, r.attack, r.attack_config), r.run)
     head = "".join(f"<th>{esc(name)}</th>" for name in [*table.index.names, *table.columns])
-    out = ['<table class="decoding">', f"<tr>{head}</tr>"]
+    out = [f'<table class="{css}">', f"<tr>{head}</tr>"]
     for key, row in table.iterrows():
         cells = [f'<td class="row">{esc(k)}</td>' for k in key]
         for column in table.columns:
             method, metric = column.rsplit(" ", 1)
             value, run = row[column], runs.get((method, *key))
-            text = f"{value:.3f}" if isinstance(value, float) and value == value else MISSING
+            shown = ".1f" if metric == "tokens_to_detect" else ".3f"  # (a count of tokens, a median over texts)
+            text = f"{value:{shown}}" if isinstance(value, float) and value == value else MISSING
             if metric == "AUC" and run is not None and text != MISSING:
                 text = f'<a href="{href("run-" + run)}">{text}</a>'
             cells.append(f"<td>{text}</td>")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.report.collect import plain_decoding, setups
+from harness.report.collect import plain_runs, setups
 from harness.report.html import STYLE, detection_scores, esc, figures, other_configurations, plural, run_details
 from harness.report.tables import TABLES, Setup
 from harness.store import files
@@ -28,7 +28,7 @@ def table_sections(setup: Setup, place: str) -> list[str]:
     for table in TABLES:
         if table.section is not None and table.section.place == place:
             for _, subject in table.subjects(setup):
-                rendered = table.section.render(table.build(setup, subject), setup.every_decoding)
+                rendered = table.section.render(table.build(setup, subject), setup.every_run)
                 out += [f"<h3>{table.section.heading}</h3>", rendered]
     return out
 
@@ -46,8 +46,8 @@ def page(df: pd.DataFrame, store: Store, attributions: pd.DataFrame | None) -> s
             if attributions is None or attributions.empty
             else attributions[attributions["setup"] == part["setup"].iloc[0]]
         )
-        everything, part = part, plain_decoding(part)  # (other decodings: the decoding table's rows)
-        setup = Setup(part, attributions=mine, page=True, store=store, decoded=everything)
+        everything, part = part, plain_runs(part)  # (other decodings and prompts: their tables' rows)
+        setup = Setup(part, attributions=mine, page=True, store=store, everything=everything)
         body += [
             f'<h2 id="setup-{esc(name)}">{esc(name)}: {esc(part["base_model"].iloc[0])}, preset '
             f"{esc(part['preset'].iloc[0])}</h2>",

@@ -28,10 +28,11 @@ from harness.report.collect import (
     TPRS,
     attack_tables,
     decoding_time_methods,
+    documents_runs,
     in_table,
     main_runs,
     method_rank,
-    plain_decoding,
+    plain_runs,
     plugin_class,
     setups,
 )
@@ -55,12 +56,13 @@ class Setup:
     attributions: pd.DataFrame | None = None  # the setup's attribution rows (``collect.collect_attribution``)
     page: bool = False  # for the report's page, where every stored cell belongs (``frames.robustness``'s every_row)
     store: Store | None = None  # where the runs' per-text scores are (tab:comparison reads them; none: no such table)
-    decoded: pd.DataFrame | None = None  # the setup's runs at every decoding (``part``: plain sampling's alone)
+    # The setup's runs at every decoding and of every prompts (``part``: plain sampling's of the documents alone).
+    everything: pd.DataFrame | None = None
 
     @property
-    def every_decoding(self) -> pd.DataFrame:
-        """The setup's runs at every decoding (``part`` where none was given)."""
-        return self.decoded if self.decoded is not None else self.part
+    def every_run(self) -> pd.DataFrame:
+        """The setup's runs at every decoding and of every prompts (``part`` where none was given)."""
+        return self.everything if self.everything is not None else self.part
 
     @cached_property
     def classes(self) -> dict[str, Any]:
@@ -167,8 +169,36 @@ def _attributions(setup: Setup) -> list[tuple[str, None]]:
 def _decodings(setup: Setup) -> list[tuple[str, None]]:
     """The decoding table where the setup holds a run at another decoding than plain sampling (else no table and no
     section of the report: a store of plain runs reads as it always did)."""
-    runs = setup.every_decoding
+    runs = documents_runs(setup.every_run)
     return [("decoding", None)] if "decoding" in runs and (runs["decoding"] != "").any() else []
+
+
+def _prompts(setup: Setup) -> list[tuple[str, None]]:
+    """The prompts table where the setup holds a run of other prompts than the preset's documents."""
+    runs = setup.every_run
+    return [("prompts", None)] if "prompts" in runs and (runs["prompts"] != "").any() else []
+
+
+def _prompts_caption(setup: Setup) -> str:
+    """The prompts table's caption: what each prompts label asked (from the setup's own settings)."""
+    asked = sorted(label for label in setup.every_run["prompts"].unique() if label)
+    what = {"code": "code continued (the preset's code_data: a low-entropy domain)",
+            "chat": "instructions of the preset's chat_data through the model's chat template (the harness's own "
+                    "models: the fine-tuning attack's instruction format), scored against the human answers' first "
+                    "tokens"}  # fmt: skip
+    named = "; ".join(f"{label}: {what.get(label.split(' ')[0].rstrip(','), label)}" for label in asked)
+    return (
+        "AUC with its 95% bootstrap interval, TPR at 1% FPR, tokens to detect and median PPL of each method's main "
+        f"configuration when its models are asked otherwise than to continue the preset's documents ({named}), the "
+        "same prompts for the unwatermarked base (whose TPR at 1% is the share of its texts flagged)"
+        + (
+            "; dAUC: the change from the documents, with a 95% interval from a bootstrap of each run's texts on its "
+            "own (other prompts and human texts: no pairing)"
+            if setup.store is not None
+            else ""
+        )
+        + f" ({setup.about})."
+    )
 
 
 def _own_caption(setup: Setup, attack: str) -> str:
@@ -223,7 +253,7 @@ TABLES: tuple[Table, ...] = (
         "the decoding table (not in the paper)",
         "each row of tab:robustness, the unwatermarked base's included, at every decoding it was stored at (greedy, "
         "temperature, top-k, top-p, min-p, repetition penalty) beside plain sampling at temperature 1",
-        build=lambda setup, _: frames.decoding(setup.every_decoding, setup.store),
+        build=lambda setup, _: frames.decoding(setup.every_run, setup.store),
         latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Decoding", "Category", "Attack", "Setting"]),
         caption=lambda setup, _: (
             "AUC with its 95% bootstrap interval, TPR at 1% FPR and median PPL of each method's main configuration "
@@ -239,6 +269,18 @@ TABLES: tuple[Table, ...] = (
         ),
         each=_decodings,
         section=Section("Decoding settings", html.decoding, "tail"),
+    ),
+    Table(
+        "prompts",
+        "the prompts table (not in the paper)",
+        "each row of tab:robustness, the unwatermarked base's included, with every other prompts it was stored with "
+        "(code continuation, chat instructions, with a system prompt) beside the preset's documents, with tokens to "
+        "detect",
+        build=lambda setup, _: frames.prompts(setup.every_run, setup.store),
+        latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Prompts", "Category", "Attack", "Setting"]),
+        caption=lambda setup, _: _prompts_caption(setup),
+        each=_prompts,
+        section=Section("Prompts: code and chat", html.prompts, "tail"),
     ),
     Table(
         "fpr_tpr",
@@ -344,7 +386,7 @@ def setup_tables(
 ) -> dict[str, tuple]:
     """``{file name: (table, LaTeX)}`` of one setup's runs, every declared table; tables with no stored run are left
     out (tab:comparison, which reads per-text scores, where no ``store`` is given)."""
-    setup = Setup(plain_decoding(part), ci, attributions, store=store, decoded=part)
+    setup = Setup(plain_runs(part), ci, attributions, store=store, everything=part)
     out = {}
     for table in TABLES:
         for name, subject in table.subjects(setup):
@@ -441,9 +483,10 @@ def write_tables(
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "runs.csv"]
-    # (main_method: derived, what ablations vary around; by_length: in tokens_to_detect; decoding: only where a run
-    # sampled otherwise than plainly, so that a store of plain runs writes the runs.csv it always did)
-    derived = ["main_method", "by_length"] + (["decoding"] if (df.get("decoding", "") == "").all() else [])
+    # (main_method: derived, what ablations vary around; by_length: in tokens_to_detect; decoding and prompts: only
+    # where a run sampled otherwise than plainly or was asked otherwise, so that a store of plain runs writes the
+    # runs.csv it always did)
+    derived = ["main_method", "by_length"] + [c for c in ("decoding", "prompts") if c in df and (df[c] == "").all()]
     _csv(df.drop(columns=derived).set_index("run"), written[0])
     for name, part in setups(df).items():
         folder = out_dir / plain_name(name)

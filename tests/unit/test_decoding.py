@@ -39,7 +39,7 @@ def test_plain_sampling_is_recorded_as_it_always_was():
     assert neutral.decoding_label() == "" and neutral.decoding() == {}
     top_p = decoded(top_p="0.9", temperature="0.7")
     assert top_p.model_dump()["top_p"] == 0.9 and top_p.decoding_label() == "temperature=0.7, top_p=0.9"
-    assert top_p.undecoded() == TINY.eval
+    assert top_p.plain() == TINY.eval
 
 
 @pytest.mark.parametrize(
