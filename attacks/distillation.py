@@ -90,6 +90,7 @@ class Distill(ModelAttack):
     label = "Distillation"
     description = "distillation into another model from N teacher texts"
     sweep = Sweep("teacher texts N", "Distillation into {label}")
+    tables = ("robustness", "curve")  # (the distillation table: AUC, TPR and tokens to detect per N)
     Params = DistillParams
 
     def source(self):

@@ -90,6 +90,8 @@ ATTACK_TABLES = {  # what an attack's ``tables`` may hold
     "ft_steps": "tab:ft_steps: the featured method against the best other at each of the attack's outputs",
     "own": "a table of its own named after the attack (as tab:dipper): AUC per setting, with how much the texts were "
     "rewritten and kept",
+    "curve": "a table of its own per swept attack (<attack>_curve: distillation's N teacher texts): per setting, each "
+    "method's AUC with its interval, TPR at 1% FPR, tokens to detect and median PPL, the unaltered model first",
 }
 ABLATION_LAYOUTS = {  # what an ``Ablation``'s ``layout`` may be
     "horizontal": "as tab:ablation-horizontal: a block per setting; AUC and PPL unaltered, and the AUC under an attack",

@@ -355,6 +355,30 @@ def own(df: pd.DataFrame, attack: str, ci: bool = False) -> pd.DataFrame:
     return table
 
 
+CURVE_METRICS = ["AUC", "AUC_lo", "AUC_hi", "TPR@1%", "tokens_to_detect", "PPL"]
+
+
+def curve(df: pd.DataFrame, attack: str) -> pd.DataFrame:
+    """The table of a swept attack of its own (the distillation table for ``distill``): a row per setting of
+    ``attack`` (its N teacher texts), the unaltered model first, and per method's main configuration its AUC with its
+    bootstrap interval, TPR at 1% FPR, tokens to detect and median PPL (means over seeds where several)."""
+    mains = main_runs(df)
+    part = mains[mains["attack_name"] == attack]
+    if part.empty:
+        return pd.DataFrame()
+    before = mains[unaltered(mains) & mains["method"].isin(part["method"])].assign(attack_config=UNALTERED_TEXTS)
+    means = mean_over_seeds(pd.concat([before, part]), ["method", "attack_config"], CURVE_METRICS)
+    table = means.pivot_table(index="attack_config", columns="method", values=CURVE_METRICS, aggfunc="first",
+                              dropna=False)  # fmt: skip
+    table.columns = [f"{method} {metric}" for metric, method in table.columns]
+    settings = sorted(set(part["attack_config"]), key=natural_key)
+    rows = ([UNALTERED_TEXTS] if len(before) else []) + settings
+    methods = sorted(means["method"].unique(), key=method_rank)
+    table = table.reindex(index=pd.Index(rows, name="setting"),
+                          columns=[f"{m} {metric}" for m in methods for metric in CURVE_METRICS])  # fmt: skip
+    return table
+
+
 def ft_steps(df: pd.DataFrame, featured: str) -> pd.DataFrame:
     """tab:ft_steps: the ``featured`` method under each fine-tuning dataset and step (the attacks whose ``tables``
     include "ft_steps"), with its difference to the best other method (the one with the highest mean AUC over that

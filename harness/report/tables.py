@@ -148,6 +148,20 @@ def _own_attacks(setup: Setup) -> list[tuple[str, str]]:
                                             if "own" in attack_tables(n))]  # fmt: skip
 
 
+def _curve_attacks(setup: Setup) -> list[tuple[str, str]]:
+    return [(f"{name}_curve", name) for name in sorted(n for n in setup.part["attack_name"].dropna().unique()
+                                                       if "curve" in attack_tables(n))]  # fmt: skip
+
+
+def _curve_caption(setup: Setup, attack: str) -> str:
+    cls = plugin_class("attack", attack)
+    sweep = getattr(cls, "sweep", None)
+    what = sweep.xlabel if sweep is not None else "setting"
+    return (f"AUC with its 95% bootstrap interval, TPR at 1% FPR, tokens to detect and median PPL of each method's "
+            f"main configuration under {cls.description or cls.label}, per {what}, the unaltered model first "
+            f"({setup.about}).")  # fmt: skip
+
+
 def _featured(setup: Setup) -> list[tuple[str, str]]:
     return [("ft_steps", label) for label in setup.methods() if setup.classes[label].featured]
 
@@ -301,6 +315,19 @@ TABLES: tuple[Table, ...] = (
         caption=_own_caption,
         each=_own_attacks,
         joined_by="Attack.tables",
+    ),
+    Table(
+        "curve",
+        "the distillation table for distillation (not in the paper)",
+        "a table of its own per swept attack that joins it, named <attack>_curve: per setting (distillation's N "
+        "teacher texts), each method's AUC with its interval, TPR at 1% FPR, tokens to detect and median PPL, the "
+        "unaltered model first",
+        build=lambda setup, attack: frames.curve(setup.part, attack),
+        latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Setting"]),
+        caption=_curve_caption,
+        each=_curve_attacks,
+        joined_by="Attack.tables",
+        section=Section("Swept attacks (the distillation table)", lambda table, _: html.frame(table), "tail"),
     ),
     Table(
         "ft_steps",

@@ -4,6 +4,7 @@ are one line before any work."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -93,3 +94,30 @@ def test_a_lora_student_moves_only_its_adapted_projections(random_llamas, tmp_pa
     assert moved and all(name.endswith("_proj.weight") for name in moved), sorted(moved)
     with pytest.raises(HarnessError, match="rank 4096 is above the width"):
         attacks.build("distill", {"lora_rank": "4096"}).validate(str(base))
+
+
+def test_the_distillation_table_sets_each_n_beside_the_unaltered_model(tmp_path, fake_run):
+    from harness.report import collect, tables
+    from harness.store.stages import Store
+
+    store = Store(tmp_path / "runs")
+    for method in ("gu-kgw", "pro"):
+        fake_run(store, method, {}, "none", {}, 0.95)
+        for output, auc in enumerate((0.6, 0.8)):
+            fake_run(store, method, {}, "distill", {"texts": "100,1000"}, auc, output=output)
+    written = tables.write_tables(collect.collect(store), tmp_path / "tables")
+    folder = tmp_path / "tables" / "tiny"
+    assert folder / "distill_curve.csv" in written and folder / "distill_curve.tex" in written
+    with open(folder / "distill_curve.csv", newline="") as fh:
+        rows = {r["setting"]: r for r in csv.DictReader(fh)}
+    assert list(rows) == ["unaltered", "N=100", "N=1000"], list(rows)
+    for method in ("Gu-KGW", "PRO"):
+        aucs = [float(rows[k][f"{method} AUC"]) for k in rows]
+        assert aucs[1] < aucs[2] < aucs[0], (method, aucs)  # (fake AUCs 0.6, 0.8 and 0.95 in expectation)
+        lo, hi = float(rows["N=100"][f"{method} AUC_lo"]), float(rows["N=100"][f"{method} AUC_hi"])
+        assert lo <= aucs[1] <= hi
+    assert "per teacher texts N" in (folder / "distill_curve.tex").read_text()
+    other = Store(tmp_path / "other")  # no distillation stored: no table
+    fake_run(other, "gu-kgw", {}, "slerp", {"t": 0.5}, 0.8)
+    tables.write_tables(collect.collect(other), tmp_path / "other-tables")
+    assert not (tmp_path / "other-tables" / "tiny" / "distill_curve.csv").exists()

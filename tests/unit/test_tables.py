@@ -288,7 +288,7 @@ def test_an_attack_or_ablation_that_names_an_unknown_table_is_an_error_naming_th
     from harness.contract.attack import ModelAttack, TextAttack
     from harness.contract.plugin import Ablation
 
-    valid = "valid tables: robustness, ft_steps, own"
+    valid = "valid tables: robustness, ft_steps, own, curve"
     with pytest.raises(HarnessError, match=rf"attack class .*<locals>\.Typo: unknown table 'robustnes'; {valid}$"):
 
         class Typo(ModelAttack):
@@ -316,7 +316,7 @@ def test_an_outside_plugin_with_an_unknown_table_fails_where_it_is_loaded(tmp_pa
     monkeypatch.setattr(registry, "_installed", lambda group: (("typo-tables", "typo_plugin:Typo"),) * (
         group == "harness.attacks"))  # fmt: skip
     for load in (registry.attacks.load, lambda name: collect.plugin_class("attack", name)):
-        with pytest.raises(HarnessError, match="unknown table 'robustnes'; valid tables: robustness, ft_steps, own"):
+        with pytest.raises(HarnessError, match="unknown table 'robustnes'; valid tables: robustness, ft_steps, own, curve"):
             load("typo-tables")
 
 
