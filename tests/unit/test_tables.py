@@ -284,11 +284,14 @@ def test_every_table_name_a_plugin_may_join_is_declared_once():
         assert f"{table.label} ({table.name}): " in tables.__doc__
 
 
+VALID_TABLES = "valid tables: robustness, ft_steps, own, curve"
+
+
 def test_an_attack_or_ablation_that_names_an_unknown_table_is_an_error_naming_the_valid_ones():
     from harness.contract.attack import ModelAttack, TextAttack
     from harness.contract.plugin import Ablation
 
-    valid = "valid tables: robustness, ft_steps, own, curve"
+    valid = VALID_TABLES
     with pytest.raises(HarnessError, match=rf"attack class .*<locals>\.Typo: unknown table 'robustnes'; {valid}$"):
 
         class Typo(ModelAttack):
@@ -316,7 +319,7 @@ def test_an_outside_plugin_with_an_unknown_table_fails_where_it_is_loaded(tmp_pa
     monkeypatch.setattr(registry, "_installed", lambda group: (("typo-tables", "typo_plugin:Typo"),) * (
         group == "harness.attacks"))  # fmt: skip
     for load in (registry.attacks.load, lambda name: collect.plugin_class("attack", name)):
-        with pytest.raises(HarnessError, match="unknown table 'robustnes'; valid tables: robustness, ft_steps, own, curve"):
+        with pytest.raises(HarnessError, match=f"unknown table 'robustnes'; {VALID_TABLES}"):
             load("typo-tables")
 
 
