@@ -70,10 +70,22 @@ def secret_hash_key(seed: int) -> int:
     return int.from_bytes(digest[:8], "little") % (2**SECRET_KEY_BITS - 1) + 1
 
 
+# The largest bit-packed table of green lists built (``table_bytes``): LLaMA-3's 128,256 ids make 2.1 GB; Gemma 3's
+# 262,144 would make 8.6 GB (on disk in the store, and in memory), where the on-the-fly lists cost a draw per new
+# context instead. Both give the same lists, so this chooses speed and memory, never a result.
+MAX_TABLE_BYTES = 4 * 2**30
+
+
 def packable(key: KGWKey) -> bool:
     """Whether every green list of ``key`` fits one table row per vocabulary id: ``simple_0`` (one list) and
-    ``simple_1`` (the seed depends on the previous id alone); ``simple_2`` keeps the on-the-fly cache."""
-    return key.seeding_scheme in ("simple_0", "simple_1")
+    ``simple_1`` (the seed depends on the previous id alone) up to ``MAX_TABLE_BYTES``; ``simple_2``, and a table past
+    the bound, keep the on-the-fly cache."""
+    return key.seeding_scheme in ("simple_0", "simple_1") and table_bytes(key) <= MAX_TABLE_BYTES
+
+
+def table_bytes(key: KGWKey) -> int:
+    """The size of ``key``'s bit-packed table: a row of ceil(V / 8) bytes per row (``table_rows``)."""
+    return table_rows(key) * ((key.vocab_size + 7) // 8)
 
 
 def table_rows(key: KGWKey) -> int:

