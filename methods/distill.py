@@ -129,7 +129,7 @@ def train_on_teacher_texts(ctx, tokenizer, teacher: Path, settings: TrainSetting
 
     texts = (json.loads(line)["text"] for line in (teacher / "texts.jsonl").read_text().splitlines())
     stream = data.token_stream(tokenizer, texts, max_tokens=settings.tokens)
-    batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
+    batches = data.training_batches(tokenizer, stream, settings)
     student = models.load_trainable(ctx.base_model, ctx.device)
     step = loss_step(lambda m, b: m(input_ids=b, labels=b).loss)
     return student, train(student, step, batches, settings, desc=desc, device=ctx.device)

@@ -101,7 +101,7 @@ class GaussianBias(WatermarkMethod):
         b = bias(self.params.seed, size, self.params.std).to(ctx.device)
         s = ctx.settings
         stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
-        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
+        batches = data.training_batches(tokenizer, stream, s)
         report = logit_distill(
             student, teacher, lambda ids, logits: logits + b.to(logits.dtype), batches, s, "distill Gaussian bias",
             ctx.device,

@@ -110,7 +110,7 @@ class GloaguenKGW(GuKGW):
         )
         texts = data.iter_texts(ctx.train_data)
         stream = data.token_stream(tokenizer, texts, max_tokens=settings.tokens)
-        batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
+        batches = data.training_batches(tokenizer, stream, settings)
         report = train(
             model,
             loss_step(lambda m, b: m(input_ids=b, labels=b).loss),

@@ -152,7 +152,7 @@ def distill(student, teacher, key, tokenizer, ctx: TrainContext, desc: str, mask
     greens = green_lists(key, ctx.stages.aux_stage if ctx.stages is not None else None, ctx.device)
     s = ctx.settings
     stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
-    batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
+    batches = data.training_batches(tokenizer, stream, s)
     return logit_distill(
         student, teacher, lambda ids, logits: watermark_logits(greens, ids, logits), batches, s, desc, ctx.device, masks
     )

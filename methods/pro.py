@@ -239,7 +239,7 @@ class PRO(WatermarkMethod):
         torch.manual_seed(s.seed)
         policy = PolicyMLP(embedder.dim, vocab, hidden=p.policy_hidden).to(device)
         stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
-        batches = data.packed_batches(stream, s.seq_len, s.batch_size, s.seed)
+        batches = data.training_batches(tokenizer, stream, s)
         step = PROStep(p, s, teacher, tokenizer, embedder, policy)
         report = train(student, step, batches, s, desc="train PRO", device=ctx.device, lr=p.student_lr)
 

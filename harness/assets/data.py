@@ -226,14 +226,19 @@ def token_stream(tokenizer, texts: Iterable[str], max_tokens: int | None = None,
     return ids if max_tokens is None else ids[:max_tokens]
 
 
-def packed_batches(stream: list[int], seq_len: int, batch_size: int, seed: int) -> Iterator:
-    """Endless ``(batch_size, seq_len)`` batches of the stream cut into sequences, reshuffled each epoch."""
+def packed_batches(stream: list[int], seq_len: int, batch_size: int, seed: int, bos: int | None = None) -> Iterator:
+    """Endless ``(batch_size, seq_len)`` batches of the stream cut into sequences, reshuffled each epoch. ``bos``
+    (``sequence_bos``): every sequence starts with it and holds ``seq_len - 1`` tokens of the stream, for a model that
+    expects BOS first (Gemma: 1.4 nats a token worse on the tiny corpus's windows without it)."""
     import torch
 
-    n = len(stream) // seq_len
+    cut = seq_len - (bos is not None)
+    n = len(stream) // cut
     if n < batch_size:
         raise HarnessError(f"training data too small: {len(stream)} tokens make {n} sequences of {seq_len}")
-    seqs = torch.tensor(stream[: n * seq_len], dtype=torch.long).view(n, seq_len)
+    seqs = torch.tensor(stream[: n * cut], dtype=torch.long).view(n, cut)
+    if bos is not None:
+        seqs = torch.cat([torch.full((n, 1), bos, dtype=torch.long), seqs], dim=1)
     gen = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(n, generator=gen)
@@ -290,6 +295,18 @@ def prompt_records(tokenizer, texts: list[str], prompt_tokens: int, new_tokens: 
             if len(out) == limit:
                 break
     return out
+
+
+def training_batches(tokenizer, stream: list[int], settings) -> Iterator:
+    """``packed_batches`` of ``stream`` at ``settings``' sequence length, batch size and seed (a ``TrainSettings``),
+    each sequence starting with BOS where ``tokenizer``'s model expects one first (``sequence_bos``)."""
+    return packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed, sequence_bos(tokenizer))
+
+
+def sequence_bos(tokenizer) -> int | None:
+    """The BOS id every training sequence starts with where the model expects one first (``_adds_bos``), else None:
+    the harness's own models and SmolLM2 add none, and their training sequences are what they always were."""
+    return tokenizer.bos_token_id if _adds_bos(tokenizer) else None
 
 
 def _adds_bos(tokenizer) -> bool:

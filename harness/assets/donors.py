@@ -91,7 +91,7 @@ def _build(ref: str, out: Path) -> dict:
     settings = TrainSettings(**donor.train)
     need = settings.steps * settings.batch_size * settings.seq_len
     stream = data.token_stream(tokenizer, data.iter_texts(donor.data), max_tokens=need)
-    batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
+    batches = data.training_batches(tokenizer, stream, settings)
     log_ = train(
         model, loss_step(lambda m, b: m(input_ids=b, labels=b).loss), batches, settings, f"donor {ref}", device
     )

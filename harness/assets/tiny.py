@@ -100,7 +100,7 @@ def build_lm(out: Path, recipe: dict, texts: list[str], desc: str, device: str |
     config = planned_config(recipe, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     model = LlamaForCausalLM(config)
     settings = TrainSettings(**recipe["train"])
-    batches = data.packed_batches(stream, settings.seq_len, settings.batch_size, settings.seed)
+    batches = data.training_batches(tokenizer, stream, settings)
     log_ = train(model, loss_step(lambda m, b: m(input_ids=b, labels=b).loss), batches, settings, desc, device)
     model.save_pretrained(out, safe_serialization=True)
     return {

@@ -124,3 +124,17 @@ def test_a_gemma_donor_for_a_model_of_another_tokenizer_is_refused(cli, tmp_path
     out = cli("run", "--method", "gu-kgw", "--attack", "merge", "--attack-arg", "donors=builtin:gemma3-270m",
               "--results", str(tmp_path / "runs"), "--dry-run")  # fmt: skip
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "gemma3-270m" in out.stderr, out.stderr
+
+
+def test_training_sequences_start_with_bos_where_the_model_expects_it(random_llamas):
+    """Gemma's model expects BOS first (1.4 nats a token worse without it): each training sequence starts with it and
+    holds seq_len - 1 tokens of the stream; a tokenizer that adds no BOS (the harness's own, SmolLM2's) keeps its
+    sequences as they were."""
+    from harness.assets import data
+
+    stream = list(range(100, 400))
+    first = next(data.packed_batches(stream, 10, 4, 0, bos=2))
+    assert first.shape == (4, 10) and (first[:, 0] == 2).all() and {int(r[1]) for r in first} <= set(range(100, 400, 9))
+    plain = next(data.packed_batches(stream, 10, 4, 0))
+    assert {int(r[0]) for r in plain} <= set(range(100, 400, 10))
+    assert data.sequence_bos(models.load_tokenizer(str(random_llamas[0]))) is None
