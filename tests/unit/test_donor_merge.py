@@ -127,6 +127,10 @@ def test_every_preset_names_donors_and_the_cli_refuses_bad_ones_before_work(cli,
     from harness.config.presets import PRESETS
 
     for preset in PRESETS.values():
+        if preset.name == "gemma":  # (no Gemma donors are built yet: a merge there names its own, or is one line)
+            with pytest.raises(HarnessError, match="give at least one donor model: donors="):
+                attacks.build("merge", {}, preset)
+            continue
         assert attacks.build("merge", {}, preset).params.donors, preset.name
     out = cli("run", "--method", "gu-kgw", "--attack", "merge", "--attack-arg", "method=tiez", "--dry-run",
               "--results", str(tmp_path / "runs"))  # fmt: skip
