@@ -70,6 +70,8 @@ class WeightNoise(ModelAttack):
             "seed": self.params.seed,
             "scaled_to": "each weight tensor's standard deviation",
             "linear_weights": len(noised),
+            # A tied output projection is the input embedding matrix (Gemma, SmolLM2): its noise reaches both.
+            "tied_embeddings_noised": bool(getattr(model.config, "tie_word_embeddings", False)),
             "versions": library_versions(),
             "evaluated": "the noised model",
         }
