@@ -227,16 +227,29 @@ def load_back(path: Path, out: Path) -> dict:
             raise
         raise HarnessError(f"transformers cannot load the tokenizer of GGUF '{path}': {_said(err)}") from None
     model.save_pretrained(out, safe_serialization=True)
-    _special_tokens_from_file(tokenizer, path)
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+    _special_tokens_from_file(tokenizer, fields)
     repairs = _tokenizer_repairs(path)
     if repairs["bpe_from_scores"]:
-        tokenizer.backend_tokenizer.model = spm_bpe(path)
-        tokenizer.add_tokens(user_defined_pieces(path))
+        tokenizer.backend_tokenizer.model = spm_bpe(fields)
+        tokenizer.add_tokens(user_defined_pieces(fields))
     if repairs["add_bos"]:
         tokenizer.add_bos_token = True
     tokenizer.save_pretrained(out)
     repaired = [what for what, needed in repairs.items() if needed]
     return {**info, "parameters": sum(p.numel() for p in model.parameters()), "tokenizer_repairs": repaired}
+
+
+def _array(fields, key: str) -> list:
+    """A GGUF metadata array field's items, each as the reader holds it (a string's bytes, a one-number array)."""
+    return [fields[key].parts[i] for i in fields[key].data]
+
+
+def _tokens(fields) -> list[str]:
+    """The vocabulary of a GGUF file's metadata, by id."""
+    return [bytes(t).decode("utf-8", "replace") for t in _array(fields, "tokenizer.ggml.tokens")]
 
 
 def _field(fields, key: str):
@@ -278,22 +291,18 @@ def _tokenizer_repairs(path: Path) -> dict[str, bool]:
     return dict(_repairs_of(str(path), (stat.st_size, stat.st_mtime_ns)))
 
 
-def spm_bpe(path: Path):
-    """The BPE model of the SentencePiece vocabulary of the GGUF file ``path``, as SentencePiece and llama.cpp apply
+def spm_bpe(fields):
+    """The BPE model of the SentencePiece vocabulary of a GGUF file (``fields``: its reader's), as SentencePiece and
+    llama.cpp apply
     it: start from characters, merge the adjacent pair whose merged piece has the highest score until none is in the
     vocabulary, and spell a character outside it by its UTF-8 bytes (``<0xNN>``). A ``tokenizers`` BPE applies merges
     by rank, so every split of every normal piece into two normal pieces is a merge, ranked by the piece's score.
     Written here because transformers builds a Unigram model from these files and ``tokenizers`` has no reader of a
-    GGUF vocabulary; tests/unit/test_gguf.py checks it against that greedy algorithm on text."""
-    from gguf import GGUFReader
+    GGUF vocabulary; tests/unit/test_gemma.py checks it against that greedy algorithm on text."""
     from tokenizers.models import BPE
 
-    fields = GGUFReader(path).fields
-    tokens, scores, types = (
-        [fields[key].parts[i] for i in fields[key].data]
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
-    )
-    tokens = [bytes(t).decode("utf-8", "replace") for t in tokens]
+    tokens = _tokens(fields)
+    scores, types = _array(fields, "tokenizer.ggml.scores"), _array(fields, "tokenizer.ggml.token_type")
     vocab: dict[str, int] = {}
     for i, token in enumerate(tokens):
         vocab.setdefault(token, i)
@@ -313,18 +322,15 @@ def spm_bpe(path: Path):
 NORMAL_TOKEN, USER_DEFINED_TOKEN = 1, 4  # llama.cpp's token types (2 unknown, 3 control, 5 unused, 6 byte)
 
 
-def user_defined_pieces(path: Path) -> list:
-    """The user-defined pieces of the SentencePiece vocabulary of ``path`` (Gemma's newline and whitespace runs, its
-    HTML tags), as tokens matched whole in the raw text before the BPE model sees the rest, longest first, as
-    SentencePiece and llama.cpp match them."""
-    from gguf import GGUFReader
+def user_defined_pieces(fields) -> list:
+    """The user-defined pieces of the SentencePiece vocabulary of a GGUF file (``fields``: its reader's; Gemma's
+    newline and whitespace runs, its HTML tags), as tokens matched whole in the raw text before the BPE model sees the
+    rest, longest first, as SentencePiece and llama.cpp match them."""
     from tokenizers import AddedToken
 
-    fields = GGUFReader(path).fields
-    tokens, types = ([fields[key].parts[i] for i in fields[key].data]
-                     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))  # fmt: skip
-    return [AddedToken(bytes(t).decode("utf-8", "replace"), normalized=False, special=False)
-            for t, kind in zip(tokens, types, strict=True) if int(kind[0]) == USER_DEFINED_TOKEN]  # fmt: skip
+    kinds = [int(kind[0]) for kind in _array(fields, "tokenizer.ggml.token_type")]
+    return [AddedToken(token, normalized=False, special=False)
+            for token, kind in zip(_tokens(fields), kinds, strict=True) if kind == USER_DEFINED_TOKEN]  # fmt: skip
 
 
 # The GGUF metadata keys of the special tokens, and the tokenizer attribute each sets.
@@ -332,17 +338,13 @@ SPECIAL_TOKEN_KEYS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", 
                       "unk_token": "unknown_token_id"}  # fmt: skip
 
 
-def _special_tokens_from_file(tokenizer, path: Path) -> None:
-    """Set the tokenizer's BOS, EOS, padding and unknown tokens to those the file's metadata names. transformers'
-    GGUF tokenizer conversion does not (5.17 gives SmolLM2's ``<|im_start|>`` as EOS where the file says
+def _special_tokens_from_file(tokenizer, fields) -> None:
+    """Set the tokenizer's BOS, EOS, padding and unknown tokens to those the file's metadata (``fields``) names.
+    transformers' GGUF tokenizer conversion does not (5.17 gives SmolLM2's ``<|im_start|>`` as EOS where the file says
     ``<|im_end|>``), and an EOS that is wrong packs training documents and stops generation at the wrong token."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(path).fields
     for attribute, key in SPECIAL_TOKEN_KEYS.items():
-        field = fields.get(f"tokenizer.ggml.{key}")
-        if field is not None:
-            index = int(field.parts[field.data[0]][0])
+        index = _field(fields, f"tokenizer.ggml.{key}")
+        if index is not None:
             if index < len(tokenizer):
                 setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(index))
 

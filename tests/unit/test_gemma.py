@@ -73,9 +73,10 @@ def test_a_sentencepiece_bpe_vocabulary_is_rebuilt_as_sentencepiece_applies_it(t
     tokens = _spm_file(path)
     assert gguf_files._tokenizer_repairs(path) == {"bpe_from_scores": True, "add_bos": True}
     assert gguf_files.conversion(path) == gguf_files.CONVERSION_REPAIRED
-    tokenizer = Tokenizer(gguf_files.spm_bpe(path))
+    fields = gguf.GGUFReader(path).fields
+    tokenizer = Tokenizer(gguf_files.spm_bpe(fields))
     tokenizer.normalizer = normalizers.Replace(" ", "▁")
-    tokenizer.add_tokens(gguf_files.user_defined_pieces(path))
+    tokenizer.add_tokens(gguf_files.user_defined_pieces(fields))
     rng = random.Random(0)
     texts = [" abc", " abcd", "dabc", " d ab", "\n\nabcx", "é ab", *("".join(rng.choice("abcd \né") for _ in range(
         rng.randint(1, 30))) for _ in range(300))]  # fmt: skip
