@@ -143,9 +143,8 @@ def cmd_run(args) -> None:
     if not distributed.is_main():
         return  # one report per launch
     what = attack.table_label() if args.then else attack.name
-    used = [f"prompts: {preset.eval.prompts_label()}" if preset.eval.prompts_label() else "",
-            f"decoding: {preset.eval.decoding_label()}" if preset.eval.decoding_label() else ""]  # fmt: skip
-    used_text = "".join(f"; {u}" for u in used if u)
+    used = (("prompts", preset.eval.prompts_label()), ("decoding", preset.eval.decoding_label()))
+    used_text = "".join(f"; {name}: {label}" for name, label in used if label)
     print(f"\n{args.method} x {what} on preset '{preset.name}' (base model {preset.base_model}{used_text})")
     print(format_cells(cells))
     print(f"\nruns stored in {store.root}/<run>; 'harness tables' rebuilds tab:robustness from them")

@@ -56,9 +56,11 @@ def add_decode(parser) -> None:
 
 
 def add_prompts(parser) -> None:
+    from harness.config.presets import PROMPT_KINDS
+
     parser.add_argument(
         "--prompts",
-        choices=("documents", "code", "chat"),
+        choices=PROMPT_KINDS,
         help="what every model of the run is asked: documents to continue (default: the preset's eval_data), code "
         "to continue (its code_data: a low-entropy domain), or chat: instructions of its chat_data through the "
         "model's chat template, answers scored against human answers",

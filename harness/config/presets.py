@@ -116,7 +116,8 @@ MAX_PROMPTS = 1_000_000  # evaluation prompts (the paper's grid: 5,000); past is
 # a grid group's ``prompts``): runs that differ only in them, or in their decoding, share a setup, and the prompts
 # table sets them side by side.
 PROMPTS = ("prompts", "system_prompt")
-PROMPT_KINDS = ("documents", "code", "chat")
+PromptKind = Literal["documents", "code", "chat"]  # (``--prompts``' choices: ``PROMPT_KINDS``)
+PROMPT_KINDS: tuple[str, ...] = typing.get_args(PromptKind)
 
 
 class EvalSettings(Params):
@@ -143,7 +144,7 @@ class EvalSettings(Params):
     # answer the instructions of its ``chat_data`` rendered through the model's chat template (harness/assets/chat.py;
     # ``prompt_tokens`` unused: an instruction is whole), after ``system_prompt`` where one is given. The human texts
     # scored as negatives are the documents' continuations or the instructions' human answers, ``new_tokens`` long.
-    prompts: Literal["documents", "code", "chat"] = "documents"
+    prompts: PromptKind = "documents"
     system_prompt: str | None = None
     # Prompts per generate call, or "auto": the largest that fits the GPU (halved from 1,024 until it fits; 256 on a
     # CPU), recorded in the generation's manifest. Draws are per prompt, so the batch does not choose the texts; it

@@ -277,6 +277,12 @@ def use_labels(part: pd.DataFrame) -> pd.Series:
                      [""] * len(part), index=part.index, dtype=object)  # fmt: skip
 
 
+def prompts_runs(part: pd.DataFrame) -> pd.DataFrame:
+    """The runs of the prompts table: those of other prompts than the documents (at any decoding), and the documents'
+    at plain sampling (another decoding of the documents is the decoding table's)."""
+    return part[(part["prompts"] != "") | (part["decoding"] == "")]
+
+
 def documents_runs(part: pd.DataFrame) -> pd.DataFrame:
     """The runs of ``part`` whose models continued the preset's documents (at any decoding)."""
     return part[part["prompts"] == ""] if "prompts" in part else part

@@ -33,6 +33,7 @@ from harness.report.collect import (
     paired_scores,
     param,
     plugin_class,
+    prompts_runs,
     scores,
     spread_over_seeds,
     tradeoff_settings,
@@ -113,9 +114,8 @@ def prompts(df: pd.DataFrame, store: Store | None = None) -> pd.DataFrame:
     continued the documents."""
     if "prompts" not in df or (df["prompts"] == "").all():
         return pd.DataFrame()
-    part = main_runs(df)
-    part = part[(part["prompts"] != "") | (part["decoding"] == "")]  # (documents at another decoding: the decoding
-    part = part.assign(prompts=use_labels(part))  # table's); other prompts named with their decoding where set
+    part = prompts_runs(main_runs(df))
+    part = part.assign(prompts=use_labels(part))  # (other prompts named with their decoding where one is set)
     compare = None if store is None else lambda a, b: metrics.independent_bootstrap(
         [_pos_neg(store, r) for r in a], [_pos_neg(store, r) for r in b], bootstrap=COMPARISON_DRAWS)  # fmt: skip
     return _beside(part, "prompts", DOCUMENTS, PROMPTS_METRICS, compare,

@@ -31,6 +31,7 @@ from harness.report.collect import (
     main_runs,
     plain_runs,
     plugin_class,
+    prompts_runs,
     use_labels,
 )
 from harness.report.latex import colour, colour_legend
@@ -155,7 +156,7 @@ def decoding(table: pd.DataFrame, part: pd.DataFrame) -> str:
 
 def prompts(table: pd.DataFrame, part: pd.DataFrame) -> str:
     """The prompts table (``frames.prompts``) as the page shows it, each AUC linked to its run as in ``decoding``."""
-    runs = part[(part["prompts"] != "") | (part["decoding"] == "")]
+    runs = prompts_runs(part)
     return _linked(table, runs, use_labels(runs).replace("", DOCUMENTS), "prompts")
 
 

@@ -115,7 +115,8 @@ def _cells_short_of_seeds(part: pd.DataFrame, seeds: list) -> list[str]:
 @dataclass(frozen=True)
 class Section:
     """A table's section of the report's page: ``heading`` over ``render(table, runs)`` (HTML; ``runs``: the setup's at
-    every decoding, for links to them), at the top of the setup (``place`` "head") or after its figures ("tail")."""
+    every decoding and of every prompts, for links to them), at the top of the setup (``place`` "head") or after its
+    figures ("tail")."""
 
     heading: str
     render: Callable[[pd.DataFrame, pd.DataFrame], str]
