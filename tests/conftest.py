@@ -369,14 +369,15 @@ def shared_store(tmp_path_factory) -> Path:
     return root
 
 
-def _runs_by_row(root, attack: str | None = None, method: str = "gu-kgw") -> dict:
+def _runs_by_row(root, attack: str | None = None, method: str = "gu-kgw", where=None) -> dict:
     """``{row: (spec, metrics)}`` of one method's finished runs in ``root`` (of one attack's command if ``attack`` is
-    given: its rows plus the base and unaltered ones). Rows are named alike across methods, hence the filter."""
+    given: its rows plus the base and unaltered ones; ``where(spec)``, if given, says which runs of the command: a
+    decoding's, some prompts'). Rows are named alike across methods, hence the filter."""
     found = {}
     for done in root.glob("*/DONE"):
         spec = json.loads((done.parent / "spec.json").read_text())
         name = spec["config"]["attack"]["name"]
-        if spec["config"]["method"]["name"] != method:
+        if spec["config"]["method"]["name"] != method or (where is not None and not where(spec)):
             continue
         if attack is None or name in (None, "none", attack):
             found[spec["row"]] = (spec, json.loads((done.parent / "metrics.json").read_text()))
@@ -385,7 +386,8 @@ def _runs_by_row(root, attack: str | None = None, method: str = "gu-kgw") -> dic
 
 @pytest.fixture(scope="session")
 def runs_by_row():
-    """``runs_by_row(root, attack=None, method="gu-kgw")``: ``{row: (spec, metrics)}`` of a method's runs in a store."""
+    """``runs_by_row(root, attack=None, method="gu-kgw", where=None)``: ``{row: (spec, metrics)}`` of a method's runs in
+    a store."""
     return _runs_by_row
 
 

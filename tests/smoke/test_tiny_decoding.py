@@ -13,23 +13,19 @@ from scipy.stats import binom
 pytestmark = pytest.mark.smoke
 
 
-def _runs(root, top_p: float | None) -> dict:
-    """``{row: metrics}`` of Gu-KGW's unaltered and base runs in ``root`` that sampled with ``top_p`` (None: plain)."""
-    found = {}
-    for done in root.glob("*/DONE"):
-        spec = json.loads((done.parent / "spec.json").read_text())
-        config = spec["config"]
-        if config["method"]["name"] == "gu-kgw" and config["attack"].get("name") in (None, "none"):
-            if config["preset"]["eval"].get("top_p") == top_p:
-                found[spec["row"]] = json.loads((done.parent / "metrics.json").read_text())
-    return found
-
-
-def test_top_p_rows_hold_the_stated_false_positive_rate(shared_store, harness, tmp_path):
+def test_top_p_rows_hold_the_stated_false_positive_rate(shared_store, harness, tmp_path, runs_by_row):
     for decode in ([], ["--decode", "top_p=0.9"]):  # (the plain cell: stored already where another test asked)
         out = harness("run", "--method", "gu-kgw", *decode, "--results", str(shared_store), timeout=3600)
         assert out.returncode == 0, out.stderr[-3000:]
-    decoded, plain = _runs(shared_store, 0.9), _runs(shared_store, None)
+
+    def sampled(top_p: float | None) -> dict:  # {row: metrics} of Gu-KGW's base and unaltered runs at ``top_p``
+        def at(spec: dict) -> bool:  # (on the documents: other tests ask otherwise)
+            settings = spec["config"]["preset"]["eval"]
+            return settings.get("top_p") == top_p and "prompts" not in settings
+
+        return {row: m for row, (_, m) in runs_by_row(shared_store, "none", where=at).items()}
+
+    decoded, plain = sampled(0.9), sampled(None)
     assert set(decoded) == set(plain) == {"Unwatermarked base", "Unaltered"}, (sorted(decoded), sorted(plain))
     assert decoded["Unaltered"]["auc"] != plain["Unaltered"]["auc"]  # other texts: a run of its own
     # The base's texts flagged at the threshold that flags 1% of the human texts: within the binomial tail of 1%

@@ -15,25 +15,21 @@ pytestmark = pytest.mark.smoke
 ASKED = {"code": ["--prompts", "code"], "chat": ["--system-prompt", "Answer briefly."]}
 
 
-def _runs(root, prompts: str | None) -> dict:
-    """``{row: metrics}`` of Gu-KGW's unaltered and base runs in ``root`` asked ``prompts`` (None: the documents)."""
-    found = {}
-    for done in root.glob("*/DONE"):
-        spec = json.loads((done.parent / "spec.json").read_text())
-        config = spec["config"]
-        if config["method"]["name"] == "gu-kgw" and config["attack"].get("name") in (None, "none"):
-            if config["preset"]["eval"].get("prompts") == prompts and "top_p" not in config["preset"]["eval"]:
-                found[spec["row"]] = json.loads((done.parent / "metrics.json").read_text())
-    return found
-
-
-def test_code_and_chat_rows_hold_the_stated_false_positive_rate(shared_store, harness, tmp_path):
+def test_code_and_chat_rows_hold_the_stated_false_positive_rate(shared_store, harness, tmp_path, runs_by_row):
     for args in ([], *ASKED.values()):  # (the documents' cell: stored already where another test asked)
         out = harness("run", "--method", "gu-kgw", *args, "--results", str(shared_store), timeout=3600)
         assert out.returncode == 0, out.stderr[-3000:]
-    documents = _runs(shared_store, None)
+
+    def asked(prompts: str | None) -> dict:  # {row: metrics} of Gu-KGW's base and unaltered runs asked ``prompts``
+        def at(spec: dict) -> bool:  # (at plain sampling: other tests decode otherwise)
+            settings = spec["config"]["preset"]["eval"]
+            return settings.get("prompts") == prompts and "top_p" not in settings
+
+        return {row: m for row, (_, m) in runs_by_row(shared_store, "none", where=at).items()}
+
+    documents = asked(None)
     for prompts in ASKED:
-        runs = _runs(shared_store, prompts)
+        runs = asked(prompts)
         assert set(runs) == set(documents) == {"Unwatermarked base", "Unaltered"}, (prompts, sorted(runs))
         assert runs["Unaltered"]["auc"] != documents["Unaltered"]["auc"]  # other texts: a run of its own
         # The base's texts flagged at the threshold that flags 1% of the human texts: within the binomial tail of 1%
