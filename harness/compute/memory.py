@@ -20,6 +20,7 @@ without glibc it does nothing; ``HARNESS_MALLOC=system`` leaves glibc as it is.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -96,3 +97,74 @@ def release() -> bool:
     malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
     malloc_trim(0)
     return True
+
+
+# A stage's peak memory, for its manifest. Linux keeps a process's resident high-water mark (VmHWM) and resets it to
+# the current size when "5" is written to /proc/self/clear_refs, so a stage's peak is read without sampling; stages
+# built inside another stage's build (a conversion inside a training) fold their peak into the enclosing one's.
+# Written by hand: psutil reads VmHWM (as ``peak_wset`` on Windows only) but cannot reset it.
+_enclosing: list[dict] = []
+
+
+def _rss_peak() -> int | None:
+    """This process's resident high-water mark in bytes since it was last reset, or None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _cuda_in_use():
+    import sys
+
+    torch = sys.modules.get("torch")  # never imports torch (or starts CUDA) for a stage that did not
+    return torch if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
+def _cuda_peak(cuda) -> int:
+    return sum(cuda.cuda.max_memory_allocated(d) for d in range(cuda.cuda.device_count()))
+
+
+@contextlib.contextmanager
+def stage_peak():
+    """Measure the peak memory of the work inside; yields a dict filled on exit with ``rss_bytes`` (this process's
+    resident peak during the work, what it held before included; None where it cannot be read) and, where CUDA was
+    in use, ``cuda_bytes`` (torch's peak allocation summed over the devices)."""
+    got: dict = {}
+    cuda = _cuda_in_use()
+    if _enclosing:  # what the enclosing stage reached so far, before the reset below forgets it
+        _fold(_enclosing[-1], {"rss_bytes": _rss_peak(), "cuda_bytes": _cuda_peak(cuda) if cuda else None})
+    reset = _reset_rss_peak()
+    if cuda is not None:
+        for device in range(cuda.cuda.device_count()):
+            cuda.cuda.reset_peak_memory_stats(device)
+    _enclosing.append({})
+    try:
+        yield got
+    finally:
+        inner = _enclosing.pop()
+        cuda = cuda or _cuda_in_use()
+        _fold(got, {"rss_bytes": _rss_peak() if reset else None, "cuda_bytes": _cuda_peak(cuda) if cuda else None})
+        _fold(got, inner)
+        got.setdefault("rss_bytes", None)
+        if _enclosing:
+            _fold(_enclosing[-1], got)
+
+
+def _fold(into: dict, seen: dict) -> None:
+    for key, value in seen.items():
+        if value is not None:
+            into[key] = max(into.get(key) or 0, value)

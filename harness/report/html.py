@@ -213,6 +213,8 @@ def run_details(part: pd.DataFrame, store: Store) -> str:
             manifest = None
         manifest = manifest if isinstance(manifest, dict) else {}
         about = {k: manifest.get(k) for k in ("started", "seconds", "git_sha", "host", "versions", "report")}
+        if "peak_memory" in manifest:  # (runs made before peaks were recorded have none)
+            about["peak_memory"] = manifest["peak_memory"]
         label = f"{r.method} ({r.method_config}) / {attack_label(r.attack, r.attack_config)}"
         out.append(f'<details id="run-{esc(r.run)}"><summary>{esc(label)}: AUC {r.AUC:.3f}, run {esc(r.run)}'
                    f"</summary><pre>{esc(json.dumps(spec, indent=1))}</pre><pre>{esc(json.dumps(about, indent=1))}"

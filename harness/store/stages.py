@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.compute import distributed
+from harness.compute import distributed, memory
 from harness.config.errors import HarnessError
 from harness.store import files, kinds
 from harness.store.versions import git_sha, machine, versions
@@ -133,7 +133,8 @@ class Stage:
         tmp.mkdir(parents=True)
         start, sha = time.time(), git_sha()  # the commit before the build: it may be long
         try:
-            report = fn(tmp)
+            with memory.stage_peak() as peak:
+                report = fn(tmp)
             manifest = {
                 "kind": self.kind,
                 "hash": self.key,
@@ -143,6 +144,7 @@ class Stage:
                 "machine": machine(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
                 "seconds": round(time.time() - start, 2),
+                "peak_memory": peak,
                 "report": report,
             }
             (tmp / "spec.json").write_text(json.dumps(self.spec, indent=2, sort_keys=True, default=str))

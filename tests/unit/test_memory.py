@@ -1,9 +1,10 @@
 """glibc's thresholds raised for large tensors (``harness.compute.memory``) change where tensors live, not what is
 computed: two training steps of a model whose logits exceed 32 MB give bit-identical weights either way. Memory a
-step frees is used again by the next without page faults, however much it is, and ``release`` gives it back."""
+step frees is used again by the next without page faults, however much it is, and ``release`` gives it back. Each stage records its resident peak."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,34 @@ def test_a_step_reuses_what_the_last_freed_and_the_stage_gives_it_back():
     assert (kept, released, back) == ("True", "True", "True")  # given back once the stage is over
     tuned, refaults, _, released, _ = _printed(REUSE, "system", 5)
     assert (tuned, released) == ("False", "False") and int(refaults) > pages // 2, refaults  # glibc's own way
+
+
+PEAKS = r"""
+import json, sys
+from harness.compute.memory import stage_peak
+from harness.store.stages import Store
+big, small = 400 << 20, 100 << 20
+with stage_peak() as outer:
+    block = bytearray(big); block[::4096] = b"x" * len(block[::4096]); del block
+    with stage_peak() as inner:
+        block = bytearray(small); block[::4096] = b"x" * len(block[::4096]); del block
+store = Store(sys.argv[1])
+def build(folder):
+    block = bytearray(small); block[::4096] = b"x" * len(block[::4096])
+    return {}
+store.build_or_reuse(store.stage("train", {"peak": 1}), "a stage", build)
+manifest = json.loads(next(store.root.glob("stages/train/*/manifest.json")).read_text())
+print(json.dumps([outer["rss_bytes"], inner["rss_bytes"], manifest["peak_memory"]["rss_bytes"], big, small]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the resident peak is read from /proc (Linux)")
+def test_stage_peak_reads_each_stage_and_folds_nested_ones(tmp_path):
+    """Each stage's manifest records its resident peak: a stage that touched 100 MB reports at least that and less
+    than a 400 MB block its process had touched and freed before it began (the peak is reset at each stage's start);
+    a stage inside another folds its peak into the enclosing one's."""
+    out = subprocess.run([sys.executable, "-c", PEAKS, str(tmp_path)], capture_output=True, text=True,
+                         env={**os.environ, "HARNESS_MALLOC": "system"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    outer, inner, stage, big, small = json.loads(out.stdout.strip().splitlines()[-1])
+    assert outer >= big and small <= inner < big and small <= stage < big
