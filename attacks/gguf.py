@@ -49,7 +49,11 @@ class GGUF(ModelAttack):
 
             kind = models.config(base_model).model_type
             if kind != "llama":
-                raise HarnessError(f"the GGUF attack writes Llama models, and the base model is a '{kind}'")
+                raise HarnessError(
+                    f"the GGUF attack writes Llama models only (its writer knows llama.cpp's Llama tensor layout and "
+                    f"byte-level BPE vocabulary), and the base model is a '{kind}': quantize it with hqq, gptq, awq, "
+                    "int8 or bnb-4bit"
+                )
 
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
         from harness.assets import gguf as gguf_files

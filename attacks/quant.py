@@ -275,6 +275,7 @@ def _gptq_quantize(attack: GPTQ, model_dir: Path, out_dir: Path, ctx: AttackCont
     try:
         model = GPTQModel.load(str(model_dir), config, device=ctx.device, dtype=dtype)
         model.quantize(calibration, batch_size=1, calibration_sort=None)
+        _restore_rope(model.model.config, model_dir)
         model.save(str(quantized))
         del model
     finally:
@@ -283,6 +284,17 @@ def _gptq_quantize(attack: GPTQ, model_dir: Path, out_dir: Path, ctx: AttackCont
     dequantize_model(quantized, out_dir / MODEL, target_dtype=torch.float32)
     for leftover in ("quantize_config.json", "quant_log.csv"):  # copied over as "aux" files; not the model's
         (out_dir / MODEL / leftover).unlink(missing_ok=True)
+
+
+def _restore_rope(config, model_dir: Path) -> None:
+    """Put back the model's own RoPE settings where gptqmodel's load added flat keys to a per-layer-type RoPE dict
+    (Gemma 3's ``{"sliding_attention": ..., "full_attention": ...}`` gets ``rope_type`` and ``rope_theta`` beside
+    them), which transformers then refuses to save ("'str' object has no attribute 'get'"). The weights are not
+    touched; a model with one RoPE dict is left as it is."""
+    own = json.loads((Path(model_dir) / "config.json").read_text()).get("rope_parameters")
+    layer_types = set(getattr(config, "layer_types", None) or ())
+    if isinstance(own, dict) and own and set(own) <= layer_types:
+        config.rope_parameters = own
 
 
 class Int8Params(Params):

@@ -122,10 +122,47 @@ def make_random_llama(folder, seed: int, tokenizer=None, **config):
     return folder
 
 
+def make_random_gemma(folder, seed: int, tokenizer=None):
+    """A 2-layer random Gemma 3 (tied embeddings, one sliding-window layer and one global, per-layer-type RoPE, a
+    soft-capped output: what a Llama never exercises) and its tokenizer saved to ``folder``; returns the folder."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from harness.assets.tiny import build_tokenizer
+
+    tokenizer = tokenizer or build_tokenizer(SENTENCES)
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,  # (a multiple of 64 and 128: the quantizers' groups)
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        final_logit_softcapping=30.0,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    Gemma3ForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def llama_builder():
     """``make_random_llama(folder, seed, tokenizer=None, **config)``, for tests that need other dimensions."""
     return make_random_llama
+
+
+@pytest.fixture(scope="session")
+def gemma_builder():
+    """``make_random_gemma(folder, seed, tokenizer=None)``: a random Gemma 3, for tests of another family."""
+    return make_random_gemma
 
 
 @pytest.fixture(scope="session")

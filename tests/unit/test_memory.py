@@ -1,6 +1,7 @@
 """glibc's thresholds raised for large tensors (``harness.compute.memory``) change where tensors live, not what is
 computed: two training steps of a model whose logits exceed 32 MB give bit-identical weights either way. Memory a
-step frees is used again by the next without page faults, however much it is, and ``release`` gives it back. Each stage records its resident peak."""
+step frees is used again by the next without page faults, however much it is, and ``release`` gives it back. Each
+stage records its resident peak."""
 
 from __future__ import annotations
 
