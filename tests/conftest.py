@@ -94,6 +94,11 @@ SENTENCES = [
 ] * 20
 
 
+def _eos_everywhere(tokenizer) -> dict:
+    """The random models' special ids: the tokenizer's EOS as EOS, BOS and padding."""
+    return {f"{name}_token_id": tokenizer.eos_token_id for name in ("eos", "bos", "pad")}
+
+
 def make_random_llama(folder, seed: int, tokenizer=None, **config):
     """A 2-layer random Llama (and its tokenizer) saved to ``folder``; ``config`` overrides its LlamaConfig (e.g.
     ``hidden_size=40``); returns the folder."""
@@ -113,9 +118,7 @@ def make_random_llama(folder, seed: int, tokenizer=None, **config):
         num_key_value_heads=2,
         max_position_embeddings=128,
         tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
+        **_eos_everywhere(tokenizer),
     )
     LlamaForCausalLM(LlamaConfig(**{**settings, **config})).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
@@ -144,9 +147,7 @@ def make_random_gemma(folder, seed: int, tokenizer=None):
         layer_types=["sliding_attention", "full_attention"],
         final_logit_softcapping=30.0,
         max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
+        **_eos_everywhere(tokenizer),
     )
     Gemma3ForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
