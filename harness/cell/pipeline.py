@@ -340,9 +340,10 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             # Texts too short for the detector to score any position (scored neutrally: no evidence).
             report["unscored_texts"] = {"generated": sum(s.get("scored") == 0 for s in pos),
                                         "human": sum(s.get("scored") == 0 for s in neg)}  # fmt: skip
-            if attack_spec is not None:  # what the evaluated folder holds (e.g. a dequantized copy), from its stage
-                attack_stage = self.store.stage(kinds.ATTACK, attack_spec)
+            attack_stage = None if attack_spec is None else self.store.stage(kinds.ATTACK, attack_spec)
+            if attack_stage is not None:  # what the evaluated folder holds (e.g. a dequantized copy), from its stage
                 report["evaluated"] = attack_stage.manifest()["report"].get("evaluated", "the attack's output")
+            report["upstream_peak_memory"] = upstream_peaks(train=trained, attack=attack_stage, generate=generated)
             return report
 
         reused = self.build_stage(run, f"scoring of '{row}'", build, collective=True)
@@ -394,6 +395,18 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             spec = run_spec(a, out.config_label, gen, out.spec)
             cells.append(self.score(method, trained, gen, spec, artefacts, out.spec))
         return cells
+
+
+def upstream_peaks(**stages: Stage | None) -> dict:
+    """Each stage a run was made from, with the peak memory its manifest recorded (``{"train": {"stage": "train/<hash>",
+    "rss_bytes": ...}, ...}``), so that a run's own manifest says what making it took at most, training included, and
+    an exported run (which carries no stage folders) keeps it. Stages built before peaks were recorded are left out."""
+    out = {}
+    for name, stage in stages.items():
+        peak = stage.manifest().get("peak_memory") if stage is not None and stage.done else None
+        if peak:
+            out[name] = {"stage": f"{stage.kind}/{stage.key}", **peak}
+    return out
 
 
 def model_of(trained: Stage) -> tuple[Path, str]:

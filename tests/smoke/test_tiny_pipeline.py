@@ -48,6 +48,14 @@ def test_run_folder_holds_everything(store, runs_by_row):
             assert (run / name).is_file(), (run, name)
         manifest = json.loads((run / "manifest.json").read_text())
         assert manifest["versions"]["transformers"] and manifest["versions"]["torch"]
+        # What making the run took at most, stage by stage, training included (an exported run has no stage folders)
+        upstream = manifest["report"]["upstream_peak_memory"]
+        assert {"train", "generate"} <= set(upstream) <= {"train", "attack", "generate"}, upstream
+        assert ("attack" in upstream) == (spec["config"]["attack"]["name"] == "slerp"), upstream
+        for name, peak in upstream.items():
+            kind, key = peak["stage"].split("/")
+            stage = json.loads((root / "stages" / kind / key / "manifest.json").read_text())
+            assert peak["rss_bytes"] == stage["peak_memory"]["rss_bytes"] > 50 * 2**20, (name, peak)
         gens = [json.loads(line) for line in (run / "generations.jsonl").read_text().splitlines()]
         assert len(gens) == 200 and all(len(g["completion_ids"]) == 64 for g in gens)
         assert all(len(g["human_ids"]) == 64 for g in gens)
