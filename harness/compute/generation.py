@@ -179,31 +179,47 @@ class GumbelPerPrompt:
         return scores - torch.log(-torch.log(uniform))
 
 
+# The float32 logits scoring holds at once (``completion_perplexity``): a batch's are texts x tokens x vocabulary, and
+# computing the loss from them holds about three times that again. At the presets' 96 tokens a text this keeps a
+# 49,152-token vocabulary (SmolLM2) at its 32 texts a pass and a 262,144-token one (Gemma 3) at 10, where 32 held
+# 12-15 GiB for perplexity alone.
+LOGITS_BYTES = 2**30
+
+
 def completion_perplexity(
     model, prompts: list[list[int]], completions: list[list[int]], batch_size: int, pad_id: int = 0, desc: str = "ppl"
 ) -> list[float]:
     """Perplexity of each completion given its prompt: prompt tokens condition but are not scored. Sequences of
-    different lengths are right-padded and masked."""
-    import torch
-    import torch.nn.functional as F
-
+    different lengths are right-padded and masked. A batch whose logits would exceed ``LOGITS_BYTES`` passes through
+    the model in parts (the same values: each text's are its own, padded to the batch's width as before)."""
+    vocab = getattr(model.get_output_embeddings(), "out_features", None) or model.config.get_text_config().vocab_size
     ppl: list[float] = []
     with Progress(len(prompts), desc, unit="text") as bar:
         for start in range(0, len(prompts), batch_size):
             pairs = list(zip(prompts[start : start + batch_size], completions[start : start + batch_size], strict=True))
             width = max(len(p) + len(c) for p, c in pairs)
-            ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
-            attention = torch.zeros_like(ids)
-            scored = torch.zeros_like(ids, dtype=torch.bool)  # positions whose token is a completion token
-            for row, (p, c) in enumerate(pairs):
-                ids[row, : len(p) + len(c)] = torch.tensor(p + c)
-                attention[row, : len(p) + len(c)] = 1
-                scored[row, len(p) : len(p) + len(c)] = True
-            ids, attention, scored = ids.to(model.device), attention.to(model.device), scored.to(model.device)
-            with torch.no_grad():
-                logits = model(input_ids=ids, attention_mask=attention).logits.float()
-            nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")  # predicts token j+1
-            mask = scored[:, 1:]
-            ppl.extend(torch.exp((nll * mask).sum(-1) / mask.sum(-1)).tolist())
+            rows = max(1, min(len(pairs), LOGITS_BYTES // (width * vocab * 4)))
+            for part in range(0, len(pairs), rows):
+                ppl.extend(_perplexity(model, pairs[part : part + rows], width, pad_id))
             bar.update(len(pairs))
     return ppl
+
+
+def _perplexity(model, pairs: list[tuple[list[int], list[int]]], width: int, pad_id: int) -> list[float]:
+    """``completion_perplexity`` of one pass: the pairs right-padded to ``width``."""
+    import torch
+    import torch.nn.functional as F
+
+    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    scored = torch.zeros_like(ids, dtype=torch.bool)  # positions whose token is a completion token
+    for row, (p, c) in enumerate(pairs):
+        ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+        attention[row, : len(p) + len(c)] = 1
+        scored[row, len(p) : len(p) + len(c)] = True
+    ids, attention, scored = ids.to(model.device), attention.to(model.device), scored.to(model.device)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention).logits.float()
+    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")  # predicts token j+1
+    mask = scored[:, 1:]
+    return torch.exp((nll * mask).sum(-1) / mask.sum(-1)).tolist()

@@ -55,3 +55,30 @@ def test_every_attack_of_the_utility_figure_has_its_own_colour_and_marker():
     styles = attack_styles(names)
     assert len(set(styles.values())) == len(names)  # matplotlib's default cycle alone repeats after ten
     assert attack_styles(names[:3]) == {n: styles[n] for n in names[:3]}  # the same attack alike in every panel
+
+
+def test_perplexity_in_parts_equals_one_pass(random_llamas, monkeypatch):
+    """A batch whose logits exceed the budget passes through the model in parts (Gemma 3's 262,144-token vocabulary
+    held 12-15 GiB at 32 texts a pass) and gives each text the same perplexity: every text is padded to its batch's
+    width either way. Perplexities here are about the vocabulary's size (a random model), so 1e-6 of it is float32
+    noise in the sum of a text's few log-probabilities."""
+    import random
+
+    from harness.assets.models import load_causal_lm
+    from harness.compute import generation
+
+    _, base = random_llamas
+    model = load_causal_lm(str(base), "cpu")
+    vocab = model.get_output_embeddings().out_features
+    rng = random.Random(0)
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 5))] for _ in range(7)]
+    completions = [[rng.randrange(vocab) for _ in range(rng.randint(2, 6))] for _ in range(7)]
+    whole = generation.completion_perplexity(model, prompts, completions, 7)
+    passes = []
+    real = generation._perplexity
+    monkeypatch.setattr(generation, "_perplexity", lambda m, pairs, *a: passes.append(len(pairs)) or real(m, pairs, *a))
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
+    monkeypatch.setattr(generation, "LOGITS_BYTES", 3 * width * vocab * 4)  # three texts' float32 logits a pass
+    parts = generation.completion_perplexity(model, prompts, completions, 7)
+    assert passes == [3, 3, 1]
+    assert all(abs(a - b) <= 1e-6 * vocab for a, b in zip(whole, parts, strict=True)), (whole, parts)
