@@ -45,26 +45,18 @@ def show_warning(message, category, filename, lineno, file=None, line=None) -> N
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    stdout, shown = sys.stdout, warnings.showwarning
-    sys.stdout, warnings.showwarning = Shown(sys.stdout), show_warning
-    try:
-        return _main(argv)
-    finally:
-        sys.stdout, warnings.showwarning = stdout, shown
-
-
-def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    memory.tune_allocator()  # before any model is built or loaded (harness/compute/memory.py)
-    imports.defer_hqq_import()  # before transformers is imported: a shorter start-up (harness/compute/imports.py)
-    level = logging.DEBUG if args.verbose else logging.INFO
-    if not distributed.is_main():  # another process of a launch: it only says what goes wrong
+def configure_logging(verbose: bool, main_process: bool = True) -> None:
+    """The harness's progress lines at INFO on stderr (``-v``: DEBUG, with the libraries' own logs); another process
+    of a launch only says what goes wrong."""
+    level = logging.DEBUG if verbose else logging.INFO
+    if not main_process:  # another process of a launch: it only says what goes wrong
         level = logging.WARNING
     handler = logging.StreamHandler()  # (paths and names in messages are shown, never obeyed: harness.config.errors)
     handler.setFormatter(Printable("harness: %(message)s"))
+    if not verbose:  # libraries that log through the root logger (mergekit's plan: "Skipping optional weight
+        # lm_head.weight" on every tied-embedding model) speak only of what goes wrong; the harness logs by name
+        handler.addFilter(lambda record: record.name != "root" or record.levelno >= logging.WARNING)
     logging.basicConfig(level=level, handlers=[handler])
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Libraries' own chatter (torchao, which transformers imports with every model once the quantization extras are
     # installed, warns about CUDA kernels it cannot load on a CPU); -v shows it.
     noisy_loggers = (
@@ -83,7 +75,24 @@ def _main(argv: list[str] | None) -> int:
         "hqq",
     )
     for noisy in noisy_loggers:
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.ERROR)
+
+
+def main(argv: list[str] | None = None) -> int:
+    stdout, shown = sys.stdout, warnings.showwarning
+    sys.stdout, warnings.showwarning = Shown(sys.stdout), show_warning
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, warnings.showwarning = stdout, shown
+
+
+def _main(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    memory.tune_allocator()  # before any model is built or loaded (harness/compute/memory.py)
+    imports.defer_hqq_import()  # before transformers is imported: a shorter start-up (harness/compute/imports.py)
+    configure_logging(args.verbose, distributed.is_main())
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if args.command == "list":
             commands.cmd_list()

@@ -524,6 +524,31 @@ def test_listing_and_validation_import_no_heavy_library():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.parametrize("verbose", [False, True])
+def test_libraries_logging_through_the_root_logger_say_only_what_goes_wrong(verbose):
+    """mergekit logs "Skipping optional weight lm_head.weight" through the root logger on every tied-embedding model
+    (Gemma): the harness's progress lines show, a library's INFO on the root logger shows only with -v, its warnings
+    always."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from harness.cli.main import configure_logging\n"
+        f"configure_logging({verbose})\n"
+        "logging.getLogger('harness.cell').info('progress')\n"
+        "logging.getLogger('attacks.quant').info('plugin progress')\n"
+        "logging.info('Skipping optional weight lm_head.weight')\n"
+        "logging.warning('something went wrong')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    shown = out.stderr.splitlines()
+    assert "harness: progress" in shown and "harness: plugin progress" in shown, shown
+    assert "harness: something went wrong" in shown, shown
+    assert ("harness: Skipping optional weight lm_head.weight" in shown) == verbose, shown
+
+
 @pytest.mark.parametrize("attack, module, extra", [("gptq", "gptqmodel", "quant"), ("wanda", "llmcompressor", "prune")])
 def test_missing_extra_is_one_line_naming_it(attack, module, extra, monkeypatch):
     """An attack whose library is not installed fails before any work, saying which extra installs it."""
