@@ -500,11 +500,18 @@ def test_unwritable_results_folder(cli, tmp_path):
     assert out.stderr.count("\n") == 1 and "is not writable" in out.stderr
 
 
-def test_listing_and_validation_import_no_heavy_library():
-    """`harness list` and argument checks stay fast: torch and friends load only when a model does."""
+def _python(code: str):
+    """Run ``code`` in a fresh interpreter (nothing imported or configured yet); it must succeed."""
     import subprocess
     import sys
 
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_listing_and_validation_import_no_heavy_library():
+    """`harness list` and argument checks stay fast: torch and friends load only when a model does."""
     code = (
         "import sys\n"
         "from harness.config.registry import methods, attacks\n"
@@ -520,8 +527,7 @@ def test_listing_and_validation_import_no_heavy_library():
         "heavy = [m for m in ('torch', 'transformers', 'mergekit', 'sklearn', 'pandas') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    _python(code)
 
 
 @pytest.mark.parametrize("verbose", [False, True])
@@ -529,9 +535,6 @@ def test_libraries_logging_through_the_root_logger_say_only_what_goes_wrong(verb
     """mergekit logs "Skipping optional weight lm_head.weight" through the root logger on every tied-embedding model
     (Gemma): the harness's progress lines show, a library's INFO on the root logger shows only with -v, its warnings
     always."""
-    import subprocess
-    import sys
-
     code = (
         "import logging\n"
         "from harness.cli.main import configure_logging\n"
@@ -541,8 +544,7 @@ def test_libraries_logging_through_the_root_logger_say_only_what_goes_wrong(verb
         "logging.info('Skipping optional weight lm_head.weight')\n"
         "logging.warning('something went wrong')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _python(code)
     shown = out.stderr.splitlines()
     assert "harness: progress" in shown and "harness: plugin progress" in shown, shown
     assert "harness: something went wrong" in shown, shown
