@@ -13,18 +13,22 @@ from pathlib import Path
 
 import pytest
 
-FIRST_WORKER = "gw0"  # the pytest-xdist worker at full priority (``pytest_configure``)
-
 
 def pytest_configure(config):
-    """Under pytest-xdist every worker but the first runs at a lower priority (and so do the processes it starts). Two
-    torch processes that each take every core slow each other several-fold, as OpenMP's threads spin while they wait
-    for each other: the tiny LM's build took 590 s beside another against 128 s alone on 2 cores, and 153 s beside
-    one niced by 10. So the first worker's processes run about as fast as alone, and the others fill the time it
-    leaves (process starts, imports, a stage another process is building)."""
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker not in (None, FIRST_WORKER):
-        os.nice(10)
+    """Under pytest-xdist each worker (and every process it starts, which inherits ``OMP_NUM_THREADS``) gets its share
+    of torch's threads: the cores over the workers. Two torch processes that each take every core slow each other
+    several-fold, as OpenMP's threads spin while they wait for a thread the other process holds off its core. Beside a
+    2-thread matmul loop on 2 cores a unit test of 360 small MiniLM passes took 6-17 s against 2-3 s alone, and 3.3 s
+    with a thread each; in CI, with the second worker niced instead, it took 177 s and 338 s in two runs. The default
+    suite on a fresh clone, back to back on 2 cores: 719 s niced, 624 s with a thread each. Thread counts change float
+    results (``harness/store/versions.py``), and every process of a session runs at the same count."""
+    if getattr(config, "workerinput", None) is None:
+        return
+    import torch
+
+    threads = max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
 
 
 def console_script(name: str) -> str:
