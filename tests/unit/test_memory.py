@@ -88,6 +88,41 @@ def test_a_step_reuses_what_the_last_freed_and_the_stage_gives_it_back():
     assert (tuned, released) == ("False", "False") and int(refaults) > pages // 2, refaults  # glibc's own way
 
 
+MAPPED = r"""
+import ctypes, resource
+from harness.compute.memory import mapped_above, tune_allocator
+tuned = tune_allocator()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes, libc.memset.argtypes = (ctypes.c_void_p,), (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def refaults():  # page faults of the second of two steps that each fill and free a 100 MiB block
+    for _ in range(2):
+        before = faults()
+        block = libc.malloc(100 << 20)
+        libc.memset(block, 1, 100 << 20)
+        libc.free(block)
+    return faults() - before
+outside = refaults()
+with mapped_above(64 << 20):
+    inside = refaults()
+print(tuned, outside, inside, refaults())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_blocks_above_the_bound_are_mapped_only_within_it():
+    """Within ``mapped_above(64 MiB)`` a 100 MiB block is mapped afresh at each allocation (its pages faulted in
+    again); before and after, the heap keeps it for the next one."""
+    pages = (100 << 20) // os.sysconf("SC_PAGE_SIZE")
+    tuned, outside, inside, after = _printed(MAPPED, "", 4)
+    assert tuned == "True"
+    assert int(outside) < pages // 20 and int(after) < pages // 20, (outside, after)
+    assert int(inside) > pages // 2, inside
+    _, outside, inside, _ = _printed(MAPPED, "system", 4)  # glibc's defaults: nothing to bound, all mapped
+    assert int(outside) > pages // 2 and int(inside) > pages // 2
+
+
 PEAKS = r"""
 import json, sys
 from harness.compute.memory import stage_peak
