@@ -8,7 +8,6 @@ torch is imported only inside methods, so that ``harness list`` and argument che
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from typing import Literal
@@ -16,7 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from harness.assets import data, models
-from harness.compute import distributed, memory
+from harness.compute import distributed
 from harness.config.errors import HarnessError
 from harness.config.params import Params
 from harness.contract.method import Detector, TrainContext, WatermarkMethod, read_key, save_trained, score_long_enough
@@ -227,7 +226,6 @@ class PRO(WatermarkMethod):
         from harness.assets.encoder import Embedder
         from harness.assets.models import resolve
         from harness.compute.training import train
-        from methods import pro_chunked
         from methods.pro_policy import PolicyMLP
 
         p, s = self.params, ctx.settings
@@ -243,11 +241,7 @@ class PRO(WatermarkMethod):
         stream = data.token_stream(tokenizer, ctx.train_texts, max_tokens=s.tokens)
         batches = data.training_batches(tokenizer, stream, s)
         step = PROStep(p, s, teacher, tokenizer, embedder, policy)
-        # A chunked step's vocabulary-sized tensors are at most CHUNK_ELEMENTS floats: larger blocks are mapped, not
-        # kept in the heap (harness/compute/memory.py: mapped_above).
-        chunked = pro_chunked.use_chunks(student, s.batch_size * (s.seq_len - p.n + 1), vocab)
-        with memory.mapped_above(pro_chunked.CHUNK_ELEMENTS * 4) if chunked else contextlib.nullcontext():
-            report = train(student, step, batches, s, desc="train PRO", device=ctx.device, lr=p.student_lr)
+        report = train(student, step, batches, s, desc="train PRO", device=ctx.device, lr=p.student_lr)
 
         policy = policy.cpu().eval()
         save_trained(out, student, tokenizer, self.detection_key(emb_folder, embedder, policy))

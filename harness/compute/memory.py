@@ -76,27 +76,6 @@ def tune_allocator() -> bool:
     return _done
 
 
-@contextlib.contextmanager
-def mapped_above(nbytes: int):
-    """Within it, blocks of ``nbytes`` and more are mapped afresh and given back when freed (glibc's mmap threshold at
-    ``nbytes``; ``MMAP_THRESHOLD`` again on exit), where ``tune_allocator`` raised the threshold. For work whose
-    transient tensors are bounded below ``MMAP_THRESHOLD`` (PRO's chunked step: ``CHUNK_ELEMENTS`` floats) while
-    larger blocks are allocated and freed beside long-lived ones: at Gemma 3's 262,144-token vocabulary the gradients
-    and FPL's copies of the 671 MB embedding, kept in the heap among the weights and optimiser states, left it
-    fragmented (PRO's resident peak 18.4 -> 20.6 GiB over 14 steps, 13.8 flat with them mapped; benchmarks/README.md).
-    Where it is, not what is computed. glibc maps a block only when its heap has no free room for it, so the heap's
-    free memory is given back first (``malloc_trim``)."""
-    mallopt = getattr(_libc(), "mallopt", None) if _done else None
-    if mallopt is None or not mallopt(M_MMAP_THRESHOLD, nbytes):
-        yield
-        return
-    _trim()
-    try:
-        yield
-    finally:
-        any(mallopt(M_MMAP_THRESHOLD, value) for value in (MMAP_THRESHOLD, 32 << 20))  # as ``tune_allocator`` set it
-
-
 def free_heap() -> int | None:
     """Bytes free in glibc's heap (``mallinfo2().fordblks``: kept, not given back); None before glibc 2.33."""
     mallinfo2 = getattr(_libc(), "mallinfo2", None)
@@ -114,14 +93,10 @@ def release() -> bool:
     free = free_heap()
     if free is not None and free <= KEEP:
         return False
-    _trim()
-    return True
-
-
-def _trim() -> None:
     malloc_trim = _libc().malloc_trim  # glibc: tune_allocator's mallopt calls succeeded
     malloc_trim.argtypes, malloc_trim.restype = (ctypes.c_size_t,), ctypes.c_int
     malloc_trim(0)
+    return True
 
 
 # A stage's peak memory, for its manifest. Linux keeps a process's resident high-water mark (VmHWM) and resets it to

@@ -54,18 +54,14 @@ def test_raised_thresholds_leave_training_bit_identical():
     assert digest == reference
 
 
-LIBC = r"""
+REUSE = r"""
 import ctypes, resource
-from harness.compute import memory
-tuned = memory.tune_allocator()
+from harness.compute.memory import KEEP, free_heap, release, tune_allocator
+tuned = tune_allocator()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes, libc.memset.argtypes = (ctypes.c_void_p,), (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-"""  # the start of REUSE and MAPPED: glibc's malloc called directly, and this process's page faults so far
-
-REUSE = r"""
-from harness.compute.memory import KEEP, free_heap, release
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
 def step():  # a step's transient tensors: two of 600 MB, together more than the 1 GiB glibc kept when it trimmed
     blocks = [libc.malloc(600 << 20) for _ in range(2)]
@@ -85,39 +81,11 @@ print(tuned, refaults, kept, release(), held - rss() > KEEP)  # the last: more t
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and mallinfo2")
 def test_a_step_reuses_what_the_last_freed_and_the_stage_gives_it_back():
     pages = (1200 << 20) // os.sysconf("SC_PAGE_SIZE")  # what one step touches
-    tuned, refaults, kept, released, back = _printed(LIBC + REUSE, "", 5)
+    tuned, refaults, kept, released, back = _printed(REUSE, "", 5)
     assert tuned == "True" and int(refaults) < pages // 20, refaults  # kept for the next step, not faulted in again
     assert (kept, released, back) == ("True", "True", "True")  # given back once the stage is over
-    tuned, refaults, _, released, _ = _printed(LIBC + REUSE, "system", 5)
+    tuned, refaults, _, released, _ = _printed(REUSE, "system", 5)
     assert (tuned, released) == ("False", "False") and int(refaults) > pages // 2, refaults  # glibc's own way
-
-
-MAPPED = r"""
-def refaults():  # page faults of the second of two steps that each fill and free a 100 MiB block
-    for _ in range(2):
-        before = faults()
-        block = libc.malloc(100 << 20)
-        libc.memset(block, 1, 100 << 20)
-        libc.free(block)
-    return faults() - before
-outside = refaults()
-with memory.mapped_above(64 << 20):
-    inside = refaults()
-print(tuned, outside, inside, refaults())
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_blocks_above_the_bound_are_mapped_only_within_it():
-    """Within ``mapped_above(64 MiB)`` a 100 MiB block is mapped afresh at each allocation (its pages faulted in
-    again); before and after, the heap keeps it for the next one."""
-    pages = (100 << 20) // os.sysconf("SC_PAGE_SIZE")
-    tuned, outside, inside, after = _printed(LIBC + MAPPED, "", 4)
-    assert tuned == "True"
-    assert int(outside) < pages // 20 and int(after) < pages // 20, (outside, after)
-    assert int(inside) > pages // 2, inside
-    _, outside, inside, _ = _printed(LIBC + MAPPED, "system", 4)  # glibc's defaults: nothing to bound, all mapped
-    assert int(outside) > pages // 2 and int(inside) > pages // 2
 
 
 PEAKS = r"""

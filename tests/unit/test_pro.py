@@ -507,29 +507,6 @@ def test_the_chunked_step_is_the_step(random_llamas, embedder, monkeypatch, chan
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("chunked", [False, True])
-def test_a_chunked_training_maps_blocks_above_its_chunks(random_llamas, base_tokenizer, tmp_path, monkeypatch, chunked):
-    """PRO's training runs within ``memory.mapped_above`` (blocks larger than a chunk's floats mapped, not kept in the
-    heap) exactly when its steps are chunked; the step itself is the same either way (above)."""
-    import contextlib
-
-    from harness.compute import memory
-    from methods import pro_chunked
-
-    bounds = []
-
-    @contextlib.contextmanager
-    def recorded(nbytes):
-        bounds.append(nbytes)
-        yield
-
-    monkeypatch.setattr(memory, "mapped_above", recorded)
-    elements = 6 * len(base_tokenizer) if chunked else 10**12
-    monkeypatch.setattr(pro_chunked, "CHUNK_ELEMENTS", elements)
-    _train(random_llamas[0], tmp_path, fpl="false")
-    assert bounds == ([elements * 4] if chunked else [])
-
-
 def test_simultaneous_update_and_paper_sum_reduction_train(random_llamas, tmp_path, monkeypatch):
     """Both settings reach the step: the sum reduction of L_norm is what is computed, and "simultaneous" runs M once
     per step (alternating runs it again after its update)."""
