@@ -4,6 +4,7 @@ texts and metrics, as one process gives (Gu-KGW's distillation and the fine-tuni
 policy with FPL)."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -78,8 +79,10 @@ def test_two_processes_give_the_runs_of_one(tmp_path, random_llamas, cli, script
     assert two.returncode == 0, two.stderr[-3000:]
 
     assert "generate (base model): 4/4 texts" in two.stderr  # the main process sampled its 4 of the 9 prompts
-    # One report, from the main process; the same table.
-    table = lambda out: out[out.index("model") :]  # noqa: E731
+    # One report, from the main process; the same table, but for its rounded numbers: those are the runs' metrics,
+    # compared below to their tolerance (a PPL of prompts batched otherwise in each process, or a score of PRO's
+    # policy, differing in the last float32 bits can move a rounded digit, or a near tie flip an AUC).
+    table = lambda out: re.sub(r"\d+\.\d+", "#", out[out.index("model") :])  # noqa: E731
     assert two.stdout.count("Unwatermarked base") == 1
     assert table(two.stdout) == table(one.stdout).replace("/one/", "/two/")
     a, b = finished(tmp_path / "one"), finished(tmp_path / "two")

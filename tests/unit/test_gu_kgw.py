@@ -79,7 +79,9 @@ def test_chunked_kl_equals_the_whole_kl_with_its_gradient(monkeypatch):
     monkeypatch.setattr(distill, "CHUNK_ELEMENTS", 120)  # chunks of 2 positions
     chunked = distill.kl_per_token(student, teacher)
     (grad_chunked,) = torch.autograd.grad(chunked, student)
-    assert torch.allclose(whole, chunked, rtol=1e-6) and torch.allclose(grad_whole, grad_chunked, atol=1e-7)
+    # float32 KL summed over 1,050 entries of either sign in another order (whole, or 11 chunk sums): 6e-8 relative
+    # seen, up to ~1e-6 bounded (eps32 x log2(n) x sum|terms| / total); each gradient entry is its own row's alone
+    assert torch.allclose(whole, chunked, rtol=1e-5) and torch.allclose(grad_whole, grad_chunked, atol=1e-7)
     bf16 = distill.kl_per_token(student.bfloat16(), teacher.bfloat16())
     assert bf16.dtype == torch.float32 and abs(bf16.item() - whole.item()) < 0.05 * whole.item()
 
