@@ -290,6 +290,8 @@ def _fake_run(
     output: int = 0,
     n: int = 60,
     prompts: int = 0,
+    ppl_scale: float = 1.0,
+    loop: bool = False,
 ) -> Path:
     """A finished run as the pipeline records it (``scoring.run_spec`` with the real plugins, made-up upstream keys),
     published by the pipeline's own ``publish_scores``: for tests of what reads the store, with no model. Its per-text
@@ -298,7 +300,8 @@ def _fake_run(
     AUC is ``auc`` in expectation (as far as the rows' ties allow). ``attack`` ``"base"`` is the unwatermarked base's
     row; ``output``: which of the attack's outputs (fine-tuning's checkpoints) the run is. Its generations record the
     prompts and human texts they continue, the same for every run of a preset; ``prompts`` other than 0 makes other
-    ones (a run that is not paired with the rest)."""
+    ones (a run that is not paired with the rest). Its texts' perplexities are drawn from [5, 9] times ``ppl_scale``,
+    and its completions' ids are varied (no repeated 3-gram) or, with ``loop``, one 3-gram over and over."""
     import hashlib
 
     import numpy as np
@@ -327,14 +330,16 @@ def _fake_run(
     rows = _detector_rows(method, params, preset.eval.prompt_tokens, preset.eval.new_tokens)
     rng = np.random.default_rng(int(digest[:8], 16))
     pos_at, neg_at = _draw_for_auc([r["score"] for r in rows], auc, n, rng)
-    pos = [{**rows[i], "ppl": float(rng.uniform(5, 9))} for i in pos_at]
+    pos = [{**rows[i], "ppl": float(rng.uniform(5, 9)) * ppl_scale} for i in pos_at]
     ppl_on = metrics.ppl_footing(preset.oracle_model == preset.base_model, isinstance(a, TextAttack))
     if ppl_on == metrics.SAMPLED_IDS:  # the pipeline stores the PPL of the decoded text tokenized again beside it
         pos = [{**s, "ppl_retokenized": 1.4 * s["ppl"]} for s in pos]
     neg = [rows[i] for i in neg_at]
     rewritten = {"unigram_overlap": 0.5, "embedding_cosine": 0.8} if isinstance(a, TextAttack) else {}
     texts = np.random.default_rng([preset.eval.seed, prompts]).integers(0, 100, size=(n, 2, 3)).tolist()
-    gens = [{"i": i, "prompt_ids": p, "human_ids": h, **rewritten} for i, (p, h) in enumerate(texts)]
+    completions = [[7, 8, 9] * 8 if loop else list(range(24 * i, 24 * i + 24)) for i in range(n)]
+    gens = [{"i": i, "prompt_ids": p, "human_ids": h, "completion_ids": c, **rewritten}
+            for i, ((p, h), c) in enumerate(zip(texts, completions, strict=True))]  # fmt: skip
     stage = store.stage("run", spec)
 
     def build(out):

@@ -12,7 +12,8 @@ from harness.store.files import read_jsonl
 FPRS = (0.001, 0.01, 0.05, 0.1)
 # Bump when the code that turns stored per-text scores into metrics changes: runs keep their hash and are brought up
 # to date from their scores (``harness rescore``), with no detector or model loaded.
-METRICS_VERSION = "3"  # 2: TPR by text length and tokens to detect; 3: tokens to detect as MarkMyWords' size
+# 2: TPR by text length and tokens to detect; 3: tokens to detect as MarkMyWords' size; 4: repetition and diversity
+METRICS_VERSION = "4"
 LENGTH_FPR = 0.01  # the FPR at which tokens-to-detect and TPR by length are read
 
 
@@ -70,6 +71,17 @@ def detection_metrics(
             out[f"tpr_analytic@{f:g}"] = float((pp <= f).mean())
             out[f"fpr_analytic@{f:g}"] = float((np_ <= f).mean())
     return out
+
+
+def versus(pos, neg) -> tuple[float | None, float | None]:
+    """ROC AUC and TPR at 1% FPR of scores ``pos`` against scores ``neg`` (None, None where either is empty): a
+    model's texts against the unwatermarked base's under the same detector, the model-versus-model reading."""
+    if len(pos) == 0 or len(neg) == 0:
+        return None, None
+    from sklearn.metrics import roc_auc_score
+
+    p, n = np.asarray(pos, float), np.asarray(neg, float)
+    return float(roc_auc_score(np.r_[np.ones(len(p)), np.zeros(len(n))], np.r_[p, n])), tpr_at_fpr(p, n, 0.01)
 
 
 def paired_bootstrap(pos_a, neg_a, pos_b, neg_b, bootstrap: int = 1000, seed: int = 0, fpr: float = 0.01) -> dict:
@@ -303,6 +315,10 @@ def run_metrics(folder: Path, new_tokens: int | None = None, ppl_on: str | None 
         result["ppl_on"] = ppl_on or _stored_footing(folder, rewritten(gens))
         if all("ppl_retokenized" in s for s in pos):  # a sampled-ids row's PPL on its decoded text tokenized again
             result["median_ppl_retokenized"] = median([s["ppl_retokenized"] for s in pos])
+    if gens and all("completion_ids" in g for g in gens):  # repetition and diversity of the generated texts
+        from harness.cell.quality import text_quality
+
+        result.update(text_quality([g["completion_ids"] for g in gens]))
     if rewritten(gens):  # a text attack: how much it rewrote, and how much meaning it kept
         from harness.assets import textsim
 

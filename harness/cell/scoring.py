@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 SCORING_VERSION = "2"  # bump when detection code changes a run's per-text scores (it is part of the run hash)
 BASE_ROW = "Unwatermarked base"  # the control row: the base model's texts under the method's detector
+BASE_CATEGORY = "Reference"  # its row group
 
 
 def preset_settings(preset: Preset) -> dict:
@@ -56,7 +57,7 @@ def method_info(method) -> dict:
 def attack_info(attack, config_label: str | None = None) -> dict:
     """What tables need of the attack a run evaluates (None: the unwatermarked base)."""
     if attack is None:
-        return {"name": None, "category": "Reference", "label": "No watermark", "config_label": "base model"}
+        return {"name": None, "category": BASE_CATEGORY, "label": "No watermark", "config_label": "base model"}
     return {
         "name": attack.name,
         "category": attack.category,

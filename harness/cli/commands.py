@@ -37,33 +37,57 @@ def cmd_list() -> None:
             print(f"  {'':14s}   {name}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
 
 
-def format_cells(cells) -> str:
+def format_cells(cells, gate=None) -> str:
+    """The printed table of a run's rows (the base's first, where it is one of them): detection against human texts
+    and against the base's own texts (``vs base``), perplexity beside the base's, and the quality ``gate``'s verdict
+    (``harness.config.gate``; default: the default gate)."""
     import pandas as pd
 
-    from harness.cell.metrics import RETOKENIZED, retokenized_ppl
+    from harness.cell.metrics import RETOKENIZED, retokenized_ppl, versus
+    from harness.cell.scoring import BASE_ROW
+    from harness.config.gate import OK, QualityGate
+    from harness.store.files import read_jsonl
 
     # A text attack's row measures PPL on its text tokenized again: beside one, every row is shown on that footing.
     footings = {c.metrics.get("ppl_on") for c in cells}
     mixed = RETOKENIZED in footings and len(footings) > 1
 
-    def ppl(m: dict) -> str:
-        value = retokenized_ppl(m) if mixed else m["median_ppl"]
-        return "missing" if value is None else f"{value:.2f}"
+    def ppl_value(m: dict) -> float | None:
+        return retokenized_ppl(m) if mixed else m.get("median_ppl")
 
-    rows = [
-        {
+    def generated(c) -> list[float]:
+        return [s["score"] for s in read_jsonl(c.run.path / "scores.jsonl") if s["label"] == 1]
+
+    base = next((c for c in cells if c.row == BASE_ROW), None)
+    base_scores = generated(base) if base is not None else []
+    base_ppl = ppl_value(base.metrics) if base is not None else None
+    gate = gate or QualityGate()
+    rows, verdicts = [], []
+    for c in cells:
+        value = ppl_value(c.metrics)
+        ratio = value / base_ppl if value is not None and base_ppl else None
+        verdict = gate.verdict(ratio, c.metrics.get("rep3"), base.metrics.get("rep3") if base else None)
+        verdicts.append((c.row, verdict))
+        auc_base, tpr_base = versus(generated(c), base_scores)
+        rows.append({
             "model": c.row,
             "AUC": f"{c.metrics['auc']:.3f}",
             "AUC 95% CI": "[{:.3f}, {:.3f}]".format(*c.metrics["auc_ci95"]),
             "TPR@1%": f"{c.metrics['tpr@0.01']:.3f}",
-            "TPR@5%": f"{c.metrics['tpr@0.05']:.3f}",
-            "median PPL": ppl(c.metrics),
-            "texts": f"{c.metrics['n_pos']}+{c.metrics['n_neg']}",
+            "vs base AUC": "missing" if auc_base is None else f"{auc_base:.3f}",
+            "median PPL": "missing" if value is None else f"{value:.2f}",
+            "PPL/base": "missing" if ratio is None else f"{ratio:.2f}",
+            "text": verdict.split(":", 1)[0],
             "run": c.run.key + (" (reused)" if c.reused else ""),
-        }
-        for c in cells
-    ]
+        })  # fmt: skip
     table = pd.DataFrame(rows).to_string(index=False)
+    table += (
+        "\nvs base AUC: each model's texts against the base's own texts under the same detector (0.5: nothing "
+        f"beyond the base's)\ntext: the quality gate's verdict ({gate.describe()})"
+    )
+    for row, verdict in verdicts:
+        if verdict != OK:
+            table += f"\n! {row}: {verdict}" + (": not to be ranked" if verdict.startswith("degenerate") else "")
     if mixed:
         table += (
             "\nmedian PPL of each row's text tokenized again, as a text attack's rows are measured (the ids a model "
@@ -146,7 +170,7 @@ def cmd_run(args) -> None:
     used = (("prompts", preset.eval.prompts_label()), ("decoding", preset.eval.decoding_label()))
     used_text = "".join(f"; {name}: {label}" for name, label in used if label)
     print(f"\n{args.method} x {what} on preset '{preset.name}' (base model {preset.base_model}{used_text})")
-    print(format_cells(cells))
+    print(format_cells(cells, preset.quality_gate))
     print(f"\nruns stored in {store.root}/<run>; 'harness tables' rebuilds tab:robustness from them")
 
 

@@ -29,7 +29,10 @@ class Params(BaseModel):
         data = handler(self)
         fields = type(self).model_fields
         for name in self.added_later:
-            if name in data and data[name] == fields[name].default:
+            default = fields[name].default
+            if name in data and (
+                getattr(self, name) == default if isinstance(default, BaseModel) else data[name] == default
+            ):  # (a section of settings: as the model, in any dump mode)
                 del data[name]
         return data
 

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, PositiveInt, TypeAdapter, ValidationError, field_validator, model_validator
 
 from harness.config.errors import HarnessError
+from harness.config.gate import QualityGate
 from harness.config.params import Params
 
 
@@ -278,8 +279,11 @@ class Preset(Params):
     # code documents continued as ``eval_data``'s are, and an instruction set (its ``prompt_field`` set).
     code_data: DataSource | None = None
     chat_data: DataSource | None = None
+    # When a row's texts still count as writing (``harness.config.gate``): read by the tables, never by a stage but the
+    # run's, whose spec records it where it is not the default.
+    quality_gate: QualityGate = QualityGate()
 
-    added_later: ClassVar[tuple[str, ...]] = ("code_data", "chat_data")
+    added_later: ClassVar[tuple[str, ...]] = ("code_data", "chat_data", "quality_gate")
 
     @model_validator(mode="after")
     def _chat_data_pairs(self) -> Preset:

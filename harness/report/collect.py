@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.cell import metrics
+from harness.cell.scoring import BASE_CATEGORY
 from harness.config.errors import HarnessError
 from harness.config.presets import decoding_label, documents_prompts, plain_sampling, prompts_label
 from harness.store import kinds
@@ -35,11 +36,13 @@ log = logging.getLogger(__name__)
 
 METRICS = {"AUC": "auc", "TPR@5": "tpr@0.05", "PPL": "median_ppl"}
 TPRS = {"TPR@0.1%": "tpr@0.001", "TPR@1%": "tpr@0.01", "TPR@5%": "tpr@0.05", "TPR@10%": "tpr@0.1"}
+QUALITY = ["rep3", "distinct1", "distinct2"]  # harness.cell.quality
 MISSING = "missing"
 # A cell that cannot exist: a decoding-time watermark under an attack that changes the weights it is not in.
 NOT_APPLICABLE = "n/a"
-# Settings that are not part of a setup: seeds are averaged; plugin defaults only say which configuration is main.
-NOT_SETUP = {"name", "notes", "methods", "attacks"}
+# Settings that are not part of a setup: seeds are averaged; plugin defaults only say which configuration is main; the
+# quality gate judges rows, it does not make them.
+NOT_SETUP = {"name", "notes", "methods", "attacks", "quality_gate"}
 
 
 # --- reading the store ------------------------------------------------------------------------------------------
@@ -82,8 +85,61 @@ def collect(store: Store) -> pd.DataFrame:
     df = df[~dupes].reset_index(drop=True)
     df["main"] = _one_main_configuration(df)
     df["main_method"] = _main_settings(df)
+    df = against_base(df, store)
     order = ["setup", "method", "method_config", "category", "attack", "prompts", "decoding", "run"]
     return df.sort_values(order).reset_index(drop=True)
+
+
+def base_rows(df: pd.DataFrame) -> pd.Series:
+    """Which runs score the unwatermarked base's texts (the control row of every method)."""
+    return df["attack_name"].isna() & (df["category"] == BASE_CATEGORY)
+
+
+def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
+    """Each run beside the unwatermarked base's texts of its setup, prompts and decoding (the same prompts, sampled
+    the same way, judged by the same model): ``PPL_ratio`` (its median PPL over the base's, on one footing),
+    ``rep3_base``, the ``quality`` verdict of its setup's gate (``harness.config.gate``), and the model-versus-model
+    columns ``AUC_vs_base`` and ``TPR@1%_vs_base``: its detector's scores of its texts against the same detector's
+    scores of the base's texts (that method's and configuration's base row, of the same training seed where
+    stored), where the human texts of ``AUC`` mix "model versus human" into the watermark's signal. A base row reads
+    0.5 there by construction."""
+    from harness.config.gate import QualityGate
+
+    base = df[base_rows(df)]
+
+    @cache
+    def generated(run: str) -> tuple[float, ...]:
+        return tuple(s["score"] for s in scores(store, run) if s["label"] == 1)
+
+    cols: dict[str, list] = {c: [] for c in ("PPL_ratio", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base")}
+    for r in df.itertuples(index=False):
+        same = base[(base["setup"] == r.setup) & (base["decoding"] == r.decoding) & (base["prompts"] == r.prompts)]
+        for column, value in (("method", r.method), ("params", r.params), ("seed", r.seed)):
+            if (same[column] == value).any():  # the base texts under this method's detector, settings and seed
+                same = same[same[column] == value]
+        ratio = rep3_base = auc = tpr = None
+        if len(same):
+            b = same.iloc[0]
+            footing = r.PPL_on == b["PPL_on"]
+            ratio = _ratio(*((r.PPL, b["PPL"]) if footing else (r.PPL_retokenized, b["PPL_retokenized"])))
+            rep3_base = b["rep3"]
+            if b["method"] == r.method and b["params"] == r.params:
+                try:
+                    auc, tpr = metrics.versus(generated(r.run), generated(b["run"]))
+                except (OSError, ValueError, KeyError) as err:
+                    log.warning("run %s: no model-versus-model AUC (%s)", r.run, err)
+        verdict = QualityGate(**json.loads(r.quality_gate)).verdict(ratio, r.rep3, rep3_base)
+        for c, v in zip(cols, (ratio, rep3_base, verdict, auc, tpr), strict=True):
+            cols[c].append(v)
+    return df.assign(**cols)
+
+
+def _ratio(num, den) -> float | None:
+    try:
+        num, den = float(num), float(den)
+    except (TypeError, ValueError):
+        return None
+    return num / den if den > 0 and num == num and den == den else None
 
 
 def _one_main_configuration(df: pd.DataFrame) -> pd.Series:
@@ -184,12 +240,15 @@ def _row(run: Path) -> dict:
         "overlap": (m.get("paraphrase") or {}).get("mean_unigram_overlap"),
         "cosine": (m.get("paraphrase") or {}).get("mean_embedding_cosine"),
         "edit_rate": (m.get("paraphrase") or {}).get("applied_rate"),  # a text edit's rate as applied
+        "judge": (spec.get("oracle") or {}).get("ref"),  # the model whose perplexity PPL is
         "PPL_on": m.get("ppl_on"),  # sampled ids or re-tokenized text: compare PPL on the same footing only
         "PPL_retokenized": metrics.retokenized_ppl(m),  # on re-tokenized text, the footing of text attacks' rows
         # Detection by text length (None where the detector keeps no prefix scores, or the run predates them).
         "tokens_to_detect": m.get(f"tokens_to_detect@{metrics.LENGTH_FPR:g}"),
         "detected_by_end": m.get(f"detected_by_end@{metrics.LENGTH_FPR:g}"),
         "by_length": json.dumps(m["by_length"]) if m.get("by_length") else None,
+        **{k: m.get(k) for k in QUALITY},  # repetition and diversity of its generated texts (metrics version 4)
+        "quality_gate": json.dumps(preset.get("quality_gate") or {}, sort_keys=True),  # "{}": the default gate
         "metrics_version": m.get("metrics_version", "0"),
         "run": run.name,
     }

@@ -12,6 +12,7 @@ import pandas as pd
 
 from harness.cell import metrics
 from harness.cell.scoring import BASE_ROW
+from harness.config.gate import DEGENERATE, OK, UNKNOWN
 from harness.contract.plugin import Ablation
 from harness.report.collect import (
     DOCUMENTS,
@@ -20,6 +21,7 @@ from harness.report.collect import (
     NOT_APPLICABLE,
     PLAIN_DECODING,
     TPRS,
+    base_rows,
     category_rank,
     decoding_time_methods,
     documents_runs,
@@ -51,23 +53,31 @@ COMPARISON_DRAWS = 1000  # tab:comparison's bootstrap draws (as the per-run AUC 
 
 def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> pd.DataFrame:
     """tab:robustness: rows are the model modifications (category, attack, setting) of the attacks that join it,
-    columns each method's main configuration x (AUC, TPR@5, PPL[, AUC_lo, AUC_hi]). With ``every_row`` (the report's
-    page, where every stored cell belongs) every row stored for a main configuration: the other tables' attacks and
-    the unwatermarked base model's reference rows too. Where ``df`` holds several training seeds, each cell is the
-    mean over its seeds, with ``seeds``, ``AUC_seed_lo`` and ``AUC_seed_hi`` (the t-interval over seeds,
-    ``spread_over_seeds``) beside the text-sampling interval."""
-    metrics = list(METRICS) + (["AUC_lo", "AUC_hi"] if ci else [])
+    columns each method's main configuration x (AUC, TPR@5, PPL, PPL_ratio, AUC_vs_base[, AUC_lo, AUC_hi], quality):
+    ``PPL_ratio`` its median PPL over the unwatermarked base's, ``AUC_vs_base`` its texts against the base's texts
+    rather than human ones (``collect.against_base``), ``quality`` the gate's verdict (``ok``, ``degenerate`` where a
+    row's texts no longer count as writing, ``unknown`` where the stored run cannot tell). With ``every_row`` (the
+    report's page, where every stored cell belongs) every row stored for a main configuration: the other tables'
+    attacks and the unwatermarked base model's reference rows too. Where ``df`` holds several training seeds, each
+    cell is the mean over its seeds, with ``seeds``, ``AUC_seed_lo`` and ``AUC_seed_hi`` (the t-interval over seeds,
+    ``spread_over_seeds``) beside the text-sampling interval, and the worst verdict of its seeds."""
+    metrics = list(METRICS) + ["PPL_ratio", "AUC_vs_base"] + (["AUC_lo", "AUC_hi"] if ci else [])
     part = robustness_runs(df, every_row)
     if part.empty:
         return pd.DataFrame()
     runs = part
     part = on_one_footing(part)
+    verdicts = {key: worst_quality(cell["quality"]) for key, cell in part.groupby(["method", *ROW_KEYS], sort=False)}
     if df["seed"].nunique() > 1:  # several training seeds: their number and spread beside each mean
         part = spread_over_seeds(part, ["method", *ROW_KEYS], metrics, ["AUC"])
         metrics += ["seeds", "AUC_seed_lo", "AUC_seed_hi"]
     else:
         part = mean_over_seeds(part, ["method", *ROW_KEYS], metrics)
-    table = part.pivot_table(index=ROW_KEYS, columns="method", values=metrics, aggfunc="first")
+    part = part.assign(
+        quality=[verdicts[key] for key in part[["method", *ROW_KEYS]].itertuples(index=False, name=None)]
+    )
+    metrics += ["quality"]
+    table = part.pivot_table(index=ROW_KEYS, columns="method", values=metrics, aggfunc="first", dropna=False)
     table = table.swaplevel(0, 1, axis=1)
     methods = sorted(part["method"].unique(), key=method_rank)
     stored = set(part[ROW_KEYS].itertuples(index=False, name=None))
@@ -77,6 +87,12 @@ def robustness(df: pd.DataFrame, ci: bool = False, every_row: bool = False) -> p
         columns=pd.MultiIndex.from_product([methods, metrics], names=["method", "metric"]),
     )
     return _not_applicable(table, runs)
+
+
+def worst_quality(verdicts) -> str:
+    """The gate's word for a cell of several runs (seeds): degenerate where any is, else unknown where any is."""
+    words = {str(v).split(":", 1)[0] for v in verdicts}
+    return next((w for w in (DEGENERATE, UNKNOWN) if w in words), OK)
 
 
 DECODING_METRICS = ["AUC", "AUC_lo", "AUC_hi", "TPR@1%", "PPL"]
@@ -205,31 +221,35 @@ def comparison(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     """tab:comparison: for every row of tab:robustness (``ROW_KEYS``) and every pair of methods with runs in it (A
     before B in the tables' order), ``AUC_A - AUC_B`` and ``TPR@1%_A - TPR@1%_B`` with the 95% interval of a paired
     bootstrap over prompts (``metrics.paired_bootstrap``: the same prompts drawn for both methods) and whether it
-    excludes zero. Pairs are made of the runs' shared training seeds; with several, the difference is the mean over
-    seeds, its paired interval resamples prompts once for every seed (the text-sampling interval of that mean), and
-    ``*_seed_lo``, ``*_seed_hi`` are the 95% t-interval of the per-seed differences (``metrics.seed_interval``;
-    a two-level bootstrap over three seeds has ten distinct seed draws, too few for a percentile interval).
-    ``*_excludes_0``: every interval shown excludes zero, on the same side. Scores are read from the store
-    (``collect.paired_scores``), which verifies that both runs scored the same prompts and human texts; a pair that
-    is not comparable keeps its row with no numbers and the reason in ``note``."""
+    excludes zero; and ``dAUC_vs_base``, the same difference with each method's texts read against the base's own
+    texts of the same prompts under its detector (its base row) instead of the human texts: the model-versus-model
+    column, which isolates the watermark from "model versus human". Pairs are made of the runs' shared training seeds;
+    with several, the difference is the mean over seeds, its paired interval resamples prompts once for every seed
+    (the text-sampling interval of that mean), and ``*_seed_lo``, ``*_seed_hi`` are the 95% t-interval of the
+    per-seed differences (``metrics.seed_interval``; a two-level bootstrap over three seeds has ten distinct seed
+    draws, too few for a percentile interval). ``*_excludes_0``: every interval shown excludes zero, on the same side.
+    Scores are read from the store (``collect.paired_scores``), which verifies that both runs scored the same prompts
+    and human texts; a pair that is not comparable keeps its row with no numbers and the reason in ``note``, and so
+    does a pair with a row outside the quality gate (``collect.against_base``): degenerate text is never ranked."""
     part = robustness_runs(df)
     if part.empty:
         return pd.DataFrame()
     several = df["seed"].nunique() > 1
+    bases = {(r.method, r.params, r.seed): r.run for r in df[base_rows(df)].itertuples()}
     rows = []
     for row, cell in part.groupby(ROW_KEYS, sort=False):
         methods = sorted(cell["method"].unique(), key=method_rank)
         for i, a in enumerate(methods):
             for b in methods[i + 1 :]:
                 out = {**dict(zip(["category", "attack", "setting"], row, strict=True)), "A": a, "B": b}
-                rows.append(out | _compared(store, cell, a, b, several, df["seed"].nunique()))
+                rows.append(out | _compared(store, cell, bases, a, b, several, df["seed"].nunique()))
     if not rows:
         return pd.DataFrame()
     order = sorted(range(len(rows)), key=lambda k: (category_rank(rows[k]["category"]), natural_key(rows[k]["attack"]),
                                                    natural_key(rows[k]["setting"]), method_rank(rows[k]["A"]),
                                                    method_rank(rows[k]["B"])))  # fmt: skip
     columns = ["seeds"]
-    for name in ("AUC", "TPR@1%"):
+    for name in COMPARED:
         columns += [f"d{name}", f"d{name}_lo", f"d{name}_hi"]
         columns += [f"d{name}_seed_lo", f"d{name}_seed_hi"] if several else []
         columns += [f"{name}_excludes_0"]
@@ -237,27 +257,47 @@ def comparison(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     return table.reindex(columns=[*columns, "paired_on", "note"])
 
 
-def _compared(store: Store, cell: pd.DataFrame, a: str, b: str, several: bool, stored_seeds: int) -> dict:
-    """One row of ``comparison``: methods ``a`` and ``b`` in ``cell`` (one row of tab:robustness, its runs)."""
-    runs = {(r.method, r.seed): r.run for r in cell.itertuples()}
+COMPARED = ("AUC", "TPR@1%", "AUC_vs_base")  # tab:comparison's differences (``comparison``)
+
+
+def _compared(store: Store, cell: pd.DataFrame, bases: dict, a: str, b: str, several: bool, stored_seeds: int) -> dict:
+    """One row of ``comparison``: methods ``a`` and ``b`` in ``cell`` (one row of tab:robustness, its runs);
+    ``bases``: the base rows' runs by (method, settings, seed)."""
+    runs = {(r.method, r.seed): r for r in cell.itertuples()}
     seeds = sorted({s for m, s in runs if m == a} & {s for m, s in runs if m == b})
     out: dict = {"seeds": len(seeds), "paired_on": "", "note": ""}
+    failed = [f"{r.method} (seed {r.seed}) {r.quality}" for (m, s), r in sorted(runs.items())
+              if m in (a, b) and s in seeds and str(r.quality).startswith(DEGENERATE)]  # fmt: skip
+    if failed:  # texts that no longer count as writing are named, never ordered
+        out["note"] = "not ranked: " + "; ".join(failed)
+        return out
     try:
         if not seeds:
             raise ValueError(f"no training seed stored for both ({a}: {_seeds(runs, a)}; {b}: {_seeds(runs, b)})")
-        scores, out["paired_on"] = paired_scores(store, [runs[(a, s)] for s in seeds], [runs[(b, s)] for s in seeds])
-        found = metrics.paired_bootstrap(*scores, bootstrap=COMPARISON_DRAWS)
+        mine = {m: [runs[(m, s)].run for s in seeds] for m in (a, b)}
+        scores, out["paired_on"] = paired_scores(store, mine[a], mine[b])
+        found = {"": metrics.paired_bootstrap(*scores, bootstrap=COMPARISON_DRAWS)}
     except (ValueError, OSError, KeyError) as err:
         out["note"] = f"not compared: {err}"
         where = " ".join(cell.iloc[0][["attack", "attack_config"]]).strip() or "unaltered"
         log.warning("tab:comparison, %s vs %s (%s): %s", a, b, where, out["note"])
         return out
-    for name, key in (("AUC", "auc"), ("TPR@1%", "tpr")):
-        out |= dict(zip([f"d{name}", f"d{name}_lo", f"d{name}_hi"], [found[f"{key}_diff"], *found[f"{key}_diff_ci95"]],
-                        strict=True))  # fmt: skip
-        bounds = found[f"{key}_diff_ci95"]
+    try:  # the same difference against each method's base row (its detector on the base's texts of these prompts)
+        base = {m: [bases[(m, runs[(m, s)].params, s)] for s in seeds] for m in (a, b)}
+        pos_a, _, base_a, _ = paired_scores(store, mine[a], base[a])[0]
+        pos_b, _, base_b, _ = paired_scores(store, mine[b], base[b])[0]
+        found["_vs_base"] = metrics.paired_bootstrap(pos_a, base_a, pos_b, base_b, bootstrap=COMPARISON_DRAWS)
+    except (ValueError, OSError, KeyError):
+        pass  # no base row stored for every seed: that column stays empty
+    for name in COMPARED:
+        key, column = ("tpr", "") if name == "TPR@1%" else ("auc", name.removeprefix("AUC"))
+        if column not in found:
+            continue
+        diff, bounds = found[column][f"{key}_diff"], found[column][f"{key}_diff_ci95"]
+        out |= dict(zip([f"d{name}", f"d{name}_lo", f"d{name}_hi"], [diff, *bounds], strict=True))
         if several:
-            out[f"d{name}_seed_lo"], out[f"d{name}_seed_hi"] = metrics.seed_interval(found[f"{key}_diff_per_seed"])
+            out[f"d{name}_seed_lo"], out[f"d{name}_seed_hi"] = metrics.seed_interval(
+                found[column][f"{key}_diff_per_seed"])  # fmt: skip
             bounds = [*bounds, out[f"d{name}_seed_lo"], out[f"d{name}_seed_hi"]]
         shown = [v for v in bounds if v == v]  # (the seed interval of a single seed is missing)
         out[f"{name}_excludes_0"] = all(v > 0 for v in shown) or all(v < 0 for v in shown)

@@ -22,6 +22,7 @@ import urllib.parse
 
 import pandas as pd
 
+from harness.config.gate import DEGENERATE, OK
 from harness.report.collect import (
     DOCUMENTS,
     MISSING,
@@ -44,6 +45,7 @@ table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 13px; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: center; }
 th.row, td.row { text-align: left; }
 td.missing { color: #999; font-style: italic; }
+.degenerate { background: repeating-linear-gradient(45deg, #eee, #eee 4px, #fff 4px, #fff 8px); color: #777; }
 td a { color: inherit; text-decoration: none; }
 figure { display: inline-block; margin: 0 1em 1em 0; vertical-align: top; }
 figure img { max-width: 560px; border: 1px solid #eee; }
@@ -103,12 +105,17 @@ def heatmap(table: pd.DataFrame, part: pd.DataFrame) -> str:
                 lo, hi = (row.get((method, f"AUC_seed_{end}"), float("nan")) for end in ("lo", "hi"))
                 seeds = f" (mean of {len(cell)} seeds; AUC over seeds [{lo:.3f}, {hi:.3f}])"
             style, title = f' style="background:{COLOURS[colour(auc)]}"', esc(f"run {cell[0]}{seeds}")
+            quality = row.get((method, "quality"), OK)
+            if quality == DEGENERATE:  # its texts no longer count as writing: shown, never coloured as a result
+                style, title = ' class="degenerate"', esc(f"degenerate text (the quality gate; runs.csv says why): "
+                                                          f"run {cell[0]}{seeds}")  # fmt: skip
             cells.append(f'<td class="cell"{style} title="{title}"><a href="{href("run-" + cell[0])}">{auc:.3f}</a>'
-                         f"</td><td>{tpr:.3f}</td>")  # fmt: skip
+                         f"{'&#8224;' if quality == DEGENERATE else ''}</td><td>{tpr:.3f}</td>")  # fmt: skip
         label = attack_label(attack, config)
         out.append(f'<tr><td class="row">{esc(category)}</td><td class="row">{esc(label)}</td>{"".join(cells)}</tr>')
     out.append("</table>")
     legend = "".join(f'<span style="background:{COLOURS[c]}">{t}</span>' for c, t in colour_legend())
+    legend += '<span class="degenerate">&#8224; degenerate text: outside the quality gate, never ranked</span>'
     return "\n".join(out) + f'<p class="legend">{legend}</p>'
 
 

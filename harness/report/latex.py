@@ -53,8 +53,8 @@ def colour_legend() -> tuple[tuple[str, str], ...]:
 def fmt(metric: str, value, latex: bool = True) -> str:
     """A number as the tables print it: PPL to one decimal, the rest to three; an AUC in LaTeX with its colour; a
     missing cell as ``--`` (LaTeX) or ``missing``."""
-    if isinstance(value, str) and value == NOT_APPLICABLE:
-        return value
+    if isinstance(value, str):  # n/a, or a word (the quality gate's verdict)
+        return esc(value) if latex and value != NOT_APPLICABLE else value
     if value is None or pd.isna(value):
         return "--" if latex else MISSING
     text = f"{value:.1f}" if metric == "PPL" else f"{value:.0f}" if metric == "tokens" else f"{value:.3f}"
@@ -183,7 +183,8 @@ def comparison_tex(table: pd.DataFrame, caption: str) -> str:
     cells = pd.DataFrame({name: [esc(k[i]) for k in keys] for i, name in enumerate(["Category", "Attack", "Setting",
                                                                                       "A", "B"])})  # fmt: skip
     cells["Seeds"] = [fmt("tokens", v) for v in table["seeds"]]
-    for name in ("AUC", "TPR@1%"):
+    names = [n for n in ("AUC", "TPR@1%", "AUC_vs_base") if f"d{n}" in table]
+    for name in names:
 
         def shown(row, name=name) -> str:
             if pd.isna(row[f"d{name}"]):
@@ -193,6 +194,7 @@ def comparison_tex(table: pd.DataFrame, caption: str) -> str:
                 text += f" seeds [{row[f'd{name}_seed_lo']:+.3f}, {row[f'd{name}_seed_hi']:+.3f}]"
             return f"\\textbf{{{text}}}" if bool(row[f"{name}_excludes_0"]) else text
 
-        cells[f"{name} A - B"] = [shown(row) for _, row in table.iterrows()]
+        label = "AUC vs base" if name == "AUC_vs_base" else name
+        cells[f"{label} A - B"] = [shown(row) for _, row in table.iterrows()]
     cells["Note"] = [esc(n) for n in table["note"]]
-    return table_float(tabular(cells, "lllll" + "c" * 3 + "l"), caption)
+    return table_float(tabular(cells, "lllll" + "c" * (1 + len(names)) + "l"), caption)

@@ -82,6 +82,9 @@ class Setup:
         part = self.part
         seeds = sorted(part["seed"].unique())
         about = f"{part['base_model'].iloc[0]}, preset {part['preset'].iloc[0]}"
+        judges = sorted(j for j in part["judge"].dropna().unique()) if "judge" in part else []
+        if judges:  # the model whose perplexity PPL is (the paper's: LLaMA-2-13B, another family than the marked one)
+            about += f", PPL judged by {' and '.join(judges)}"
         if len(seeds) > 1:
             about += f", mean over seeds {', '.join(map(str, seeds))}"
             short = _cells_short_of_seeds(part, seeds)
@@ -90,6 +93,13 @@ class Setup:
                 log.warning("%d cells average fewer than the %d seeds stored (%s): %s", len(short), len(seeds),
                             ", ".join(map(str, seeds)), "; ".join(short[:5]))  # fmt: skip
         return about
+
+    def gate(self) -> str:
+        """The quality gate of the setup's runs, in words (``harness.config.gate``)."""
+        from harness.config.gate import QualityGate
+
+        stated = sorted(self.part["quality_gate"].unique()) if "quality_gate" in self.part else ["{}"]
+        return "; ".join(QualityGate(**json.loads(g)).describe() for g in stated)
 
     def configs(self) -> str:
         """Each method's main configuration, for tab:robustness's caption; and why the cells of decoding-time methods
@@ -236,8 +246,9 @@ TABLES: tuple[Table, ...] = (
         build=lambda setup, _: frames.robustness(setup.part, setup.ci, every_row=setup.page),
         latex=lambda table, caption, _: latex.robustness_tex(table, caption),
         caption=lambda setup, _: (
-            f"AUC, TPR at 5% FPR and median PPL{frames.ppl_note(setup.part, setup.page)} under model modifications "
-            f"({setup.about}; {setup.configs()})."
+            f"AUC, TPR at 5% FPR and median PPL{frames.ppl_note(setup.part, setup.page)} under model modifications, "
+            f"with PPL over the unwatermarked base's, the AUC against the base's own texts and the quality gate's "
+            f"verdict ({setup.gate()}; a degenerate row is never ranked) ({setup.about}; {setup.configs()})."
         ),
         joined_by="Attack.tables",
         # On the page, every row stored for a main configuration (the base's reference rows and other tables'
@@ -252,7 +263,8 @@ TABLES: tuple[Table, ...] = (
         build=lambda setup, _: pd.DataFrame() if setup.store is None else frames.comparison(setup.part, setup.store),
         latex=lambda table, caption, _: latex.comparison_tex(table, caption),
         caption=lambda setup, _: (
-            "Paired differences between methods (A - B) under each model modification: AUC and TPR at 1% FPR, "
+            "Paired differences between methods (A - B) under each model modification: AUC and TPR at 1% FPR against "
+            "human texts, and AUC against the unwatermarked base's own texts of the same prompts (AUC vs base), "
             "95% paired bootstrap intervals over prompts (the same prompts drawn for both methods)"
             + (", and 95% t-intervals over training seeds" if setup.part["seed"].nunique() > 1 else "")
             + f"; bold where every interval excludes zero ({setup.about})."
@@ -514,7 +526,8 @@ def write_tables(
     # (main_method: derived, what ablations vary around; by_length: in tokens_to_detect; decoding and prompts: only
     # where a run sampled otherwise than plainly or was asked otherwise, so that a store of plain runs writes the
     # runs.csv it always did)
-    derived = ["main_method", "by_length"] + [c for c in ("decoding", "prompts") if c in df and (df[c] == "").all()]
+    derived = ["main_method", "by_length", "quality_gate"]  # (quality_gate: said by each table's caption)
+    derived += [c for c in ("decoding", "prompts") if c in df and (df[c] == "").all()]
     _csv(df.drop(columns=derived).set_index("run"), written[0])
     for name, part in setups(df).items():
         folder = out_dir / plain_name(name)

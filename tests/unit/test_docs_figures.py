@@ -82,12 +82,11 @@ def test_the_readme_demo_table_is_its_committed_runs():
         with open(table, newline="") as fh:
             stored.update({row["run"]: row for row in csv.DictReader(fh)})
     for row in rows:
-        run, texts, ppl, tpr5, tpr1, hi, lo = row[-1], row[-2], row[-3], row[-4], row[-5], row[-6], row[-7]
-        auc = row[-8]
-        assert run in stored, f"README demo row {' '.join(row[:-7])}: run {run} is in no committed reference"
+        run, text, ratio, ppl, versus, tpr1, hi, lo, auc = row[-1], *row[-2:-10:-1]
+        assert run in stored, f"README demo row {' '.join(row[:-9])}: run {run} is in no committed reference"
         r = stored[run]
         assert auc == f"{float(r['AUC']):.3f}", (run, auc, r["AUC"])
         assert lo == f"[{float(r['AUC_lo']):.3f}," and hi == f"{float(r['AUC_hi']):.3f}]", (run, lo, hi)
-        assert tpr1 == f"{float(r['TPR@1%']):.3f}" and tpr5 == f"{float(r['TPR@5%']):.3f}", (run, tpr1, tpr5)
-        assert ppl == f"{float(r['PPL']):.2f}", (run, ppl, r["PPL"])
-        assert texts == f"{int(r['n_pos'])}+{int(r['n_neg'])}", (run, texts)
+        assert tpr1 == f"{float(r['TPR@1%']):.3f}" and versus == f"{float(r['AUC_vs_base']):.3f}", (run, tpr1, versus)
+        assert ppl == f"{float(r['PPL']):.2f}" and ratio == f"{float(r['PPL_ratio']):.2f}", (run, ppl, ratio)
+        assert text == r["quality"].split(":")[0], (run, text, r["quality"])

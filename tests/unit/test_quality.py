@@ -1,0 +1,139 @@
+"""Comparisons at matched quality: each row's texts measured beside the unwatermarked base's (perplexity ratio,
+repetition, diversity), a quality gate that marks degenerate rows in every table and keeps them out of every ranking,
+and the model-versus-model column (a row's texts against the base's own texts under the same detector)."""
+
+import json
+
+import pytest
+
+from harness.cell.quality import ngram_share, text_quality
+from harness.cli.main import main
+from harness.config.gate import QualityGate
+from harness.config.presets import TINY, apply_overrides
+from harness.report import collect, frames
+from harness.store.stages import Store
+
+
+def seq_rep(ids, n):
+    """Welleck et al.'s seq-rep-n, written from its definition: the share of a text's n-grams already seen earlier."""
+    seen, repeated, grams = set(), 0, 0
+    for i in range(len(ids) - n + 1):
+        gram = tuple(ids[i : i + n])
+        repeated += gram in seen
+        grams += 1
+        seen.add(gram)
+    return repeated / grams
+
+
+def test_repetition_and_diversity_of_known_texts():
+    loop, varied, short = [5, 6, 7] * 6, list(range(18)), [1, 2]
+    found = text_quality([loop, varied, short])
+    assert found["rep3"] == pytest.approx((seq_rep(loop, 3) + seq_rep(varied, 3)) / 2)  # (too short for a 3-gram)
+    assert seq_rep(loop, 3) == pytest.approx(13 / 16) and seq_rep(varied, 3) == 0
+    assert found["distinct1"] == pytest.approx((3 / 18 + 1 + 1) / 3)
+    assert found["distinct2"] == pytest.approx((3 / 17 + 1 + 1) / 3)
+    assert ngram_share([], 1) is None and text_quality([[1]])["rep3"] is None
+
+
+@pytest.mark.parametrize(
+    ("ratio", "rep3", "base_rep3", "word"),
+    [
+        (1.2, 0.01, 0.01, "ok"),
+        (1.49, 0.04, 0.0, "ok"),  # (a base that never repeats: the floor bounds repetition, not 3 x 0)
+        (1.6, 0.01, 0.01, "degenerate"),  # watermarked text half as unlikely again as the base's
+        (0.27, 0.84, 0.05, "degenerate"),  # a loop its judge finds likely
+        (1.0, 0.2, 0.02, "degenerate"),  # the base's perplexity, but a loop
+        (1.0, None, 0.02, "unknown"),  # no repetition stored: cannot tell
+        (None, 0.01, 0.01, "unknown"),
+    ],
+)
+def test_the_gate_judges_each_row_against_its_base(ratio, rep3, base_rep3, word):
+    verdict = QualityGate().verdict(ratio, rep3, base_rep3)
+    assert verdict.split(":")[0] == word, verdict
+    if word == "degenerate":
+        assert ("PPL" in verdict) == (not 2 / 3 <= ratio <= 1.5) and ("3-grams" in verdict) == (rep3 > 0.05)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "quality_gate.ppl_ratio=[2, 1]",  # inverted
+        "quality_gate.ppl_ratio=[0.5, 0.9]",  # excludes the base itself
+        "quality_gate.ppl_ratio=[0, 2]",
+        "quality_gate.ppl_ratio=[0.5, Infinity]",
+        "quality_gate.ppl_ratio=[0.5]",
+        "quality_gate.rep3_ratio=1",
+        "quality_gate.rep3_ratio=nan",
+        "quality_gate.rep3_floor=-0.1",
+        "quality_gate.rep3_floor=1",
+        "quality_gate.perplexity=2",  # no such setting
+    ],
+)
+def test_a_gate_that_cannot_judge_is_one_line_before_any_work(setting, capsys):
+    code = main(["run", "--method", "gu-kgw", "--attack", "none", "--set", setting, "--dry-run"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "quality_gate" in err, err
+
+
+def test_the_default_gate_moves_no_hash_and_another_is_recorded():
+    assert "quality_gate" not in TINY.hashed()  # every stored run keeps its hash
+    custom = apply_overrides(TINY, {"quality_gate.ppl_ratio": "[0.5, 2]"})
+    assert custom.hashed()["quality_gate"] == {"ppl_ratio": (0.5, 2.0), "rep3_ratio": 3.0, "rep3_floor": 0.05}
+
+
+@pytest.fixture
+def gated_store(tmp_path, fake_run):
+    """Gu-KGW and PRO with their base rows: Gu-KGW writes like its base; PRO's unaltered model loops and its SLERP
+    model writes token noise (100x the base's perplexity)."""
+    store = Store(tmp_path / "runs")
+    for method in ("gu-kgw", "pro"):
+        fake_run(store, method, {}, "base", {}, 0.5)
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.97, ppl_scale=1.2)
+    fake_run(store, "gu-kgw", {}, "slerp", {"t": 0.5}, 0.8)
+    fake_run(store, "pro", {}, "none", {}, 0.99, loop=True)
+    fake_run(store, "pro", {}, "slerp", {"t": 0.5}, 0.9, ppl_scale=100)
+    return store
+
+
+def test_degenerate_rows_are_named_in_every_table_and_never_ranked(gated_store, tmp_path):
+    df = collect.collect(gated_store)
+    verdict = {(r.method, r.attack): r.quality for r in df.itertuples()}
+    assert verdict[("Gu-KGW", "")] == verdict[("Gu-KGW", "SLERP")] == verdict[("PRO", "No watermark")] == "ok"
+    assert verdict[("PRO", "")].startswith("degenerate: repeats")
+    assert verdict[("PRO", "SLERP")].startswith("degenerate: PPL")
+    for r in df.itertuples():  # the metrics of every row are its stored ones, gate or not
+        stored = json.loads((gated_store.root / r.run / "metrics.json").read_text())
+        assert r.AUC == stored["auc"] and r.PPL == stored["median_ppl"] and r.rep3 == stored["rep3"]
+
+    table = frames.robustness(df)
+    assert table.loc[("Unaltered", "", ""), ("PRO", "quality")] == "degenerate"
+    assert table.loc[("Merging", "SLERP", "t=0.5"), ("Gu-KGW", "quality")] == "ok"
+    compared = frames.comparison(df, gated_store)
+    for row in (("Unaltered", "", ""), ("Merging", "SLERP", "t=0.5")):
+        pair = compared.loc[(*row, "Gu-KGW", "PRO")]
+        assert pair["note"].startswith("not ranked: PRO (seed 0) degenerate") and pair["dAUC"] != pair["dAUC"]
+
+    out = tmp_path / "tables"
+    assert main(["tables", "--results", str(gated_store.root), "--out", str(out), "--no-figures"]) == 0
+    import pandas as pd
+
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(runs["quality"].str.split(":").str[0]) == ["degenerate"] * 2 + ["ok"] * 4
+    assert list(runs.columns[-5:]) == ["PPL_ratio", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base"]
+    assert "& degenerate" in (out / "tiny" / "robustness.tex").read_text()
+    assert "not ranked: PRO" in (out / "tiny" / "comparison.tex").read_text()
+    assert "PPL judged by builtin:tiny-lm" in (out / "tiny" / "robustness.tex").read_text()
+
+
+def test_model_versus_model_reads_each_row_against_its_base_texts(gated_store):
+    df = collect.collect(gated_store)
+    base = df[collect.base_rows(df)]
+    assert list(base["AUC_vs_base"]) == [0.5, 0.5] and list(base["PPL_ratio"]) == [1.0, 1.0]  # by construction
+    row = df[(df["method"] == "Gu-KGW") & (df["attack"] == "")].iloc[0]
+    pos = [s["score"] for s in collect.scores(gated_store, row["run"]) if s["label"] == 1]
+    ref_run = base[base["method"] == "Gu-KGW"].iloc[0]["run"]
+    ref = [s["score"] for s in collect.scores(gated_store, ref_run) if s["label"] == 1]
+    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in ref) / (len(pos) * len(ref))
+    assert row["AUC_vs_base"] == pytest.approx(wins, abs=1e-12) and row["AUC_vs_base"] > 0.8
+    compared = frames.comparison(df[df["method"] == "Gu-KGW"], gated_store)
+    assert compared.empty  # one method: nothing to compare
