@@ -273,6 +273,24 @@ def cmd_grid(args) -> int:
     if args.allow_pickle:
         os.environ[models.ALLOW_PICKLE_ENV] = "1"
     _device_env(args)
+    if spec.sweep and not args.dry_run:  # the calibration first: its cells, then its choice
+        spec = _calibrated(spec, args, shard, resources)
+        if spec is None:
+            return 0
+    elif spec.sweep:
+        from harness.grid import calibration
+
+        sweep = list(spec.sweep) if shard is None else grid.shard(spec.sweep, *shard)
+        jobs.check_cells(sweep, build=False, results=args.results)
+        print(f"{args.spec}: calibration, {len(sweep)} cells of each swept configuration, unaltered")
+        for k, entry in enumerate(jobs.dry_run(sweep, args.results, args.device), 1):
+            print(f"  {k:3d}  {entry.cell.name(spec.several_seeds):60s} {entry.state}")
+        chosen = calibration.stored_choice(spec, args.results)
+        if chosen is None:
+            print(f"the calibration's choice is not stored: {', '.join(spec.waiting)} wait for it")
+        else:
+            print("the calibration chose " + "; ".join(f"{m}: {s}" for m, s in _chosen_labels(spec, chosen)))
+            spec = grid.with_choice(spec, chosen)
     cells = list(spec.cells) if shard is None else grid.shard(spec.cells, *shard)
     part = f" (shard {shard[0]}/{shard[1]}: {len(cells)} of {len(spec.cells)} cells)" if shard else ""
     if args.group:
@@ -304,6 +322,38 @@ def cmd_grid(args) -> int:
         print("attribution runs once every shard is done: run the grid again without --shard (every cell is reused)")
     print("'harness tables' rebuilds every table and figure from the store")
     return 1 if summary["failures"] else 0
+
+
+def _calibrated(spec, args, shard, resources):
+    """Run a grid's calibration (its sweep cells, then the rule, ``harness.grid.calibration``) and print the sweep and
+    the choice; the grid with its ``calibrated`` entries as chosen, or None where a shard must wait for the others'
+    sweep cells."""
+    from dataclasses import replace
+
+    from harness.grid import calibration, executors, jobs
+    from harness.grid import spec as grid
+
+    sweep = replace(spec, cells=spec.sweep, attribution=())
+    summary = executors.run(sweep, args.results, args.device, args.executor, shard, args.jobs_dir, resources)
+    if summary["failures"]:
+        for name, error, trace in summary["failures"]:
+            print(f"  failed: {name}: {error} (traceback: {trace})")
+        raise HarnessError(f"{args.spec}: {summary['failed']} calibration cells failed: nothing else runs")
+    if shard is not None and not all(e.stored for e in jobs.dry_run(list(spec.sweep), args.results, args.device)):
+        print("the calibration waits for the other shards' sweep cells: run this shard again once they are done")
+        return None
+    found = calibration.stages(spec, args.results, args.device)
+    print(f"\ncalibration ({calibration.describe(spec.spec.calibration, spec.sweep[0].preset.quality_gate)}):")
+    for method, stage in found.items():
+        print(calibration.summary(method, stage))
+    return grid.with_choice(spec, calibration.chosen_settings(found))
+
+
+def _chosen_labels(spec, chosen: dict[str, dict]) -> list[tuple[str, str]]:
+    """(method, its chosen configuration's label) for printing."""
+    from harness.config.registry import methods
+
+    return [(m, methods.build(m, s, spec.sweep[0].preset).config_label()) for m, s in chosen.items()]
 
 
 def cmd_report(args) -> None:

@@ -14,6 +14,9 @@ A spec (``grids/tiny.yaml`` is the example to copy)::
           slerp: [{t: 0.1}, {t: 0.5}]
         decodings: [{}, {top_p: 0.9}]  # optional: how the models sample, a cell each (as harness run --decode)
     attribution: robustness       # optional: a group whose models' detectors are applied to each other's texts
+    calibration:                  # optional: each method's strength chosen on the unaltered model before any attack
+      ppl_ratio_max: 1.25         #   (harness.grid.calibration); a group's entry ``calibrated`` runs the choice
+      sweep: {gu-kgw: {delta: [1, 2, 4]}}
 
 The whole spec is validated (keys, names, settings, models and data) before any cell runs, and an error names the
 line. Cells that several groups share run once. Every cell is a ``Pipeline.run`` (``harness.grid.jobs``), run here or
@@ -28,7 +31,7 @@ import logging
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
@@ -43,9 +46,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+CALIBRATED = "calibrated"  # a method entry of a group: the configuration the spec's calibration chose
+
+
 class Group(_Strict):
     overrides: dict[str, Any] = {}  # over the spec's, for this group only (e.g. another base model)
-    methods: dict[str, list[dict[str, Any]]] = Field(min_length=1)
+    # A list of settings over the preset's ({} = the preset's own), or "calibrated": the calibration's choice.
+    methods: dict[str, list[dict[str, Any] | Literal["calibrated"]]] = Field(min_length=1)
     attacks: dict[str, list[dict[str, Any]]] = {"none": [{}]}
     # How every model of the group samples: each entry a cell of every method x attack (``harness run --decode``);
     # {} = the preset's own decoding.
@@ -55,10 +62,22 @@ class Group(_Strict):
     prompts: list[str | dict[str, Any]] = Field(default_factory=lambda: ["documents"], min_length=1)
 
 
+class Calibration(_Strict):
+    """Each method's strength chosen on the unaltered model, by a rule written before any attack runs: every value of
+    one setting per method is trained and evaluated unaltered (the ``sweep``), and the chosen configuration is the
+    one that maximises ``pick`` among those whose unaltered texts pass the preset's quality gate with a median PPL
+    at most ``ppl_ratio_max`` times the unwatermarked base's (``harness.grid.calibration``)."""
+
+    ppl_ratio_max: float = Field(ge=1, allow_inf_nan=False)
+    pick: Literal["AUC", "AUC_vs_base", "TPR@1%"] = "AUC_vs_base"
+    sweep: dict[str, dict[str, list[Any]]] = Field(min_length=1)  # method -> {setting: [values]}: one setting each
+
+
 class GridSpec(_Strict):
     preset: str
     overrides: dict[str, Any] = {}
     seeds: list[StrictInt] | None = Field(None, min_length=1)  # (strict: true is no seed; the range is train.seed's)
+    calibration: Calibration | None = None
     groups: dict[str, Group] = Field(min_length=1)
     attribution: str | None = None
 
@@ -114,6 +133,10 @@ class Grid:
     source: str
     cells: tuple[Cell, ...]
     attribution: tuple[Cell, ...]  # one unaltered cell per detector of the attribution group
+    sweep: tuple[Cell, ...] = ()  # the calibration's cells: each swept configuration, unaltered
+    # ``group: method`` entries that name the calibrated configuration, left out of ``cells`` until it is chosen
+    waiting: tuple[str, ...] = ()
+    lines: dict = field(default_factory=dict, compare=False)  # the spec's line of each key (for errors)
 
     @property
     def several_seeds(self) -> bool:
@@ -253,12 +276,13 @@ def only_groups(g: Grid, names: list[str]) -> Grid:
         raise HarnessError(f"{g.source}: no group '{unknown[0]}' (groups: {', '.join(g.spec.groups)})")
     keep = {n: g.spec.groups[n] for n in g.spec.groups if n in names}
     attribution = g.spec.attribution if g.spec.attribution in keep else None
-    return expand(g.spec.model_copy(update={"groups": keep, "attribution": attribution}), g.source)
+    return expand(g.spec.model_copy(update={"groups": keep, "attribution": attribution}), g.source, g.lines)
 
 
-def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) -> Grid:
+def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, chosen: dict | None = None) -> Grid:
     """The cells of a validated spec, in the order that trains each model once (grouped by training, in the order
-    the spec names them); every plugin and setting is checked here."""
+    the spec names them); every plugin and setting is checked here. ``chosen``: the calibration's choice (method ->
+    its settings), which the entries ``calibrated`` take; without it they wait (``Grid.waiting``)."""
     lines = lines or {}
     at = lambda *path: _where(source, lines, path)  # noqa: E731
     try:
@@ -277,8 +301,10 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
             presets.apply_overrides(base, {"train.seed": str(seed)})
         except HarnessError as err:
             raise HarnessError(f"{at('seeds')}: {err}") from None
+    sweep = _sweep(spec, base, seeds, at)
     cells: dict[Cell, None] = {}
     by_group: dict[str, list[Cell]] = {}
+    waiting: list[str] = []
     for group_name, group in spec.groups.items():
         try:
             preset = presets.apply_overrides(base, _strings(group.overrides))
@@ -305,6 +331,17 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
                 if not method_list:
                     raise HarnessError(f"{at('groups', group_name, 'methods', method)}: no settings (use [{{}}])")
                 for i, ms in enumerate(method_list):
+                    if ms == CALIBRATED:
+                        swept = spec.calibration.sweep if spec.calibration is not None else {}
+                        if method not in swept:
+                            raise HarnessError(
+                                f"{at('groups', group_name, 'methods', method, i)}: '{CALIBRATED}' needs a "
+                                f"calibration section that sweeps {method}"
+                            )
+                        if chosen is None or method not in chosen:
+                            waiting.append(f"{group_name}: {method}")
+                            continue
+                        ms = chosen[method]
                     m = _plugin("method", seeded, method, ms, at("groups", group_name, "methods", method, i))
                     for attack, attack_list in group.attacks.items():
                         if not attack_list:
@@ -329,7 +366,41 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None) ->
             unaltered = Cell.make(cell.preset, cell.seed, cell.method, cell.method_settings, "none", ())
             if unaltered not in attribution:
                 attribution.append(unaltered)
-    return Grid(spec, source, tuple(ordered), tuple(attribution))
+    return Grid(spec, source, tuple(ordered), tuple(attribution), sweep, tuple(dict.fromkeys(waiting)), lines)
+
+
+def with_choice(g: Grid, chosen: dict[str, dict]) -> Grid:
+    """``g`` with its ``calibrated`` entries as the calibration chose (method -> settings)."""
+    return expand(g.spec, g.source, g.lines, chosen)
+
+
+def _sweep(spec: GridSpec, base: presets.Preset, seeds: list[int], at) -> tuple[Cell, ...]:
+    """The calibration's cells (``Calibration``): each swept value of each method, unaltered, for every seed; one
+    setting per method and at least two values, each a valid setting of the method."""
+    if spec.calibration is None:
+        return ()
+    out: list[Cell] = []
+    for method, settings in spec.calibration.sweep.items():
+        where = at("calibration", "sweep", method)
+        if len(settings) != 1:
+            raise HarnessError(f"{where}: sweep one setting of {method}, not {len(settings)} ({', '.join(settings)})")
+        ((name, values),) = settings.items()
+        if len(values) < 2:
+            raise HarnessError(f"{where}: a sweep of {method}'s {name} needs at least two values, not {values!r}")
+        for seed in seeds:
+            seeded = base.model_copy(update={"train": base.train.model_copy(update={"seed": seed})})
+            none = _plugin("attack", seeded, "none", {}, where)
+            resolved: dict[tuple, object] = {}
+            for k, value in enumerate(values):
+                at_value = at("calibration", "sweep", method, name, k)
+                m = _plugin("method", seeded, method, {name: value}, at_value)
+                params = _frozen(m.params.model_dump())
+                if params in resolved:  # (2 and 2.0 are one configuration)
+                    raise HarnessError(f"{at_value}: {name}={value!r} is swept twice (as {resolved[params]!r})")
+                resolved[params] = value
+                cell = Cell.make(seeded, seed, method, params, "none", _frozen(none.params.model_dump()))
+                out.append(replace(cell, where=at_value))
+    return tuple(dict.fromkeys(out))
 
 
 def _strings(overrides: dict[str, Any]) -> dict[str, str]:

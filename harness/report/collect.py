@@ -86,8 +86,29 @@ def collect(store: Store) -> pd.DataFrame:
     df["main"] = _one_main_configuration(df)
     df["main_method"] = _main_settings(df)
     df = against_base(df, store)
+    df["calibrated"] = calibrated(df, store)
     order = ["setup", "method", "method_config", "category", "attack", "prompts", "decoding", "run"]
     return df.sort_values(order).reset_index(drop=True)
+
+
+def calibrated(df: pd.DataFrame, store: Store) -> pd.Series:
+    """Which runs are of a configuration that a stored calibration chose for their setup (``harness.grid.calibration``:
+    each method's strength picked on the unaltered model, by its grid's rule, before any attack ran)."""
+    chosen = set()
+    for stage in store.finished():
+        if stage.kind != kinds.CALIBRATION:
+            continue
+        try:
+            spec = json.loads((stage.path / "spec.json").read_text())
+            found = json.loads((stage.path / "calibration.json").read_text())
+        except (OSError, ValueError) as err:
+            log.warning("skipping calibration %s: %s", stage.path, err)
+            continue
+        swept = {run for pair in spec["runs"] for run in pair}
+        params = json.dumps(found["chosen"]["settings"], sort_keys=True)
+        chosen |= {(setup, spec["method"], params) for setup in df[df["run"].isin(swept)]["setup"]}
+    return pd.Series([(r.setup, r.method_name, r.params) in chosen for r in df.itertuples()], index=df.index,
+                     dtype=bool)  # fmt: skip
 
 
 def base_rows(df: pd.DataFrame) -> pd.Series:

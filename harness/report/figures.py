@@ -64,23 +64,56 @@ def _methods(df: pd.DataFrame) -> list[str]:
 
 
 def auc_ppl(part: pd.DataFrame, plt):
-    """AUC against median PPL of each method's configurations (unaltered), one line per method."""
+    """AUC against median PPL of each method's configurations (unaltered), as the paper draws its trade-off: each
+    method's points joined in PPL order, the unwatermarked base's PPL as a dashed line, and labels moved apart where
+    they would overlap."""
     table = watermark_config(part)
     if table.empty:
         return None
     names = dict(zip(part["method"], part["method_name"], strict=False))
     fig, ax = plt.subplots(figsize=(5.5, 4.0))
+    labels = []
     for method in _methods(table.reset_index()):
         points = table.loc[method].sort_values("PPL")
         ax.plot(points["PPL"], points["AUC"], marker="o", label=method)
         varied = collect.tradeoff_settings(names.get(method))
         for config, row in points.iterrows():
             short = ", ".join(p for p in config.split(", ") if p.split("=")[0] in varied) or config
-            ax.annotate(short, (row["PPL"], row["AUC"]), fontsize=6, xytext=(3, -8), textcoords="offset points")
+            labels.append((row["PPL"], row["AUC"], short))
+    base = part[collect.base_rows(part)]["PPL"].dropna() if "attack_name" in part else pd.Series(dtype=float)
+    if len(base):
+        ax.axvline(float(base.median()), color="0.5", linestyle="--", linewidth=1, label="unwatermarked base PPL")
     ax.set(xlabel="median perplexity", ylabel="AUC", title="Detection vs quality (unaltered)")
     ax.legend(fontsize=7)
     fig.tight_layout()
+    _place_apart(fig, ax, labels)
     return fig
+
+
+def _place_apart(fig, ax, labels: list[tuple[float, float, str]]) -> None:
+    """Annotate each point with its label at the first of a few offsets where it stays inside the axes and overlaps no
+    label placed before (by their boxes on the canvas), else at the first offset: deterministic, in the points'
+    order."""
+    renderer = fig.canvas.get_renderer()
+    placed = []
+    offsets = [(3, -8), (3, 4), (-3, 4), (-3, -8), (3, -16), (3, 12)]
+
+    def annotate(x: float, y: float, text: str, dx: int, dy: int):
+        note = ax.annotate(text, (x, y), fontsize=6, xytext=(dx, dy), textcoords="offset points",
+                           ha="left" if dx > 0 else "right")  # fmt: skip
+        return note, note.get_window_extent(renderer)
+
+    frame = ax.get_window_extent(renderer)
+    for x, y, text in labels:
+        for dx, dy in offsets:
+            note, box = annotate(x, y, text, dx, dy)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(other) for other in placed):
+                break
+            note.remove()
+        else:  # every offset overlaps a label: the first, kept
+            note, box = annotate(x, y, text, *offsets[0])
+        placed.append(box)
 
 
 def roc(part: pd.DataFrame, store: Store, plt):

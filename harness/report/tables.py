@@ -94,6 +94,16 @@ class Setup:
                             ", ".join(map(str, seeds)), "; ".join(short[:5]))  # fmt: skip
         return about
 
+    @cached_property
+    def matched(self) -> pd.DataFrame:
+        """The setup's runs of the methods a stored calibration chose a configuration for, that configuration as their
+        main one (``collect.calibrated``): what the tables at matched quality read; empty where none is stored."""
+        part = self.part
+        if "calibrated" not in part or not part["calibrated"].any():
+            return part.iloc[:0]
+        part = part[part["method_name"].isin(set(part[part["calibrated"]]["method_name"]))]
+        return part.assign(main=part["calibrated"])
+
     def gate(self) -> str:
         """The quality gate of the setup's runs, in words (``harness.config.gate``)."""
         from harness.config.gate import QualityGate
@@ -112,6 +122,14 @@ class Setup:
             text += (f". {', '.join(decoding)} watermark at decoding time, not in the weights: model modifications do "
                      f"not apply to them, so their cells under those rows say {NOT_APPLICABLE}")  # fmt: skip
         return text
+
+
+def _configs(part: pd.DataFrame) -> str:
+    """Each method's main configuration in ``part``, as a caption names them."""
+    mains = sorted(
+        {(r.method, r.method_config) for r in main_runs(part).itertuples()}, key=lambda mc: method_rank(mc[0])
+    )
+    return "; ".join(f"{m}: {c}" for m, c in mains)
 
 
 def _cells_short_of_seeds(part: pd.DataFrame, seeds: list) -> list[str]:
@@ -254,6 +272,38 @@ TABLES: tuple[Table, ...] = (
         # On the page, every row stored for a main configuration (the base's reference rows and other tables'
         # attacks too), as a heatmap whose cells link to their runs.
         section=Section("AUC and TPR at 5% FPR of each method's main configuration", html.heatmap, "head"),
+    ),
+    Table(
+        "matched",
+        "tab:robustness at matched quality",
+        "tab:robustness of the configurations a calibration chose (each method's strength picked on the unaltered "
+        "model by its grid's rule, before any attack)",
+        build=lambda setup, _: pd.DataFrame() if setup.matched.empty else frames.robustness(setup.matched, setup.ci),
+        latex=lambda table, caption, _: latex.robustness_tex(table, caption),
+        caption=lambda setup, _: (
+            "At matched quality: AUC, TPR at 5% FPR and median PPL under model modifications of the configuration each "
+            "method's calibration chose on the unaltered model before any attack (the grid's rule; harness grid "
+            f"prints the sweep), with PPL over the base's, the AUC against the base's own texts and the quality gate's "
+            f"verdict ({setup.gate()}) ({setup.about}; {_configs(setup.matched)})."
+        ),
+    ),
+    Table(
+        "matched_comparison",
+        "tab:comparison at matched quality",
+        "tab:comparison of the configurations a calibration chose",
+        build=lambda setup, _: (
+            pd.DataFrame()
+            if setup.store is None or setup.matched.empty
+            else frames.comparison(setup.matched, setup.store)
+        ),  # fmt: skip
+        latex=lambda table, caption, _: latex.comparison_tex(table, caption),
+        caption=lambda setup, _: (
+            "At matched quality: paired differences between methods (A - B) of the configurations their calibration "
+            "chose, under each model modification: AUC and TPR at 1% FPR against human texts, and AUC against the "
+            "base's own texts (AUC vs base), 95% paired bootstrap intervals over prompts"
+            + (", and 95% t-intervals over training seeds" if setup.part["seed"].nunique() > 1 else "")
+            + f"; bold where every interval excludes zero ({setup.about})."
+        ),
     ),
     Table(
         "comparison",
@@ -526,7 +576,8 @@ def write_tables(
     # (main_method: derived, what ablations vary around; by_length: in tokens_to_detect; decoding and prompts: only
     # where a run sampled otherwise than plainly or was asked otherwise, so that a store of plain runs writes the
     # runs.csv it always did)
-    derived = ["main_method", "by_length", "quality_gate"]  # (quality_gate: said by each table's caption)
+    # (quality_gate: said by each table's caption; calibrated: the tables at matched quality)
+    derived = ["main_method", "by_length", "quality_gate", "calibrated"]
     derived += [c for c in ("decoding", "prompts") if c in df and (df[c] == "").all()]
     _csv(df.drop(columns=derived).set_index("run"), written[0])
     for name, part in setups(df).items():

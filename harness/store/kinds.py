@@ -19,8 +19,9 @@ ATTRIBUTION = "attribution"  # a detector on another model's stored generations
 DETECT = "detect"  # ``harness detect``'s audit of a suspect model or texts
 UTILITY = "utility"  # a model's perplexity on held-out human text (harness/cell/utility.py)
 UTILITY_FILE = "utility.json"  # what a utility stage found
+CALIBRATION = "calibration"  # a grid's choice of each method's strength on the unaltered model (harness/grid/)
 
-RESERVED = (TRAIN, ATTACK, TEXT_ATTACK, GENERATE, RUN, ATTRIBUTION, DETECT, UTILITY)
+RESERVED = (TRAIN, ATTACK, TEXT_ATTACK, GENERATE, RUN, ATTRIBUTION, DETECT, UTILITY, CALIBRATION)
 
 
 def check_own(kind: str) -> None:

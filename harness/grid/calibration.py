@@ -1,0 +1,166 @@
+"""Comparisons at matched quality (the paper compares methods "with the same level of perplexity"): a grid spec's
+``calibration`` section sweeps one strength setting per method on the unaltered model, and a rule written in the spec
+before any attack runs picks each method's configuration; the groups' ``calibrated`` entries then run that one.
+
+The choice is a stage of the store (kind ``calibration``) whose spec names the rule, the swept values and the runs it
+read, and whose ``calibration.json`` holds the whole sweep beside the choice: it is made once from the stored
+unaltered runs, so re-running a grid chooses the same, and nothing is chosen again after an attack's result is seen
+(attacks run only on the choice). ``harness tables`` reads these stages for the tables at matched quality.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from harness.config.errors import HarnessError
+from harness.grid.spec import Cell, Grid
+from harness.store import kinds
+from harness.store.stages import Stage, Store
+
+log = logging.getLogger(__name__)
+
+VERSION = "1"
+FILE = "calibration.json"
+
+
+def stages(grid: Grid, results: Path, device: str | None = None, build: bool = True) -> dict[str, Stage] | None:
+    """Method -> its calibration stage, made here from the sweep's stored runs where not stored yet: one line naming
+    a sweep cell that has not run, or a method none of whose swept values meets the rule. ``build=False`` (a dry
+    run's view) builds nothing and returns None unless every run and stage is stored."""
+    from harness.cell.pipeline import Pipeline
+    from harness.store.files import read_jsonl
+
+    store, rule = Store(results), grid.spec.calibration
+    out: dict[str, Stage] = {}
+    for method, settings in rule.sweep.items():
+        ((setting, values),) = settings.items()
+        cells = [c for c in grid.sweep if c.method == method]
+        measured = []
+        for cell in cells:
+            done = Pipeline(cell.preset, store, device, plan=True).run(*cell.build())
+            if not all(c.reused for c in done):
+                if not build:
+                    return None
+                raise HarnessError(
+                    f"{cell.where}: the calibration's cell {cell.name(True)} is not stored: run it first"
+                )
+            measured.append((cell, done[0], done[-1]))
+        gate = cells[0].preset.quality_gate
+        stage = store.stage(kinds.CALIBRATION, {
+            "stage": kinds.CALIBRATION,
+            "version": VERSION,
+            "method": method,
+            "setting": setting,
+            "values": values,
+            "rule": {"ppl_ratio_max": rule.ppl_ratio_max, "pick": rule.pick, "gate": gate.model_dump()},
+            "runs": [[base.run.key, unaltered.run.key] for _, base, unaltered in measured],
+        })  # fmt: skip
+        if not build:
+            if not stage.done:
+                return None
+            out[method] = stage
+            continue
+
+        def make(folder: Path, method=method, setting=setting, values=values, measured=measured, gate=gate) -> dict:
+            rows = [_row(cell, setting, base, unaltered, read_jsonl(base.run.path / "scores.jsonl"),
+                         read_jsonl(unaltered.run.path / "scores.jsonl"), gate)
+                    for cell, base, unaltered in measured]  # fmt: skip
+            chosen = choose(method, setting, values, rows, rule.ppl_ratio_max, rule.pick)
+            found = {
+                "method": method,
+                "setting": setting,
+                "rule": describe(rule, gate),
+                "chosen": chosen,
+                "sweep": rows,
+            }
+            (folder / FILE).write_text(json.dumps(found, indent=1))
+            return {}
+
+        store.build_or_reuse(stage, f"calibration of {method}", make)
+        out[method] = stage
+    return out
+
+
+def _row(cell: Cell, setting: str, base, unaltered, base_scores: list, scores: list, gate) -> dict:
+    """One swept configuration of one seed, unaltered: its detection and its quality beside the base's."""
+    from harness.cell import metrics
+
+    m, b = (json.loads((r.run.path / "metrics.json").read_text()) for r in (unaltered, base))
+    ratio = m["median_ppl"] / b["median_ppl"] if m.get("median_ppl") and b.get("median_ppl") else None
+    auc_base, tpr_base = metrics.versus([s["score"] for s in scores if s["label"] == 1],
+                                        [s["score"] for s in base_scores if s["label"] == 1])  # fmt: skip
+    return {
+        "value": dict(cell.method_settings).get(setting),
+        "seed": cell.seed,
+        "settings": dict(cell.method_settings),
+        "run": unaltered.run.key,
+        "base_run": base.run.key,
+        "AUC": m["auc"],
+        "TPR@1%": m["tpr@0.01"],
+        "AUC_vs_base": auc_base,
+        "TPR@1%_vs_base": tpr_base,
+        "PPL": m.get("median_ppl"),
+        "PPL_ratio": ratio,
+        "rep3": m.get("rep3"),
+        "quality": gate.verdict(ratio, m.get("rep3"), b.get("rep3")),
+    }
+
+
+def choose(method: str, setting: str, values: list, rows: list[dict], ppl_ratio_max: float, pick: str) -> dict:
+    """The rule: among the swept values whose unaltered texts pass the gate with a median PPL at most
+    ``ppl_ratio_max`` times the base's for every seed, the one with the largest mean ``pick`` over seeds (the first
+    in the spec's order on a tie). Returns the chosen settings; one line naming the closest value where none meets."""
+    by_value = {json.dumps(v): [r for r in rows if r["value"] == v] for v in values}
+
+    def meets(r: dict) -> bool:
+        return r["quality"] == "ok" and r["PPL_ratio"] is not None and r["PPL_ratio"] <= ppl_ratio_max
+
+    inside = [v for v in values if all(meets(r) for r in by_value[json.dumps(v)])]
+    if not inside:
+        worst = {
+            json.dumps(v): max(by_value[json.dumps(v)], key=lambda r: r["PPL_ratio"] or float("inf")) for v in values
+        }
+        closest = min(values, key=lambda v: worst[json.dumps(v)]["PPL_ratio"] or float("inf"))
+        r = worst[json.dumps(closest)]
+        ratio = "no PPL" if r["PPL_ratio"] is None else f"{r['PPL_ratio']:.3g}x the base's PPL"
+        raise HarnessError(
+            f"no swept {setting} of {method} meets the calibration's budget (median PPL at most {ppl_ratio_max:g}x "
+            f"the base's, inside the quality gate): the closest, {setting}={closest}, reads {ratio} ({r['quality']})"
+        )
+    mean = {json.dumps(v): sum(r[pick] for r in by_value[json.dumps(v)]) / len(by_value[json.dumps(v)]) for v in inside}
+    best = max(inside, key=lambda v: mean[json.dumps(v)])  # (max keeps the first of equals: the spec's order)
+    first = by_value[json.dumps(best)][0]  # (the value as the method resolved it: 8 -> 8.0)
+    return {"settings": first["settings"], "value": first["value"], pick: mean[json.dumps(best)]}
+
+
+def describe(rule, gate) -> str:
+    """The rule in words, as the stage and ``harness calibrate`` state it."""
+    return (f"the largest mean {rule.pick} over seeds among the swept values whose unaltered texts have a median PPL "
+            f"at most {rule.ppl_ratio_max:g}x the base's and pass the quality gate ({gate.describe()})")  # fmt: skip
+
+
+def summary(method: str, stage: Stage) -> str:
+    """A method's sweep and choice as ``harness grid`` prints them."""
+    found = json.loads((stage.path / FILE).read_text())
+    lines = [f"  {method}: {found['setting']:>8}  seed    AUC  vs base AUC  PPL/base  text"]
+    for r in found["sweep"]:
+        ratio = "missing" if r["PPL_ratio"] is None else f"{r['PPL_ratio']:.2f}"
+        lines.append(f"  {'':{len(method)}}  {r['value']!s:>8}  {r['seed']:>4}  {r['AUC']:.3f}  "
+                     f"{r['AUC_vs_base']:11.3f}  {ratio:>8}  {r['quality'].split(':')[0]}")  # fmt: skip
+    lines.append(f"  {method}: chose {found['setting']}={found['chosen']['value']}")
+    return "\n".join(lines)
+
+
+def chosen_settings(found: dict[str, Stage]) -> dict[str, dict]:
+    """Method -> the settings its calibration chose (what the groups' ``calibrated`` entries run)."""
+    return {
+        method: json.loads((stage.path / FILE).read_text())["chosen"]["settings"] for method, stage in found.items()
+    }
+
+
+def stored_choice(grid: Grid, results: Path) -> dict[str, dict] | None:
+    """The calibration's choice where every one of its runs and stages is stored, else None; builds nothing."""
+    found = stages(grid, results, build=False)
+    return None if found is None else chosen_settings(found)
