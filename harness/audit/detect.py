@@ -123,6 +123,7 @@ class Request:
                 audit.check_text_lengths(self.texts_file, texts, pipe.tokenizer, context)
             suspect = audit.Suspect("texts", str(self.texts_file), texts=tuple(t for _, t in texts))
         stage, result = audit.audit(pipe, method, trained, suspect)
+        quality = suspect_quality(pipe, stage) if suspect.kind == "model" else None
         # (no verdict where the scheme has no null: audit.NO_NULL)
         flagged = None if result["p_value"] is None else result["p_value"] < self.alpha
         source = {"kind": suspect.kind, "ref": suspect.ref}
@@ -137,4 +138,30 @@ class Request:
             "decision": {"watermarked": flagged, "alpha": self.alpha, **result},
             "scores": str(stage.path / "scores.jsonl"),
         }  # fmt: skip
+        if quality is not None:
+            report["quality"] = quality
         return report, files.read_jsonl(stage.path / "scores.jsonl")
+
+
+def suspect_quality(pipe, stage) -> dict:
+    """The suspect model's texts beside the base model's continuations of the same prompts, under the preset's judge
+    and quality gate (``harness.config.gate``): a verdict on texts that no longer count as writing (a collapsed or
+    broken model) says nothing of a model anyone would use. The base's continuations are its generate stage (reused
+    where a run stored it); the perplexities are measured here, not stored."""
+    from harness.cell import detection
+    from harness.cell.metrics import median
+    from harness.cell.quality import text_quality
+    from harness.store import kinds
+
+    suspect = files.read_jsonl(pipe.store.at(kinds.GENERATE, stage.spec["source"]["generate"]).path
+                               / "generations.jsonl")  # fmt: skip
+    base = files.read_jsonl(
+        pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base model").path / "generations.jsonl"
+    )
+    ppl = [median(detection.perplexities(pipe, gens, f"perplexity ({who})")[0]) for who, gens in
+           (("suspect", suspect), ("base model", base))]  # fmt: skip
+    rep3 = [text_quality([g["completion_ids"] for g in gens])["rep3"] for gens in (suspect, base)]
+    gate = pipe.preset.quality_gate
+    return {"median_ppl": ppl[0], "base_median_ppl": ppl[1], "ppl_ratio": ppl[0] / ppl[1], "rep3": rep3[0],
+            "base_rep3": rep3[1], "judge": pipe.preset.oracle_model, "gate": gate.describe(),
+            "verdict": gate.verdict(ppl[0] / ppl[1], rep3[0], rep3[1])}  # fmt: skip

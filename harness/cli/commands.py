@@ -479,8 +479,22 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
             [f"the key is a published one ({key['published']}): it cannot show that a model derives from the owner's, "
              "as anyone can write text it flags"] if key.get("published") else []
         ),
+        *_quality_lines(report.get("quality")),
     ]  # fmt: skip
     return printable("\n".join(lines), keep="\n\t")  # texts (and names from a store) are shown, never obeyed
+
+
+def _quality_lines(quality: dict | None) -> list[str]:
+    """What ``harness detect`` says of the suspect's texts beside the base's (``audit.detect.suspect_quality``)."""
+    if quality is None:
+        return []
+    said = (f"its texts: median PPL {quality['median_ppl']:.2f}, {quality['ppl_ratio']:.2f}x the base model's, under "
+            f"{quality['judge']}; repeated 3-grams {quality['rep3']:.3f} (the base's {quality['base_rep3']:.3f}): "
+            f"{quality['verdict']}")  # fmt: skip
+    if quality["verdict"].startswith("degenerate"):
+        said += ("\n! the suspect's texts fail the quality gate: they no longer count as writing, and a decision on "
+                 "them says nothing of a model anyone would use")  # fmt: skip
+    return [said]
 
 
 def _quiet_transformers() -> None:

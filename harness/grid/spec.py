@@ -140,7 +140,7 @@ class Grid:
 
     @property
     def several_seeds(self) -> bool:
-        return len({c.seed for c in self.cells}) > 1
+        return len({c.seed for c in (*self.cells, *self.sweep)}) > 1
 
 
 MAX_SPEC_BYTES = 1 << 20  # a grid spec is a page of YAML; more is not one (e.g. /dev/zero)

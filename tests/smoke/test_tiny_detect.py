@@ -51,6 +51,10 @@ def test_the_student_and_its_derivatives_are_found_and_the_base_is_not(stored, c
         assert d["p_value"] < 1e-3 and d["watermarked"] and d["texts"] == 64, (name, d)
     d = found["base"]["decision"]
     assert d["p_value"] > 0.05 and not d["watermarked"], d
+    # The base model as the suspect writes the base's own texts: the quality gate's reading is the identity.
+    quality = found["base"]["quality"]
+    assert quality["ppl_ratio"] == 1.0 and quality["rep3"] == quality["base_rep3"] and quality["verdict"] == "ok"
+    assert all(found[name]["quality"]["judge"] == "builtin:tiny-lm" for name in found)
     assert found["base"]["key"]["train_stage"] == key  # --method found the same training
 
 

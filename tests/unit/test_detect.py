@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 
 import numpy as np
@@ -220,8 +221,11 @@ def test_a_model_continues_the_prompts_and_is_decided(keyed, cli, random_llamas)
     out = cli(*args)
     assert out.returncode == 0, out.stderr
     assert "6 texts" in out.stdout and "decision:" in out.stdout
+    # Its texts beside the base model's continuations of the same prompts, under the preset's judge and gate.
+    assert re.search(r"its texts: median PPL [\d.]+, [\d.]+x the base model's, under .*: (ok|degenerate|unknown)",
+                     out.stdout), out.stdout  # fmt: skip
     made = _stages(store) - before
-    assert sorted(p.parts[1] for p in made) == ["detect", "generate"], made
+    assert sorted(p.parts[1] for p in made) == ["detect", "generate", "generate"], made  # (the suspect's, the base's)
     assert cli(*args).returncode == 0 and _stages(store) == before | made  # reused, nothing new
 
 
