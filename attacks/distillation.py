@@ -91,6 +91,7 @@ class Distill(ModelAttack):
     description = "distillation into another model from N teacher texts"
     sweep = Sweep("teacher texts N", "Distillation into {label}")
     tables = ("robustness", "curve")  # (the distillation table: AUC, TPR and tokens to detect per N)
+    controlled = True  # a student of the unwatermarked base on N of its texts: the control of each row
     Params = DistillParams
 
     def source(self):

@@ -369,10 +369,11 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         trained = self.train(method)
         oracle = {k: self.oracle[k] for k in ("ref", "fingerprint")}
 
-        def run_spec(attack_, config_label, generated: Stage, attack_spec: dict | None) -> dict:
+        def run_spec(attack_, config_label, generated: Stage, attack_spec: dict | None, control=False) -> dict:
             upstream = {"train": trained.spec, "attack": attack_spec, "generate": generated.spec}
             return scoring.run_spec(self.preset, method, attack_, config_label, trained_key=trained.key,
-                                    generate_key=generated.key, oracle=oracle, upstream=upstream)  # fmt: skip
+                                    generate_key=generated.key, oracle=oracle, upstream=upstream,
+                                    control=control)  # fmt: skip
 
         base_gen = self.generate(self.base["path"], f"base:{self.base['fingerprint']}", "base model")
         base_spec = run_spec(None, None, base_gen, None)
@@ -394,6 +395,14 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             artefacts = {"model": str(out.path), "key": str(trained.path / "key.json")}
             spec = run_spec(a, out.config_label, gen, out.spec)
             cells.append(self.score(method, trained, gen, spec, artefacts, out.spec))
+        if attack.controlled and attack.edits_weights():  # the same modification of the unwatermarked base
+            base_out = Output(scoring.BASE_ROW, "", self.base["path"], f"base:{self.base['fingerprint']}", None)
+            for out in self.attack(attack, base_out):
+                row = scoring.attack_row(attack, out.config_label, control=True)
+                gen = self.generate(out.path, out.model_id, row)
+                utility(self, out.path, out.model_id, row)
+                spec = run_spec(attack, out.config_label, gen, out.spec, control=True)
+                cells.append(self.score(method, trained, gen, spec, {"model": str(out.path)}, out.spec))
         return cells
 
 

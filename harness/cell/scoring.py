@@ -54,8 +54,9 @@ def method_info(method) -> dict:
     }
 
 
-def attack_info(attack, config_label: str | None = None) -> dict:
-    """What tables need of the attack a run evaluates (None: the unwatermarked base)."""
+def attack_info(attack, config_label: str | None = None, control: bool = False) -> dict:
+    """What tables need of the attack a run evaluates (None: the unwatermarked base); ``control``: the attack applied
+    to the unwatermarked base (``Attack.controlled``), recorded only then so that every other run keeps its hash."""
     if attack is None:
         return {"name": None, "category": BASE_CATEGORY, "label": "No watermark", "config_label": "base model"}
     return {
@@ -64,14 +65,20 @@ def attack_info(attack, config_label: str | None = None) -> dict:
         "label": attack.table_label(),
         "params": attack.params.model_dump(),
         "config_label": attack.config_label() if config_label is None else config_label,
+        **({"control": True} if control else {}),
     }
 
 
-def attack_row(attack, config_label: str | None = None) -> str:
-    """The row a run prints as: ``Unaltered``, or the attack's label and settings (e.g. ``SLERP t=0.5``)."""
+CONTROL = "of the base"  # how a control row is named after its attack's row (``Attack.controlled``)
+
+
+def attack_row(attack, config_label: str | None = None, control: bool = False) -> str:
+    """The row a run prints as: ``Unaltered``, or the attack's label and settings (e.g. ``SLERP t=0.5``), followed by
+    ``of the base`` for a control row."""
     if attack.identity:
         return "Unaltered"
-    return f"{attack.table_label()} {attack.config_label() if config_label is None else config_label}".strip()
+    row = f"{attack.table_label()} {attack.config_label() if config_label is None else config_label}".strip()
+    return f"{row} {CONTROL}" if control else row
 
 
 def run_spec(
@@ -84,6 +91,7 @@ def run_spec(
     generate_key: str,
     oracle: dict,
     upstream: dict,
+    control: bool = False,
 ) -> dict:
     """The spec of one run (hashed into its key, stored as ``spec.json``): ``method``'s detector, keyed by the train
     stage ``trained_key``, on the generations ``generate_key`` of the model ``attack`` made (None: the unwatermarked
@@ -91,7 +99,7 @@ def run_spec(
     the upstream hashes stand for (models' and data's fingerprints included), so that one file is readable alone."""
     return {
         "stage": kinds.RUN,
-        "row": BASE_ROW if attack is None else attack_row(attack, config_label),
+        "row": BASE_ROW if attack is None else attack_row(attack, config_label, control),
         "preset": preset.name,
         "scoring_version": SCORING_VERSION,
         "detector": detector_spec(method, trained_key, preset.eval.score_on),
@@ -101,7 +109,7 @@ def run_spec(
         "config": {
             "preset": preset_settings(preset),
             "method": method_info(method),
-            "attack": attack_info(attack, config_label),
+            "attack": attack_info(attack, config_label, control),
         },
         "upstream": upstream,
     }

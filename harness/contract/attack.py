@@ -83,6 +83,10 @@ class Attack(Plugin):
     identity: ClassVar[bool] = False  # True only for ``none``: the pipeline then uses the input model as is
     # The uninformed attack others are read against (weight noise): the AUC-utility figure draws it as a curve.
     reference_curve: ClassVar[bool] = False
+    # Whether a cell also applies it to the unwatermarked base, a control row of each output (distillation: a student
+    # trained the same way on the base's own texts), and reads its rows against that control's texts
+    # (``AUC_vs_control``): what survives the modification beyond what the modification itself does to the scores.
+    controlled: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Check the table names of every attack class as it is defined, built-in or an outside plugin's."""

@@ -78,6 +78,7 @@ def collect(store: Store) -> pd.DataFrame:
         "attack",
         "attack_params",
         "attack_config",
+        "control",
     ]
     dupes = df.duplicated(keys, keep="last")
     if dupes.any():
@@ -123,7 +124,8 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     columns ``AUC_vs_base`` and ``TPR@1%_vs_base``: its detector's scores of its texts against the same detector's
     scores of the base's texts (that method's and configuration's base row, of the same training seed where
     stored), where the human texts of ``AUC`` mix "model versus human" into the watermark's signal. A base row reads
-    0.5 there by construction."""
+    0.5 there by construction. ``AUC_vs_control``: a row of an attack that also modifies the base
+    (``Attack.controlled``: distillation) against its control row's texts (the same modification of the base)."""
     from harness.config.gate import QualityGate
 
     base = df[base_rows(df)]
@@ -133,6 +135,9 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
         return tuple(s["score"] for s in scores(store, run) if s["label"] == 1)
 
     cols: dict[str, list] = {c: [] for c in ("PPL_ratio", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base")}
+    controls = {(r.setup, r.method, r.params, r.seed, r.attack_name, r.attack_params, r.attack_config): r.run
+                for r in df[df["control"]].itertuples()}  # fmt: skip
+    versus_control = []
     for r in df.itertuples(index=False):
         same = base[(base["setup"] == r.setup) & (base["decoding"] == r.decoding) & (base["prompts"] == r.prompts)]
         for column, value in (("method", r.method), ("params", r.params), ("seed", r.seed)):
@@ -152,6 +157,10 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
         verdict = QualityGate(**json.loads(r.quality_gate)).verdict(ratio, r.rep3, rep3_base)
         for c, v in zip(cols, (ratio, rep3_base, verdict, auc, tpr), strict=True):
             cols[c].append(v)
+        control = None if r.control else controls.get((r.setup, r.method, r.params, r.seed, r.attack_name,
+                                                         r.attack_params, r.attack_config))  # fmt: skip
+        versus_control.append(None if control is None else metrics.versus(generated(r.run), generated(control))[0])
+    cols["AUC_vs_control"] = versus_control
     return df.assign(**cols)
 
 
@@ -243,7 +252,10 @@ def _row(run: Path) -> dict:
         "method_config": method["config_label"],
         "method_name": name,
         "preset_method": json.dumps(preset_settings(spec["preset"], preset, name), sort_keys=True),
-        "main": only(name, params, preset_settings(spec["preset"], preset, name), ()),
+        # (a control row, the attack applied to the unwatermarked base, is no configuration's: ``Attack.controlled``)
+        "main": not cfg["attack"].get("control")
+        and only(name, params, preset_settings(spec["preset"], preset, name), ()),  # fmt: skip
+        "control": bool(cfg["attack"].get("control")),
         "params": json.dumps(params, sort_keys=True),
         "decoding": decoding_label(preset.get("eval", {})),  # "": plain sampling at temperature 1
         "prompts": prompts_label(preset.get("eval", {})),  # "": the preset's documents

@@ -379,15 +379,17 @@ def curve(df: pd.DataFrame, attack: str) -> pd.DataFrame:
     if part.empty:
         return pd.DataFrame()
     before = mains[unaltered(mains) & mains["method"].isin(part["method"])].assign(attack_config=UNALTERED_TEXTS)
-    means = mean_over_seeds(pd.concat([before, part]), ["method", "attack_config"], CURVE_METRICS)
-    table = means.pivot_table(index="attack_config", columns="method", values=CURVE_METRICS, aggfunc="first",
+    # Against the same modification of the unwatermarked base, where the attack makes one (``Attack.controlled``).
+    values = CURVE_METRICS + (["AUC_vs_control"] if part.get("AUC_vs_control", pd.Series()).notna().any() else [])
+    means = mean_over_seeds(pd.concat([before, part]), ["method", "attack_config"], values)
+    table = means.pivot_table(index="attack_config", columns="method", values=values, aggfunc="first",
                               dropna=False)  # fmt: skip
     table.columns = [f"{method} {metric}" for metric, method in table.columns]
     settings = sorted(set(part["attack_config"]), key=natural_key)
     rows = ([UNALTERED_TEXTS] if len(before) else []) + settings
     methods = sorted(means["method"].unique(), key=method_rank)
     table = table.reindex(index=pd.Index(rows, name="setting"),
-                          columns=[f"{m} {metric}" for m in methods for metric in CURVE_METRICS])  # fmt: skip
+                          columns=[f"{m} {metric}" for m in methods for metric in values])  # fmt: skip
     return table
 
 

@@ -186,9 +186,17 @@ def _curve_caption(setup: Setup, attack: str) -> str:
     cls = plugin_class("attack", attack)
     sweep = getattr(cls, "sweep", None)
     what = sweep.xlabel if sweep is not None else "setting"
+    control = (
+        (
+            ", and the AUC against the texts of the same modification of the unwatermarked base (its control: "
+            "what survives beyond what the modification does to the scores)"
+        )
+        if getattr(cls, "controlled", False)
+        else ""
+    )
     return (f"AUC with its 95% bootstrap interval, TPR at 1% FPR, tokens to detect and median PPL of each method's "
-            f"main configuration under {cls.description or cls.label}, per {what}, the unaltered model first "
-            f"({setup.about}).")  # fmt: skip
+            f"main configuration under {cls.description or cls.label}, per {what}, the unaltered model first"
+            f"{control} ({setup.about}).")  # fmt: skip
 
 
 def _featured(setup: Setup) -> list[tuple[str, str]]:

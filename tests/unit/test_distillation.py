@@ -121,3 +121,44 @@ def test_the_distillation_table_sets_each_n_beside_the_unaltered_model(tmp_path,
     fake_run(other, "gu-kgw", {}, "slerp", {"t": 0.5}, 0.8)
     tables.write_tables(collect.collect(other), tmp_path / "other-tables")
     assert not (tmp_path / "other-tables" / "tiny" / "distill_curve.csv").exists()
+
+
+def test_each_student_has_a_control_student_of_the_base_and_is_read_against_it(random_llamas, small_preset, tmp_path):
+    """Distillation is controlled (``Attack.controlled``): the same training applied to the unwatermarked base's own
+    texts gives a control student per N, trained once for every method (its attack stage is keyed by the base), whose
+    row is no configuration's and which each student's row is read against (``AUC_vs_control``)."""
+    from harness.cell.pipeline import Pipeline
+    from harness.config.registry import methods
+    from harness.report import collect, frames
+    from harness.store.files import read_jsonl
+    from harness.store.stages import Store
+
+    base = random_llamas[1]
+    small = {"train.steps": "3", "train.batch_size": "2", "train.seq_len": "16", "eval.num_prompts": "6",
+             "eval.prompt_tokens": "4", "eval.new_tokens": "8", "eval.batch_size": "3"}  # fmt: skip
+    preset = small_preset(tmp_path, base, **small)
+    corpus = tmp_path / "corpus.jsonl"
+    settings = {"texts": "4,6", "dataset": str(corpus), "prompt_tokens": 4, "new_tokens": 6, "batch_size": 2}
+    store = Store(tmp_path / "runs")
+    cells = {}
+    for name in ("gu-kgw", "gaussian-bias"):
+        cells[name] = Pipeline(preset, store, "cpu").run(
+            methods.build(name, {}, preset), attacks.build("distill", settings)
+        )
+    rows = [c.row for c in cells["gu-kgw"]]
+    assert rows == ["Unwatermarked base", "Unaltered", "Distillation N=4", "Distillation N=6",
+                    "Distillation N=4 of the base", "Distillation N=6 of the base"]  # fmt: skip
+    controls = [[c for c in done if c.row.endswith("of the base")] for done in cells.values()]
+    inputs = {json.loads((c.run.path / "spec.json").read_text())["upstream"]["attack"]["input"] for c in controls[0]}
+    assert len(inputs) == 1 and inputs.pop().startswith("base:")  # the base, not a watermarked model
+    gens = [[read_jsonl(c.run.path / "generations.jsonl") for c in side] for side in controls]
+    assert gens[0] == gens[1]  # one control student per N, whichever method's cell asked for it
+
+    df = collect.collect(store)
+    control = df[df["control"]]
+    assert len(control) == 4 and not control["main"].any()
+    students = df[(df["attack_name"] == "distill") & ~df["control"]]
+    assert students["AUC_vs_control"].notna().all() and control["AUC_vs_control"].isna().all()
+    table = frames.curve(df, "distill")
+    assert "Gu-KGW AUC_vs_control" in table.columns and list(table.index) == ["unaltered", "N=4", "N=6"]
+    assert "of the base" not in " ".join(frames.robustness(df).index.get_level_values(1))

@@ -119,7 +119,7 @@ def test_degenerate_rows_are_named_in_every_table_and_never_ranked(gated_store, 
 
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs["quality"].str.split(":").str[0]) == ["degenerate"] * 2 + ["ok"] * 4
-    assert list(runs.columns[-5:]) == ["PPL_ratio", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base"]
+    assert list(runs.columns[-6:-1]) == ["PPL_ratio", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base"]
     assert "& degenerate" in (out / "tiny" / "robustness.tex").read_text()
     assert "not ranked: PRO" in (out / "tiny" / "comparison.tex").read_text()
     assert "PPL judged by builtin:tiny-lm" in (out / "tiny" / "robustness.tex").read_text()
