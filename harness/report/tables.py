@@ -85,6 +85,8 @@ class Setup:
         judges = sorted(j for j in part["judge"].dropna().unique()) if "judge" in part else []
         if judges:  # the model whose perplexity PPL is (the paper's: LLaMA-2-13B, another family than the marked one)
             about += f", PPL judged by {' and '.join(judges)}"
+            if part["base_model"].iloc[0] in judges:  # a judge that rewards collapse toward its own favourite tokens
+                about += " (the base model itself, not an independent judge)"
         if len(seeds) > 1:
             about += f", mean over seeds {', '.join(map(str, seeds))}"
             short = _cells_short_of_seeds(part, seeds)
