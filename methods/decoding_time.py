@@ -82,6 +82,23 @@ class DecodingTime:
         return {"steps": 0, "decoding_time": True}
 
 
+class ChoosesItsToken(DecodingTime):
+    """KTH and AAR decoding choose each token themselves from the key (``OnlyArgmax``): a user's temperature,
+    truncation or greedy decoding, applied after the watermark, cannot move that token, so a row labelled with them
+    would be plain sampling's row again. The repetition penalty acts before the watermark (``generation.draw``) and
+    does change their texts."""
+
+    def refuses_decoding(self, decoding: dict) -> str | None:
+        ignored = sorted(k for k in decoding if k != "repetition_penalty")
+        if ignored:
+            return (
+                f"{self.name} chooses each token itself from its key, so {', '.join(ignored)} would change nothing in "
+                "its texts while labelling its rows with them: only repetition_penalty (applied before the watermark) "
+                "acts on it"
+            )
+        return None
+
+
 class KGWDecoding(DecodingTime, GuKGW):
     name = "kgw-decoding"
     label = "KGW (decoding-time)"
@@ -92,7 +109,7 @@ class KGWDecoding(DecodingTime, GuKGW):
         return [KGWProcessor(KGWKey.from_dict(read_key(key_dir)["teacher"]))]
 
 
-class KTHDecoding(DecodingTime, GuKTH):
+class KTHDecoding(ChoosesItsToken, GuKTH):
     name = "kth-decoding"
     label = "KTH (decoding-time)"
 
@@ -102,7 +119,7 @@ class KTHDecoding(DecodingTime, GuKTH):
         return [OnlyArgmax(KTHByPrompt(KTHKey.from_dict(read_key(key_dir)["key"])))]
 
 
-class AARDecoding(DecodingTime, GuAAR):
+class AARDecoding(ChoosesItsToken, GuAAR):
     name = "aar-decoding"
     label = "AAR (decoding-time)"
 

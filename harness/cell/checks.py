@@ -26,6 +26,9 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
             refused = method.refuses(attack)  # (a decoding-time watermark under a model attack)
             if refused:
                 raise HarnessError(refused)
+        refused = method.refuses_decoding(preset.eval.decoding())  # (settings that could not act on its texts)
+        if refused:
+            raise HarnessError(refused)
     decoding = preset.eval.decoding_label()
     rewriting = next((p for p in plugins if isinstance(p, Attack) and p.rewrites_texts()), None)
     if decoding and rewriting is not None:

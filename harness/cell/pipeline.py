@@ -26,6 +26,10 @@ from harness.contract.method import TrainContext
 from harness.store import files, kinds
 from harness.store.stages import EditedStage, Stage, Store
 
+# The repetition penalty acts before a decoding-time watermark's processor, as transformers orders its built-in
+# penalty before user processors (lm-watermarking's and MarkLLM's KGW among them); temperature and truncation after.
+PENALTY_FIRST = "repetition penalty, watermark, temperature, truncation"
+
 
 @dataclass
 class ScoredRun:
@@ -283,6 +287,8 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         }
         if watermark is not None:
             spec["watermark"] = watermark[0]
+            if e.repetition_penalty is not None:  # (where the order changes the texts: recorded only then)
+                spec["order"] = PENALTY_FIRST
         stage = self.store.stage(kinds.GENERATE, spec)
 
         def build(out: Path) -> dict:

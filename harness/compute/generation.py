@@ -88,16 +88,20 @@ def draw(
 ):
     """``model.generate`` of exactly ``new_tokens`` tokens after the prompts ``ids`` (left-padded where ``mask``,
     their attention mask, says so; else all real tokens), each row drawing with its own noise (``rows``: the rows'
-    prompt indices); ``processors`` act on the logits before the draw and ``decoding`` (``EvalSettings.decoding``:
-    penalty, top-k, top-p, min-p, greedy) after them."""
+    prompt indices). The logits go through the stack users run with transformers: its repetition penalty
+    (``decoding``'s, ``EvalSettings.decoding``) first, then ``processors`` (a decoding-time watermark's, as
+    lm-watermarking's and MarkLLM's are passed to ``generate``), then temperature, top-k, top-p, min-p or greedy."""
     import torch
 
+    decoding = dict(decoding or {})
+    penalty = decoding.pop("repetition_penalty", None)
+    first = [PenaltyFirst(penalty)] if penalty is not None else []
     with torch.no_grad():
         return model.generate(
             input_ids=ids,
             attention_mask=mask if mask is not None else torch.ones_like(ids),
             do_sample=False,  # the draw is the argmax of the noised logits
-            logits_processor=[*processors, GumbelPerPrompt(seed, rows, ids.shape[1], temperature, decoding)],
+            logits_processor=[*first, *processors, GumbelPerPrompt(seed, rows, ids.shape[1], temperature, decoding)],
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
             pad_token_id=pad_id,
@@ -131,6 +135,19 @@ def hash32_int32(x):
     x = (x ^ _shift(x, 16)) * 0x7FEB352D
     x = (x ^ _shift(x, 15)) * (0x846CA68B - (1 << 32))
     return x ^ _shift(x, 16)
+
+
+class PenaltyFirst:
+    """transformers' repetition penalty on the float32 scores, the first transform of the stack (``draw``): before a
+    watermark's processor, as transformers applies its built-in penalty before the processors a user passes."""
+
+    def __init__(self, penalty: float):
+        from transformers import RepetitionPenaltyLogitsProcessor
+
+        self.penalty = RepetitionPenaltyLogitsProcessor(penalty)
+
+    def __call__(self, input_ids, scores):
+        return self.penalty(input_ids, scores.float())
 
 
 class GumbelPerPrompt:

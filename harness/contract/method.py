@@ -202,6 +202,11 @@ class WatermarkMethod(Plugin, ABC):
             )
         return None
 
+    def refuses_decoding(self, decoding: dict) -> str | None:
+        """Why this method cannot be evaluated at the decoding settings ``decoding`` (``EvalSettings.decoding``: those
+        that differ from plain sampling), where they would change nothing its rows are labelled with (None: it can)."""
+        return None
+
     def published_key(self, key: dict) -> str | None:
         """Why ``key`` (a train stage's ``key.json``, as ``read_key`` gives it) is a published one, in a few words
         (e.g. a paper's default seed): anyone can write text it flags, so it cannot show that a model derives from

@@ -126,6 +126,48 @@ def test_the_transforms_run_in_a_users_order_after_the_watermark():
     assert torch.equal(minp[0, 1:3], plain[0, 1:3])
 
 
+def test_the_repetition_penalty_acts_before_a_watermarks_processor_and_the_rest_after(peaky):
+    """The stack users run with transformers: its built-in repetition penalty, then the processors they pass
+    (lm-watermarking's and MarkLLM's KGW), then temperature and truncation. A processor that records what it is given
+    sees the penalised logits at every step, and what it returns is what temperature and top-k act on."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    from harness.compute.generation import draw
+
+    seen = []
+
+    class Recorder:
+        def __call__(self, input_ids, scores):
+            seen.append((input_ids.clone(), scores.clone()))
+            return scores
+
+    ids = torch.randint(3, peaky.config.vocab_size, (2, 4), generator=torch.Generator().manual_seed(1))
+    out = draw(peaky, ids, torch.arange(2), 0, 0.7, 3, 0, (Recorder(),), {"repetition_penalty": 1.5, "top_k": 4})
+    penalty = RepetitionPenaltyLogitsProcessor(1.5)
+    with torch.no_grad():
+        for step, (prefix, scores) in enumerate(seen):
+            expected = penalty(prefix, peaky(prefix).logits[:, -1].float())
+            kept = torch.isfinite(scores)  # (transformers' own min_new_tokens masks the EOS id before any processor)
+            assert (~kept).sum(-1).tolist() == [1, 1] and torch.isinf(scores[~kept]).all(), step
+            # (the sampler's cached forward against a fresh one: float32 sums in another order)
+            assert torch.allclose(scores[kept], expected[kept], rtol=1e-5, atol=1e-5), step
+            assert torch.equal(prefix, out[:, : 4 + step])
+    assert len(seen) == 3
+
+
+@pytest.mark.parametrize("items", [{"greedy": "true"}, {"temperature": "0.7"}, {"top_k": "5"}, {"top_p": "0.9"},
+                                   {"min_p": "0.1"}, {"temperature": "0.7", "top_p": "0.9"}])  # fmt: skip
+@pytest.mark.parametrize("method", ["kth-decoding", "aar-decoding"])
+def test_a_decoding_a_method_that_chooses_its_own_token_ignores_is_refused(method, items, cli):
+    """KTH and AAR decoding pick each token from their key: a row labelled greedy or top-p would be plain
+    sampling's again. One line, before any work; the repetition penalty, which acts before them, is taken."""
+    decode = [arg for k, v in items.items() for arg in ("--decode", f"{k}={v}")]
+    out = cli("run", "--method", method, *decode, "--dry-run")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"{method} chooses each token itself" in out.stderr and next(iter(items)) in out.stderr
+    assert cli("run", "--method", method, "--decode", "repetition_penalty=1.2", "--dry-run").returncode == 0
+
+
 def test_a_grid_group_decodes_each_way_and_refuses_a_bad_one(tmp_path):
     from harness.grid import spec as grid
 
