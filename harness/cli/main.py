@@ -89,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    memory.tune_allocator()  # before any model is built or loaded (harness/compute/memory.py)
     imports.defer_hqq_import()  # before transformers is imported: a shorter start-up (harness/compute/imports.py)
     configure_logging(args.verbose, distributed.is_main())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        memory.check_setting()
+        memory.tune_allocator()  # before any model is built or loaded (harness/compute/memory.py)
         if args.command == "list":
             commands.cmd_list()
         elif args.command == "run":

@@ -56,6 +56,21 @@ def _libc():
         return None
 
 
+MALLOC_SETTINGS = ("", "system")  # HARNESS_MALLOC: unset (the harness's thresholds) or glibc's own defaults
+
+
+def check_setting() -> None:
+    """One line where ``HARNESS_MALLOC`` holds a value the harness does not know (a typo of ``system`` would
+    otherwise leave the tuned allocator in place in silence)."""
+    from harness.config.errors import HarnessError
+
+    value = os.environ.get("HARNESS_MALLOC", "")
+    if value.lower() not in MALLOC_SETTINGS:
+        raise HarnessError(
+            f"HARNESS_MALLOC={value!r} is not a setting: leave it unset, or 'system' for glibc's defaults"
+        )
+
+
 def tune_allocator() -> bool:
     """Raise glibc's mmap threshold and turn its trimming off for this process (once); return whether both took."""
     global _done

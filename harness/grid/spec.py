@@ -198,6 +198,28 @@ def _document(text: str, source: str):
     return root
 
 
+def _deepest_line(text: str) -> int:
+    """The first line (1-based) where a YAML text is nested deepest, counting flow brackets and block indentation
+    (approximately: quotes and comments are not parsed), to name where a spec too deep to read goes too deep;
+    a scan of the text, since the parser that would say so is what ran out of stack."""
+    depth, best, best_line = 0, -1, 1
+    indents: list[int] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip(" -")
+        if stripped and not stripped.startswith("#") and depth == 0:  # block nesting: a stack of indentations
+            indent = len(line) - len(stripped)
+            while indents and indents[-1] >= indent:
+                indents.pop()
+            indents.append(indent)
+        peak = depth
+        for char in line:
+            depth += (char in "[{") - (char in "]}")
+            peak = max(peak, depth)
+        if peak + len(indents) > best:
+            best, best_line = peak + len(indents), number
+    return best_line
+
+
 def _lines(root) -> dict[tuple, int]:
     """Line number (1-based) of every key and item of a YAML document (``_document``), by path:
     ``("groups", "x", "methods")``; an aliased node is walked where it is first reached."""
@@ -245,7 +267,7 @@ def load(path: Path) -> Grid:
         lines = _lines(root)
         files.check_surrogates(raw, source)
     except RecursionError:  # (PyYAML's composer and these walks recurse)
-        raise HarnessError(f"{source}: nested too deeply to read") from None
+        raise HarnessError(f"{source}:{_deepest_line(text)}: nested too deeply to read") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""

@@ -233,8 +233,11 @@ def test_a_spec_path_that_is_no_file_is_one_line(tmp_path):
         grid.load(big)
     # YAML nested past Python's recursion limit (PyYAML's composer recurses), and a lone surrogate (YAML's escapes,
     # as JSON's, make one; writing it out fails later)
+    block = "".join(f"{' ' * i}k{i}:\n" for i in range(1200))  # (the same, in block style: each level indented)
     for text, words in (
-        ("preset: tiny\ngroups: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply to read"),
+        ("preset: tiny\ngroups: " + "[" * 5000 + "]" * 5000 + "\n", f"{big}:2: nested too deeply to read"),
+        ("preset: tiny\n\nx: {a: [1, {b: " + "[" * 5000 + "]" * 5000 + "}]}\n", f"{big}:3: nested too deeply"),
+        ("preset: tiny\ngroups:\n" + block, f"{big}:1202: nested too deeply"),
         ('preset: tiny\nname: "a \\ud800"\n', "a lone surrogate"),
     ):
         big.write_text(text)

@@ -117,3 +117,13 @@ def test_stage_peak_reads_each_stage_and_folds_nested_ones(tmp_path):
     assert out.returncode == 0, out.stderr
     outer, inner, stage, big, small = json.loads(out.stdout.strip().splitlines()[-1])
     assert outer >= big and small <= inner < big and small <= stage < big
+
+
+@pytest.mark.parametrize("value", ["sytem", "glibc", "1", "off"])
+def test_an_unknown_malloc_setting_is_one_line_before_any_work(value, cli, monkeypatch):
+    """A typo of ``system`` would leave the tuned allocator in place in silence."""
+    monkeypatch.setenv("HARNESS_MALLOC", value)
+    out = cli("list")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "HARNESS_MALLOC" in out.stderr
+    monkeypatch.setenv("HARNESS_MALLOC", "System")  # (case does not matter)
+    assert cli("list").returncode == 0
