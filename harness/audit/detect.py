@@ -17,6 +17,9 @@ from harness.contract.method import read_key
 from harness.store import files
 from harness.store.stages import Store
 
+# The settings of how a suspect model is used (sampled, asked): given alone, they keep the key's own setup.
+USE_SETTINGS = {f"eval.{name}" for name in (*presets.DECODING, *presets.PROMPTS)}
+
 
 @dataclass
 class Request:
@@ -38,6 +41,8 @@ class Request:
     num_texts: int | None = None
     store: Store = field(init=False)
     chosen: Preset | None = field(init=False, default=None)  # the setup asked for (else the key's: audit.setup_of)
+    # --decode, --prompts and --system-prompt alone: applied to the key's own setup, which they do not replace
+    use: dict = field(init=False, default_factory=dict)
     texts: list[tuple[int, str]] | None = field(init=False, default=None)  # read from ``texts_file``
 
     def __post_init__(self) -> None:
@@ -57,9 +62,13 @@ class Request:
         if not self.store.has_stages():
             raise HarnessError(f"no run store at '{self.store.root}': train a watermark with 'harness run' first")
         files.check_cache()
-        if self.preset or self.overrides:
-            overrides = parse_assignments(self.overrides or [], "setting")
+        overrides = parse_assignments(self.overrides or [], "setting")
+        use = {k: v for k, v in overrides.items() if k in USE_SETTINGS}
+        if self.preset or len(use) < len(overrides):
             self.chosen = presets.apply_overrides(presets.get_preset(self.preset or "tiny"), overrides)
+        elif use:  # how the suspect is sampled or asked, over the key's own setup (checked here, applied there)
+            presets.apply_overrides(presets.get_preset("tiny"), use)
+            self.use = use
         if self.texts_file is not None:
             self.texts = audit.read_texts(self.texts_file)
 
@@ -92,6 +101,8 @@ class Request:
             trained = audit.train_stage(store, str(trained.path))
         method = audit.audit_method(method, set(parse_assignments(self.method_args or [], "method setting")))
         preset = audit.setup_of(trained, chosen)
+        if self.use:
+            preset = presets.apply_overrides(preset, self.use)
         if self.num_texts is not None:
             preset = preset.model_copy(update={"eval": preset.eval.model_copy(update={"num_prompts": self.num_texts})})
         # What 'harness run' checks of the evaluation (the key's base model reads the human texts) and, for a model,

@@ -24,7 +24,11 @@ def cmd_list() -> None:
             if target is None:
                 print(f"  {name:14s} planned (not implemented yet)")
                 continue
-            cls = registry.load(name)
+            try:
+                cls = registry.load(name)
+            except HarnessError as err:  # (a broken outside plugin: said, and the others and the presets listed)
+                print(f"  {name:14s} cannot be used: {printable(str(err))}")
+                continue
             fields = cls.Params.model_fields.items()
             settings = ", ".join(f"{k}=(required)" if f.is_required() else f"{k}={f.default!r}" for k, f in fields)
             settings = settings or "-"

@@ -84,7 +84,10 @@ def backends() -> dict[str, tuple[str, Callable[[], tuple[bool, str]]]]:
     models: dict[str, list[str]] = {SIMILARITY_MODEL: ["text attacks (meaning kept)"]}
     for registry in (methods, attacks):
         for name in registry.ordered():
-            cls = registry.load(name)
+            try:
+                cls = registry.load(name)
+            except HarnessError:  # (a broken outside plugin: 'harness list' names it)
+                continue
             for module, extra in cls.requires.items():
                 users.setdefault(module, []).append(name)
                 extras[module] = extra

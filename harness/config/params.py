@@ -19,7 +19,8 @@ class Params(BaseModel):
     machine holds (``machine_number``): finite, within float32 for a float, within 64 bits for an integer, and never
     true/false (an infinite learning rate or strength would train every weight into NaN and store that as a result)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # (validate_default: a default is checked as a given value is, so a plugin cannot declare one it would refuse)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True)
     # Settings added after results were stored with this plugin: ``model_dump`` leaves each out while it holds its
     # default, so that every stored stage keeps its hash and record, and a run that sets one is a new configuration.
     added_later: ClassVar[tuple[str, ...]] = ()

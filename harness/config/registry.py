@@ -58,6 +58,10 @@ ATTACKS: dict[str, str] = {
 }
 
 
+class PluginLoadError(HarnessError):
+    """A registered plugin that cannot be loaded here (its import fails, or it names no plugin class)."""
+
+
 @dataclass(frozen=True)
 class Registry:
     """A registry of one kind of plugin ("method" or "attack")."""
@@ -90,8 +94,21 @@ class Registry:
         return entries[name]
 
     def load(self, name: str) -> Any:
-        """Import and return the class registered under ``name``."""
-        return load_target(self.check(name))
+        """Import and return the class registered under ``name``; ``PluginLoadError`` (one line) where its module
+        cannot be imported (it raises, or exits: an outside plugin's ``sys.exit`` must not end the harness), lacks
+        the attribute, or names no plugin class. A plugin class that declares what cannot be (an unknown table) is
+        the ``HarnessError`` its definition raises."""
+        target = self.check(name)
+        try:
+            found = load_target(target)
+        except HarnessError:
+            raise
+        except (Exception, SystemExit) as err:  # noqa: BLE001  (whatever an outside module does on import)
+            what = f"{type(err).__name__}: {err}".strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise PluginLoadError(f"{self.kind} '{name}' ({target}) cannot be loaded: {what}") from None
+        if not isinstance(found, type) or not hasattr(found, "Params"):
+            raise PluginLoadError(f"{self.kind} '{name}' ({target}) is not a {self.kind} class: {found!r}"[:300])
+        return found
 
     def build(self, name: str, settings: dict[str, Any], preset=None) -> Any:
         """An instance of ``name`` with validated settings, after checking its requirements (packages, CUDA).

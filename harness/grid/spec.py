@@ -143,6 +143,7 @@ class Grid:
         return len({c.seed for c in (*self.cells, *self.sweep)}) > 1
 
 
+MAX_CELLS = 100_000  # cells of one grid (each a run of minutes at least: the paper's grid has about 600)
 MAX_SPEC_BYTES = 1 << 20  # a grid spec is a page of YAML; more is not one (e.g. /dev/zero)
 MAX_SPEC_NODES = 100_000  # entries of the spec with its aliases expanded: the paper's grid has ~600
 
@@ -323,6 +324,13 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
             presets.apply_overrides(base, {"train.seed": str(seed)})
         except HarnessError as err:
             raise HarnessError(f"{at('seeds')}: {err}") from None
+    planned = sum(len(g.prompts) * len(g.decodings) * len(seeds) * sum(map(len, g.methods.values()))
+                  * sum(map(len, g.attacks.values())) for g in spec.groups.values())  # fmt: skip
+    if planned > MAX_CELLS:
+        raise HarnessError(
+            f"{at('groups')}: the groups make {planned:,} cells (prompts x decodings x seeds x methods x attacks), more "
+            f"than a grid runs ({MAX_CELLS:,}): split the spec"
+        )
     sweep = _sweep(spec, base, seeds, at)
     cells: dict[Cell, None] = {}
     by_group: dict[str, list[Cell]] = {}
@@ -480,11 +488,14 @@ def _plugin(kind: str, preset: presets.Preset, name: str, settings: Any, where: 
 
 
 def _training_order(cells: list[Cell]):
-    """Sort key: cells of one training together, trainings in the order the spec first names them."""
+    """Sort key: cells of one training together, trainings in the order the spec first names them (linear in cells:
+    each cell's place is looked up, not searched for)."""
     first: dict[tuple, int] = {}
-    for c in cells:
+    place: dict[Cell, int] = {}
+    for k, c in enumerate(cells):
         first.setdefault(c.training, len(first))
-    return lambda c: (first[c.training], cells.index(c))
+        place.setdefault(c, k)
+    return lambda c: (first[c.training], place[c])
 
 
 MAX_SHARDS = 10_000  # more shares than any grid has trainings (paper.yaml: under 200); the split is O(trainings x n)

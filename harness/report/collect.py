@@ -557,7 +557,7 @@ def edits_weights(name: str | None, params: str) -> bool | None:
 def plugin_class(kind: str, name: str | None):
     """The class registered as method or attack ``name`` (``kind``), or None where it is not installed here (or cannot
     be imported). A class that is installed but declares what cannot be (an unknown table name) is an error."""
-    from harness.config.registry import attacks, methods
+    from harness.config.registry import PluginLoadError, attacks, methods
 
     if not isinstance(name, str):  # the base model's rows: no attack (None, or NaN in a frame)
         return None
@@ -568,7 +568,7 @@ def plugin_class(kind: str, name: str | None):
         return None
     try:
         return registry.load(name)
-    except (ImportError, AttributeError):
+    except PluginLoadError:
         return None
 
 

@@ -588,3 +588,32 @@ def test_harness_run_says_when_the_detectors_own_p_value_misses_its_rate_on_huma
     assert analytic_fpr_warning(cells(0.05, 200))  # 10 of 200: P(X >= 10) = 4e-5 at a true 1%
     for fpr, n in ((0.015, 200), (0.02, 1000), (0.0, 200), (None, 200)):  # within what 1% gives, or no p-values
         assert analytic_fpr_warning(cells(fpr, n)) is None, (fpr, n)
+
+
+BROKEN_PLUGINS = {
+    "raises": "raise RuntimeError('the plugin is broken')\n",
+    "exits": "import sys\nsys.exit(0)\n",
+    "missing": "X = 1\n",  # (no attribute Plugin)
+    "function": "def Plugin():\n    return None\n",  # (not a class)
+}
+
+
+def test_broken_plugins_are_named_and_the_rest_still_work(tmp_path, monkeypatch, cli):
+    """An outside plugin whose import raises or exits, that lacks its attribute or names a function: 'harness list'
+    names each and still lists the others and the presets; running one is one line, exit 2 (never exit 0 having done
+    nothing, as its sys.exit made it)."""
+    from harness.config.registry import methods
+
+    for module, code in BROKEN_PLUGINS.items():
+        (tmp_path / f"broken_{module}.py").write_text(code)
+        monkeypatch.setitem(methods.builtins, f"broken-{module}", f"broken_{module}:Plugin")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = cli("list")
+    assert out.returncode == 0, out.stderr
+    for module in BROKEN_PLUGINS:
+        assert f"broken-{module}" in out.stdout and "cannot be used" in out.stdout.split(f"broken-{module}", 1)[1]
+    assert "presets:" in out.stdout and "gu-kgw" in out.stdout and "slerp" in out.stdout
+    for module in BROKEN_PLUGINS:
+        run = cli("run", "--method", f"broken-{module}", "--dry-run")
+        assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (module, run.stderr)
+        assert f"method 'broken-{module}'" in run.stderr

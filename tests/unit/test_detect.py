@@ -497,3 +497,25 @@ def test_a_scheme_with_no_null_of_its_own_gets_no_p_value_and_no_verdict(keyed, 
     shown = cli(*args)
     assert shown.returncode == 0 and "decision: none: PRO has no null distribution" in shown.stdout, shown.stdout
     assert "WATERMARKED" not in shown.stdout and "probability at most" not in shown.stdout
+
+
+@pytest.mark.parametrize(
+    "decode", [["--decode", "temperature=1"], ["--decode", "top_p=0.9"], ["--prompts", "documents"]]
+)
+def test_how_a_suspect_is_sampled_keeps_the_keys_own_setup(decode, tmp_path, random_llamas, cli):
+    """--decode and --prompts alone say how the suspect is used, not which setup judges it: the key's stored run's
+    (here 6 prompts of 8 tokens), not the whole tiny preset's 200 prompts, as --preset or --set would choose."""
+    from harness.cell.pipeline import Pipeline
+    from harness.config.registry import attacks, methods
+    from harness.store.stages import Store
+
+    preset = _setup(random_llamas[1])
+    store = Store(tmp_path / "runs")
+    method = methods.build("gu-kgw", {}, preset)
+    Pipeline(preset, store, "cpu").run(method, attacks.build("none", {}))
+    key = Pipeline(preset, store, "cpu", plan=True).train(method).key
+    out = cli("detect", "--results", str(store.root), "--key", key, "--model", str(random_llamas[0]), "--json", *decode)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["decision"]["texts"] == preset.eval.num_prompts == 6
+    assert report["source"].get("decoding") == ("top_p=0.9" if "top_p=0.9" in decode else None)

@@ -326,3 +326,20 @@ def test_a_dry_run_of_one_command_builds_no_built_in_model(tmp_path, cli, monkey
     assert not any(p.is_dir() for p in cache.glob("*")) and not (tmp_path / "runs").exists()
     bad = cli("run", "--method", "pro", "--set", "eval_data.path=missing.jsonl", "--dry-run")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "missing.jsonl" in bad.stderr, bad.stderr
+
+
+def test_a_grid_of_too_many_cells_is_one_line_before_it_expands(tmp_path, capsys):
+    """A 5 KB spec can ask for a million cells (1,000 settings x 1,000 attacks): refused from the counts, before any
+    cell is made; below the bound, expansion is linear in the cells (10^4 of them took 70 s when it was quadratic)."""
+    methods = ", ".join(f"{{seed: {i}}}" for i in range(1000))
+    attacks = ", ".join(f"{{sigma: 0.0{i % 9 + 1}, seed: {i}}}" for i in range(1000))
+    path = write(tmp_path, f"preset: tiny\ngroups:\n  a:\n    methods: {{gaussian-bias: [{methods}]}}\n"
+                           f"    attacks: {{weight-noise: [{attacks}]}}\n")  # fmt: skip
+    with pytest.raises(HarnessError, match=r":2: the groups make 1,000,000 cells .* more than a grid runs"):
+        grid.load(path)
+    assert main(["grid", str(path), "--dry-run", "--results", str(tmp_path / "runs")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    fewer = write(tmp_path, f"preset: tiny\ngroups:\n  a:\n    methods: {{gaussian-bias: [{methods}]}}\n"
+                            "    attacks: {weight-noise: [{sigma: 0.01}, {sigma: 0.02}]}\n")  # fmt: skip
+    cells = grid.load(fewer).cells
+    assert len(cells) == 2000 and [c.method_settings for c in cells[:2]] != [c.method_settings for c in cells[2:4]]

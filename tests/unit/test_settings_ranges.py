@@ -81,3 +81,25 @@ def _members(annotation) -> set:
     """The plain types a field's annotation is made of."""
     args = typing.get_args(annotation)
     return {annotation} if not args else set().union(*(_members(a) for a in args if a is not Ellipsis))
+
+
+@pytest.mark.parametrize(
+    "field", [("sigma", float, float("nan"), {"ge": 0}), ("steps", int, -5, {"ge": 0}), ("rate", float, 2.0, {"lt": 1})]
+)
+def test_a_plugins_own_defaults_are_checked_as_given_values_are(field, tmp_path, monkeypatch, cli):
+    """An outside plugin that declares a default its own bounds refuse (NaN for a sigma >= 0, -5 steps) cannot be
+    built with it: one line, exit 2, nothing run or stored (a NaN in spec.json would not even be JSON)."""
+    name, kind, default, bounds = field
+    module = tmp_path / f"bad_default_{name}.py"
+    module.write_text(
+        "from pydantic import Field\nfrom attacks.noise import WeightNoise\n\n"
+        f"class Params(WeightNoise.Params):\n    {name}: {kind.__name__} = Field({default!r}, **{bounds!r})\n\n"
+        "class Plugin(WeightNoise):\n    name = 'bad-default'\n    Params = Params\n".replace("nan", "float('nan')")
+    )
+    from harness.config.registry import attacks
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(attacks.builtins, "bad-default", f"bad_default_{name}:Plugin")
+    out = cli("run", "--method", "gu-kgw", "--attack", "bad-default", "--dry-run", "--results", str(tmp_path / "runs"))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and name in out.stderr, out.stderr
+    assert not (tmp_path / "runs").exists()
