@@ -328,8 +328,8 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
                   * sum(map(len, g.attacks.values())) for g in spec.groups.values())  # fmt: skip
     if planned > MAX_CELLS:
         raise HarnessError(
-            f"{at('groups')}: the groups make {planned:,} cells (prompts x decodings x seeds x methods x attacks), more "
-            f"than a grid runs ({MAX_CELLS:,}): split the spec"
+            f"{at('groups')}: the groups make {planned:,} cells (prompts x decodings x seeds x methods x attacks), "
+            f"more than a grid runs ({MAX_CELLS:,}): split the spec"
         )
     sweep = _sweep(spec, base, seeds, at)
     cells: dict[Cell, None] = {}
