@@ -46,7 +46,7 @@ def check(ref: str, system: str | None, new_tokens: int) -> None:
     """Before any work: the model ``ref`` takes chat prompts (``chat_format``), and ``system`` leaves room for
     ``new_tokens`` in its context (``check_system``). Reads its tokenizer (building a built-in model first)."""
     tokenizer = models.load_tokenizer(models.resolve(ref))
-    chat_format(tokenizer, ref)
+    render(tokenizer, ref, "An instruction.", system)  # (a template that refuses the conversation: one line, now)
     check_system(tokenizer, ref, system, new_tokens, models.context_length(ref))
 
 
@@ -66,10 +66,23 @@ def render(tokenizer, ref: str, instruction: str, system: str | None = None) -> 
     """The token ids a user's stack sends for ``instruction`` (after ``system`` where given), up to where the
     model's answer begins: the chat template with its generation prompt, or BOS and the instruction format."""
     if chat_format(tokenizer, ref) == "template":
+        from jinja2 import TemplateError
+
         messages = [{"role": "system", "content": system}] if system else []
-        text = tokenizer.apply_chat_template(
-            [*messages, {"role": "user", "content": instruction}], tokenize=False, add_generation_prompt=True
-        )
+        try:
+            text = tokenizer.apply_chat_template(
+                [*messages, {"role": "user", "content": instruction}], tokenize=False, add_generation_prompt=True
+            )
+        except TemplateError as err:  # (it raised, or reached outside the sandbox transformers renders it in)
+            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            hint = (
+                " (a template that takes no system turn, as Gemma's and Mistral's: drop --system-prompt)"
+                if system
+                else ""
+            )
+            raise HarnessError(
+                f"the chat template of '{ref}' refuses the conversation: {type(err).__name__}: {said}{hint}"
+            ) from None
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     text = (SYSTEM_FORMAT.format(system=system) if system else "") + INSTRUCTION_FORMAT.format(instruction=instruction)
     return framing(tokenizer)[0] + tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -254,3 +254,42 @@ def test_smollm2_is_asked_through_its_own_chat_template():
     text = tokenizer.decode(chat.render(tokenizer, "builtin:smollm2-135m", "Explain lists.", "Be brief."))
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nExplain lists.<|im_end|>\n"
                     "<|im_start|>assistant\n"), text  # fmt: skip
+
+
+REFUSES_SYSTEM = (  # as Gemma's and Mistral's templates do
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+)
+REACHES_OUT = "{{ cycler.__init__.__globals__.os.popen('echo pwned').read() }}" + (
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template, args, says",
+    [
+        (
+            REFUSES_SYSTEM,
+            ["--system-prompt", "Be brief."],
+            "System role not supported (a template that takes no system",
+        ),
+        (REACHES_OUT, ["--prompts", "chat"], "refuses the conversation: SecurityError"),
+        ("{% for m in messages %}{{ m['content'] }", ["--prompts", "chat"], "refuses the conversation: Template"),
+    ],
+)
+def test_a_chat_template_that_refuses_is_one_line_before_any_work(template, args, says, cli, random_llamas, tmp_path):
+    """A template that raises (no system turn), reaches outside the sandbox transformers renders it in (nothing
+    runs: jinja2's SecurityError), or does not parse: one line naming the model, exit 2, in a dry run already."""
+    import shutil
+
+    from harness.assets import models
+
+    templated = tmp_path / "templated"
+    shutil.copytree(random_llamas[0], templated)
+    tokenizer = models.load_tokenizer(str(templated))
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(templated)
+    out = cli("run", "--method", "gu-kgw", "--set", "eval.prompt_tokens=8", "--set", f"base_model={templated}",
+              "--set", f"oracle_model={templated}", *args, "--dry-run")  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert says in out.stderr and str(templated) in out.stderr and "pwned" not in out.stdout + out.stderr
