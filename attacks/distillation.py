@@ -138,8 +138,9 @@ class Distill(ModelAttack):
                     base_model, SimpleNamespace(rank=self.params.lora_rank, target_modules=LLAMA_PROJECTIONS)
                 )
         if base_model is not None and self.params.student != BASE:
-            from harness.assets.models import load_tokenizer, resolve
+            from harness.assets.models import check_causal_lm, load_tokenizer, resolve
 
+            check_causal_lm(resolve(self.params.student), self.params.student)  # (before its teacher texts are drawn)
             if (
                 load_tokenizer(resolve(self.params.student)).get_vocab()
                 != load_tokenizer(resolve(base_model)).get_vocab()

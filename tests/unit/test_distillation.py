@@ -162,3 +162,22 @@ def test_each_student_has_a_control_student_of_the_base_and_is_read_against_it(r
     table = frames.curve(df, "distill")
     assert "Gu-KGW AUC_vs_control" in table.columns and list(table.index) == ["unaltered", "N=4", "N=6"]
     assert "of the base" not in " ".join(frames.robustness(df).index.get_level_values(1))
+
+
+def test_a_student_that_is_no_causal_lm_is_refused_before_the_teacher_writes(random_llamas, tmp_path, cli):
+    """A T5 (an encoder-decoder) with the base's very tokenizer: one line in the dry run, not after sampling the
+    teacher's texts."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from harness.assets.models import load_tokenizer
+
+    base = random_llamas[1]
+    student = tmp_path / "t5"
+    vocab = len(load_tokenizer(str(base)))
+    T5ForConditionalGeneration(T5Config(vocab_size=vocab, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2,
+                                        decoder_start_token_id=0)).save_pretrained(student)  # fmt: skip
+    load_tokenizer(str(base)).save_pretrained(student)
+    out = cli("run", "--method", "gu-kgw", "--set", f"base_model={base}", "--set", f"oracle_model={base}",
+              "--attack", "distill", "--attack-arg", f"student={student}", "--dry-run")  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "is not a causal language model" in out.stderr
