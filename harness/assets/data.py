@@ -269,7 +269,7 @@ def chat_prompts(tokenizer, ref: str, rows: list[dict], src: DataSource, num: in
 
     check_system(tokenizer, ref, system, new_tokens, context)
     answers = tokenizer([r[src.text_field] for r in rows], add_special_tokens=False)["input_ids"]
-    out = []
+    out, too_long = [], 0
     for row, answer in zip(rows, answers, strict=True):
         if len(answer) < new_tokens:
             continue
@@ -278,6 +278,20 @@ def chat_prompts(tokenizer, ref: str, rows: list[dict], src: DataSource, num: in
             out.append({"prompt_ids": prompt, "human_ids": answer[:new_tokens]})
             if len(out) == num:
                 return out
+        else:
+            too_long += 1
+    if too_long and too_long >= num - len(out):  # the context, not the data, is what is short: say so
+        alone = len(render(tokenizer, ref, "", system))
+        raise HarnessError(
+            f"only {len(out)} of the {len(out) + too_long} instructions of '{src.path}' with long enough answers fit "
+            f"the model's {context}-token context with {new_tokens} new tokens: the chat format"
+            + (
+                f" and the system prompt take {alone} tokens before any instruction; shorten the system prompt or "
+                if system
+                else f" takes {alone} tokens before any instruction; lower "
+            )
+            + f"eval.new_tokens (asked for {num})"
+        )
     raise HarnessError(
         f"only {len(out)} instructions of '{src.path}' have human answers of {new_tokens} tokens (and fit the "
         f"model's context); asked for {num} (lower eval.num_prompts)"

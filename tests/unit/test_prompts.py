@@ -86,6 +86,14 @@ def test_chat_prompts_skip_short_answers_and_refuse_a_system_prompt_past_the_con
         data.chat_prompts(tokenizer, "builtin:tiny-lm", rows, source, 2, 40, None, 128)
     with pytest.raises(HarnessError, match="system prompt takes .* exceeds the 128 tokens"):
         data.chat_prompts(tokenizer, "builtin:tiny-lm", rows, source, 1, 40, "Be brief and kind. " * 30, 128)
+    # A system prompt that fits alone but leaves no room for any instruction: the refusal names it, not the data.
+    alone = len(chat.render(tokenizer, "builtin:tiny-lm", "", "Be brief. " * 3))
+    long_ask = [{"prompt": "Explain it at length, please. " * 10, "response": rows[1]["response"]}] * 3
+    assert (
+        alone + 40 <= 128 < len(chat.render(tokenizer, "builtin:tiny-lm", long_ask[0]["prompt"], "Be brief. " * 3)) + 40
+    )
+    with pytest.raises(HarnessError, match="fit the model's 128-token context .* the system prompt take .* shorten"):
+        data.chat_prompts(tokenizer, "builtin:tiny-lm", long_ask, source, 2, 40, "Be brief. " * 3, 128)
 
 
 def test_prompts_of_different_lengths_get_in_a_batch_what_they_get_alone(random_llamas):
