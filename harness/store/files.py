@@ -4,6 +4,7 @@ and the clean-up of what a killed process left half-written."""
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
@@ -368,3 +369,30 @@ def sweep_hash_index_leftovers() -> None:
     for tmp in leftovers:
         if not _owner_alive(tmp.name):
             tmp.unlink(missing_ok=True)
+
+
+# errno values of a write that found no room: no space left, a file past the size limit, a quota reached
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+DISK_FULL_WORDS = ("No space left on device", "File too large", "Disk quota exceeded", "FileTooLarge", "StorageFull")
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether ``err`` is a write that found no room: an ``OSError`` of ``DISK_FULL_ERRNOS``, or a library's own error
+    that carries one (safetensors raises its Rust IoError as text: ``IoError(Os { code: 27, kind: FileTooLarge,
+    ... })``)."""
+    if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
+        return True
+    return any(word in str(err) for word in DISK_FULL_WORDS)
+
+
+def first_error_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes held by the files under ``folder`` (0 where it is gone)."""
+    try:
+        return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+    except OSError:
+        return 0

@@ -134,7 +134,16 @@ class Stage:
         start, sha = time.time(), git_sha()  # the commit before the build: it may be long
         try:
             with memory.stage_peak() as peak:
-                report = fn(tmp)
+                try:
+                    report = fn(tmp)
+                except Exception as err:  # noqa: BLE001  (a full disk, whatever library was writing: one line)
+                    if files.disk_full(err):
+                        raise HarnessError(
+                            f"the disk is full under '{self.root}' while the {self.kind} stage {self.key} was written "
+                            f"({files.first_error_line(err)}): it had written {files.folder_bytes(tmp):,} bytes; free "
+                            "space and run again (finished stages are kept and reused; nothing of this one is)"
+                        ) from None
+                    raise
             manifest = {
                 "kind": self.kind,
                 "hash": self.key,

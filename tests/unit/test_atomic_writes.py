@@ -129,3 +129,37 @@ def test_tables_cut_by_a_full_disk_leave_every_previous_file(two_method_store, c
     cut = limited("full", 8000, *args)  # (the CSV and LaTeX files fit; a figure does not)
     assert cut.returncode == 2 and "cannot write the tables" in cut.stderr, cut.stderr[-2000:]
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing cut, nothing left over
+
+
+FULL_DISK = r"""
+import json, resource, signal, sys
+from pathlib import Path
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (past the size limit a write fails with EFBIG instead of a signal)
+import torch
+from safetensors.torch import save_file
+from harness.config.errors import HarnessError
+from harness.store.stages import Store
+
+stage = Store(Path(sys.argv[1])).stage("train", {"stage": "train", "what": "a model larger than the disk"})
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # a 1 MiB file at most: the disk is "full"
+try:
+    stage.build(lambda out: save_file({"w": torch.zeros(1 << 20)}, str(out / "model.safetensors")) or {})
+except HarnessError as err:
+    print(json.dumps({"error": str(err), "done": stage.done}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE and SIGXFSZ (Linux)")
+def test_a_full_disk_while_a_stage_writes_is_one_line_and_leaves_nothing_that_reads_as_done(tmp_path):
+    """A write that finds no room (here EFBIG, as a file-size limit or a full disk gives it) inside a library that
+    reports it its own way (safetensors: a Rust IoError as text) is one line naming the stage and what it had
+    written; no DONE, no partial folder left."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "runs")], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "the disk is full" in found["error"] and "train stage" in found["error"] and not found["done"]
+    assert "\n" not in found["error"] and "bytes" in found["error"]
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()], "something was left behind"
