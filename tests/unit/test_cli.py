@@ -617,3 +617,12 @@ def test_broken_plugins_are_named_and_the_rest_still_work(tmp_path, monkeypatch,
         run = cli("run", "--method", f"broken-{module}", "--dry-run")
         assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, (module, run.stderr)
         assert f"method 'broken-{module}'" in run.stderr
+    # An attack that names a table no one declared: its definition is the error, and the presets are still listed.
+    (tmp_path / "bad_table.py").write_text(
+        "from attacks.noise import WeightNoise\n\nclass Plugin(WeightNoise):\n    tables = ('robustnes',)\n"
+    )
+    from harness.config.registry import attacks
+
+    monkeypatch.setitem(attacks.builtins, "bad-table", "bad_table:Plugin")
+    out = cli("list")
+    assert out.returncode == 0 and "presets:" in out.stdout and "robustnes" in out.stdout.split("bad-table", 1)[1]
