@@ -34,7 +34,7 @@ from harness.assets import models
 from harness.cell import detection, scoring
 from harness.cell.pipeline import source_spec, training_settings
 from harness.config.errors import HarnessError, first_line
-from harness.config.presets import PROMPTS, DataSource, Preset, get_preset
+from harness.config.presets import PRESETS, PROMPTS, DataSource, Preset, get_preset
 from harness.contract.method import score_texts
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store, stage_at
@@ -109,6 +109,12 @@ def setup_of(stage: Stage, preset: Preset | None) -> Preset:
                 if spec["detector"]["key_from"] == stage.key:
                     preset = Preset.model_validate(spec["config"]["preset"])
                     preset = preset.model_copy(update={"eval": preset.eval.plain()})
+                    # The code and chat data a run's spec leaves out (``Preset.hashed``): its named preset's, so that
+                    # --prompts code or chat over the key's own setup reads what that preset would.
+                    named = PRESETS.get(spec.get("preset"))
+                    if named is not None:
+                        preset = preset.model_copy(update={k: getattr(preset, k) or getattr(named, k)
+                                                           for k in ("code_data", "chat_data")})  # fmt: skip
                     break
             except (OSError, ValueError, KeyError, TypeError):  # (pydantic's ValidationError is a ValueError)
                 continue
