@@ -155,24 +155,29 @@ class Request:
 
 
 def suspect_quality(pipe, stage) -> dict:
-    """The suspect model's texts beside the base model's continuations of the same prompts, under the preset's judge
-    and quality gate (``harness.config.gate``): a verdict on texts that no longer count as writing (a collapsed or
-    broken model) says nothing of a model anyone would use. The base's continuations are its generate stage (reused
-    where a run stored it); the perplexities are measured here, not stored."""
+    """The suspect model's texts beside the base model's continuations of the same prompts, under the setup's quality
+    gate (``harness.config.gate``): a verdict on texts that no longer count as writing (a collapsed or broken model)
+    says nothing of a model anyone would use. The judge is the key's base model, which the audit holds anyway (the
+    setup's oracle may be a 13B model, or one this machine would have to build, for two passes); the tables judge by
+    the oracle. The base's continuations are its generate stage (reused where a run stored it); the perplexities are
+    measured here, not stored."""
     from harness.cell import detection
     from harness.cell.metrics import median
+    from harness.cell.pipeline import Pipeline
     from harness.cell.quality import text_quality
     from harness.store import kinds
+
+    judge = Pipeline(pipe.preset.model_copy(update={"oracle_model": pipe.preset.base_model}), pipe.store, pipe.device)
 
     suspect = files.read_jsonl(pipe.store.at(kinds.GENERATE, stage.spec["source"]["generate"]).path
                                / "generations.jsonl")  # fmt: skip
     base = files.read_jsonl(
         pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base model").path / "generations.jsonl"
     )
-    ppl = [median(detection.perplexities(pipe, gens, f"perplexity ({who})")[0]) for who, gens in
+    ppl = [median(detection.perplexities(judge, gens, f"perplexity ({who})")[0]) for who, gens in
            (("suspect", suspect), ("base model", base))]  # fmt: skip
     rep3 = [text_quality([g["completion_ids"] for g in gens])["rep3"] for gens in (suspect, base)]
     gate = pipe.preset.quality_gate
     return {"median_ppl": ppl[0], "base_median_ppl": ppl[1], "ppl_ratio": ppl[0] / ppl[1], "rep3": rep3[0],
-            "base_rep3": rep3[1], "judge": pipe.preset.oracle_model, "gate": gate.describe(),
+            "base_rep3": rep3[1], "judge": f"{pipe.preset.base_model} (the key's base model)", "gate": gate.describe(),
             "verdict": gate.verdict(ppl[0] / ppl[1], rep3[0], rep3[1])}  # fmt: skip

@@ -54,7 +54,7 @@ def test_the_student_and_its_derivatives_are_found_and_the_base_is_not(stored, c
     # The base model as the suspect writes the base's own texts: the quality gate's reading is the identity.
     quality = found["base"]["quality"]
     assert quality["ppl_ratio"] == 1.0 and quality["rep3"] == quality["base_rep3"] and quality["verdict"] == "ok"
-    assert all(found[name]["quality"]["judge"] == "builtin:tiny-lm" for name in found)
+    assert all(found[name]["quality"]["judge"].startswith("builtin:tiny-lm (the key's base") for name in found)
     assert found["base"]["key"]["train_stage"] == key  # --method found the same training
 
 
