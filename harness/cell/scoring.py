@@ -134,13 +134,24 @@ def publish_scores(
     (out / "metrics.json").write_text(json.dumps(metrics.run_metrics(out, new_tokens, ppl_on), indent=2))
 
 
+def up_to_date(stored, current: str) -> bool:
+    """Whether metrics of version ``stored`` need no rescoring by code of version ``current``: the same, or newer (an
+    older harness reading a store a newer one scored leaves its metrics as they are, rather than take columns away)."""
+    if stored == current:
+        return True
+    try:
+        return int(stored) > int(current)
+    except (TypeError, ValueError):
+        return False
+
+
 def rescore(run: Stage) -> bool:
     """Recompute a finished run's ``metrics.json`` from its stored scores when metric code changed since it was made
     (``METRICS_VERSION``), and republish the run under its lock. Returns whether anything changed."""
     version = metrics.METRICS_VERSION
     metrics_file = run.path / "metrics.json"
     try:
-        if json.loads(metrics_file.read_text()).get("metrics_version") == version:
+        if up_to_date(json.loads(metrics_file.read_text()).get("metrics_version"), version):
             return False
     except (OSError, ValueError):
         pass  # unreadable: the check under the lock below names what is wrong
@@ -156,7 +167,7 @@ def rescore(run: Stage) -> bool:
         if problem is not None:
             raise HarnessError(f"run {run.path} cannot be rescored: {problem}")
         old = json.loads(metrics_file.read_text())
-        if old.get("metrics_version") == version:  # another process did it while we waited
+        if up_to_date(old.get("metrics_version"), version):  # another process did it while we waited
             return False
         republish(run, {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "from": old.get("metrics_version", "0"), "to": version})  # fmt: skip

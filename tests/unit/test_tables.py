@@ -157,6 +157,10 @@ def test_rescore_recomputes_metrics_from_stored_scores(tmp_path, fake_run, monke
     assert manifest["rescored"][-1]["to"] == "999"
     df = collect.collect(store)
     assert list(df["metrics_version"]) == ["999"]
+    monkeypatch.setattr(metrics, "METRICS_VERSION", "4")  # an older harness on this store: it takes nothing away
+    assert main(["rescore", "--results", str(store.root)]) == 0
+    assert "0 of 1 stored runs rescored" in capsys.readouterr().out
+    assert json.loads((run / "metrics.json").read_text()) == after
 
 
 def test_green_ratio_shows_the_methods_that_count_green_tokens(store):
