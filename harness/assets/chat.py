@@ -15,7 +15,7 @@ source.
 from __future__ import annotations
 
 from harness.assets import models
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, first_line
 from harness.config.refs import TINY_LM
 
 # The format the fine-tuning attack trains on where a tokenizer has no chat template (attacks/finetune.py), and the
@@ -74,14 +74,13 @@ def render(tokenizer, ref: str, instruction: str, system: str | None = None) -> 
                 [*messages, {"role": "user", "content": instruction}], tokenize=False, add_generation_prompt=True
             )
         except TemplateError as err:  # (it raised, or reached outside the sandbox transformers renders it in)
-            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             hint = (
                 " (a template that takes no system turn, as Gemma's and Mistral's: drop --system-prompt)"
                 if system
                 else ""
             )
             raise HarnessError(
-                f"the chat template of '{ref}' refuses the conversation: {type(err).__name__}: {said}{hint}"
+                f"the chat template of '{ref}' refuses the conversation: {type(err).__name__}: {first_line(err)}{hint}"
             ) from None
         return tokenizer(text, add_special_tokens=False)["input_ids"]
     text = (SYSTEM_FORMAT.format(system=system) if system else "") + INSTRUCTION_FORMAT.format(instruction=instruction)

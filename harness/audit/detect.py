@@ -164,7 +164,7 @@ def suspect_quality(pipe, stage) -> dict:
     from harness.cell import detection
     from harness.cell.metrics import median
     from harness.cell.pipeline import Pipeline
-    from harness.cell.quality import text_quality
+    from harness.cell.quality import ppl_ratio, text_quality
     from harness.store import kinds
 
     judge = Pipeline(pipe.preset.model_copy(update={"oracle_model": pipe.preset.base_model}), pipe.store, pipe.device)
@@ -177,7 +177,7 @@ def suspect_quality(pipe, stage) -> dict:
     ppl = [median(detection.perplexities(judge, gens, f"perplexity ({who})")[0]) for who, gens in
            (("suspect", suspect), ("base model", base))]  # fmt: skip
     rep3 = [text_quality([g["completion_ids"] for g in gens])["rep3"] for gens in (suspect, base)]
-    gate = pipe.preset.quality_gate
-    return {"median_ppl": ppl[0], "base_median_ppl": ppl[1], "ppl_ratio": ppl[0] / ppl[1], "rep3": rep3[0],
+    gate, ratio = pipe.preset.quality_gate, ppl_ratio(*ppl)
+    return {"median_ppl": ppl[0], "base_median_ppl": ppl[1], "ppl_ratio": ratio, "rep3": rep3[0],
             "base_rep3": rep3[1], "judge": f"{pipe.preset.base_model} (the key's base model)", "gate": gate.describe(),
-            "verdict": gate.verdict(ppl[0] / ppl[1], rep3[0], rep3[1])}  # fmt: skip
+            "verdict": gate.verdict(ratio, rep3[0], rep3[1])}  # fmt: skip

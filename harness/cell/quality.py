@@ -13,6 +13,16 @@ another footing than the model's own tokens.
 from __future__ import annotations
 
 
+def ppl_ratio(ppl, base_ppl) -> float | None:
+    """A row's median PPL over its base's (the quality gate's reading); None where either is missing, not a number,
+    or the base's is not positive."""
+    try:
+        num, den = float(ppl), float(base_ppl)
+    except (TypeError, ValueError):
+        return None
+    return num / den if den > 0 and num == num and den == den else None
+
+
 def ngram_share(ids: list[int], n: int) -> float | None:
     """|distinct n-grams| / |n-grams| of one text (None where it is shorter than ``n`` tokens)."""
     grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]

@@ -48,6 +48,7 @@ def format_cells(cells, gate=None) -> str:
     import pandas as pd
 
     from harness.cell.metrics import RETOKENIZED, retokenized_ppl, versus
+    from harness.cell.quality import ppl_ratio
     from harness.cell.scoring import BASE_ROW
     from harness.config.gate import OK, QualityGate
     from harness.store.files import read_jsonl
@@ -69,7 +70,7 @@ def format_cells(cells, gate=None) -> str:
     rows, verdicts = [], []
     for c in cells:
         value = ppl_value(c.metrics)
-        ratio = value / base_ppl if value is not None and base_ppl else None
+        ratio = ppl_ratio(value, base_ppl)
         verdict = gate.verdict(ratio, c.metrics.get("rep3"), base.metrics.get("rep3") if base else None)
         verdicts.append((c.row, verdict))
         auc_base, tpr_base = versus(generated(c), base_scores)

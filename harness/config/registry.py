@@ -12,7 +12,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, first_line
 from harness.config.refs import load_target
 
 # One line per plugin. The order is the tables' order:
@@ -104,7 +104,7 @@ class Registry:
         except HarnessError:
             raise
         except (Exception, SystemExit) as err:  # noqa: BLE001  (whatever an outside module does on import)
-            what = f"{type(err).__name__}: {err}".strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            what = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
             raise PluginLoadError(f"{self.kind} '{name}' ({target}) cannot be loaded: {what}") from None
         if not isinstance(found, type) or not hasattr(found, "Params"):
             raise PluginLoadError(f"{self.kind} '{name}' ({target}) is not a {self.kind} class: {found!r}"[:300])

@@ -86,9 +86,10 @@ def stages(grid: Grid, results: Path, device: str | None = None, build: bool = T
 def _row(cell: Cell, setting: str, base, unaltered, base_scores: list, scores: list, gate) -> dict:
     """One swept configuration of one seed, unaltered: its detection and its quality beside the base's."""
     from harness.cell import metrics
+    from harness.cell.quality import ppl_ratio
 
     m, b = (json.loads((r.run.path / "metrics.json").read_text()) for r in (unaltered, base))
-    ratio = m["median_ppl"] / b["median_ppl"] if m.get("median_ppl") and b.get("median_ppl") else None
+    ratio = ppl_ratio(m.get("median_ppl"), b.get("median_ppl"))
     auc_base, tpr_base = metrics.versus([s["score"] for s in scores if s["label"] == 1],
                                         [s["score"] for s in base_scores if s["label"] == 1])  # fmt: skip
     return {

@@ -126,6 +126,7 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     stored), where the human texts of ``AUC`` mix "model versus human" into the watermark's signal. A base row reads
     0.5 there by construction. ``AUC_vs_control``: a row of an attack that also modifies the base
     (``Attack.controlled``: distillation) against its control row's texts (the same modification of the base)."""
+    from harness.cell.quality import ppl_ratio
     from harness.config.gate import QualityGate
 
     base = df[base_rows(df)]
@@ -147,7 +148,7 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
         if len(same):
             b = same.iloc[0]
             footing = r.PPL_on == b["PPL_on"]
-            ratio = _ratio(*((r.PPL, b["PPL"]) if footing else (r.PPL_retokenized, b["PPL_retokenized"])))
+            ratio = ppl_ratio(*((r.PPL, b["PPL"]) if footing else (r.PPL_retokenized, b["PPL_retokenized"])))
             rep3_base = b["rep3"]
             if b["method"] == r.method and b["params"] == r.params:
                 try:
@@ -162,14 +163,6 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
         versus_control.append(None if control is None else metrics.versus(generated(r.run), generated(control))[0])
     cols["AUC_vs_control"] = versus_control
     return df.assign(**cols)
-
-
-def _ratio(num, den) -> float | None:
-    try:
-        num, den = float(num), float(den)
-    except (TypeError, ValueError):
-        return None
-    return num / den if den > 0 and num == num and den == den else None
 
 
 def _one_main_configuration(df: pd.DataFrame) -> pd.Series:

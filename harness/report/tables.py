@@ -201,6 +201,20 @@ def _curve_caption(setup: Setup, attack: str) -> str:
             f"{control} ({setup.about}).")  # fmt: skip
 
 
+def _comparison_caption(setup: Setup, matched: bool = False) -> str:
+    """tab:comparison's caption; ``matched``: of the configurations a calibration chose (tab:comparison at matched
+    quality)."""
+    return (
+        ("At matched quality: paired differences between methods (A - B) of the configurations their calibration chose"
+         if matched else "Paired differences between methods (A - B)")
+        + " under each model modification: AUC and TPR at 1% FPR against human texts, and AUC against the "
+        "unwatermarked base's own texts of the same prompts (AUC vs base), 95% paired bootstrap intervals over prompts "
+        "(the same prompts drawn for both methods)"
+        + (", and 95% t-intervals over training seeds" if setup.part["seed"].nunique() > 1 else "")
+        + f"; bold where every interval excludes zero ({setup.about})."
+    )  # fmt: skip
+
+
 def _featured(setup: Setup) -> list[tuple[str, str]]:
     return [("ft_steps", label) for label in setup.methods() if setup.classes[label].featured]
 
@@ -307,13 +321,7 @@ TABLES: tuple[Table, ...] = (
             else frames.comparison(setup.matched, setup.store)
         ),  # fmt: skip
         latex=lambda table, caption, _: latex.comparison_tex(table, caption),
-        caption=lambda setup, _: (
-            "At matched quality: paired differences between methods (A - B) of the configurations their calibration "
-            "chose, under each model modification: AUC and TPR at 1% FPR against human texts, and AUC against the "
-            "base's own texts (AUC vs base), 95% paired bootstrap intervals over prompts"
-            + (", and 95% t-intervals over training seeds" if setup.part["seed"].nunique() > 1 else "")
-            + f"; bold where every interval excludes zero ({setup.about})."
-        ),
+        caption=lambda setup, _: _comparison_caption(setup, matched=True),
     ),
     Table(
         "comparison",
@@ -322,13 +330,7 @@ TABLES: tuple[Table, ...] = (
         "with a paired bootstrap interval over prompts (and an interval over training seeds where there are several)",
         build=lambda setup, _: pd.DataFrame() if setup.store is None else frames.comparison(setup.part, setup.store),
         latex=lambda table, caption, _: latex.comparison_tex(table, caption),
-        caption=lambda setup, _: (
-            "Paired differences between methods (A - B) under each model modification: AUC and TPR at 1% FPR against "
-            "human texts, and AUC against the unwatermarked base's own texts of the same prompts (AUC vs base), "
-            "95% paired bootstrap intervals over prompts (the same prompts drawn for both methods)"
-            + (", and 95% t-intervals over training seeds" if setup.part["seed"].nunique() > 1 else "")
-            + f"; bold where every interval excludes zero ({setup.about})."
-        ),
+        caption=lambda setup, _: _comparison_caption(setup),
         section=Section(
             "Paired differences between methods (A - B; bootstrap over prompts, t-interval over seeds)",
             lambda table, _: html.frame(table),

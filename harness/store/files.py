@@ -385,11 +385,6 @@ def disk_full(err: BaseException) -> bool:
     return any(word in str(err) for word in DISK_FULL_WORDS)
 
 
-def first_error_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
-
-
 def folder_bytes(folder: Path) -> int:
     """Bytes held by the files under ``folder`` (0 where it is gone)."""
     try:

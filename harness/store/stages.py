@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.compute import distributed, memory
-from harness.config.errors import HarnessError
+from harness.config.errors import HarnessError, first_line
 from harness.store import files, kinds
 from harness.store.versions import git_sha, machine, versions
 
@@ -140,8 +140,9 @@ class Stage:
                     if files.disk_full(err):
                         raise HarnessError(
                             f"the disk is full under '{self.root}' while the {self.kind} stage {self.key} was written "
-                            f"({files.first_error_line(err)}): it had written {files.folder_bytes(tmp):,} bytes; free "
-                            "space and run again (finished stages are kept and reused; nothing of this one is)"
+                            f"({type(err).__name__}: {first_line(err)[:200]}): it had written "
+                            f"{files.folder_bytes(tmp):,} bytes; free space and run again (finished stages are kept "
+                            "and reused; nothing of this one is)"
                         ) from None
                     raise
             manifest = {
