@@ -3,24 +3,30 @@
 An audit's null is "the source never saw the key". The models that meet it and matter are not the base alone but
 what people make of it: fine-tunes, merges with unrelated models, quantizations. For every scheme whose keys can be
 drawn without training (KGW, KTH, AAR, GaussMark, the Gaussian bias), this scores the texts of each derivative with
-its pooled test (``Detector.pool``, what ``harness detect`` decides by) under ``--keys`` keys drawn afresh (the
-setting that names each scheme's key, seeds 1, 2, ...) and prints the share flagged at ``--alpha`` with its 95%
-Clopper-Pearson interval: the stated rate holds where the interval reaches down to ``alpha`` or below.
+its pooled test (``Detector.pool``, what ``harness detect`` decides by) and each text by its own p-value (the
+per-text column of ``harness detect`` and of runs) under ``--keys`` keys drawn afresh (the setting that names each
+scheme's key, seeds 1, 2, ...), and prints at each of ``--alphas`` the share of keys whose pooled test flags the
+source with its 95% Clopper-Pearson interval, and the mean share of texts flagged with a 95% bootstrap interval over
+keys: the stated rate holds where the interval reaches down to alpha or below (``!`` marks one that does not). 400
+keys tell 1% from 2% (Clopper-Pearson [0.3%, 2.5%] at 4 of 400). ``--set`` chooses the text (``eval.prompts=code``
+or ``chat``, ``eval.greedy=true`` for greedy decoding); the human continuations are a source too.
 
 PRO's key is a trained policy: keys cannot be drawn without a training each, so its row shows, for a trained PRO key
 (``--pro-key``: a train stage folder), the AUC of each derivative's centred scores against the base's own
 continuations and the Mann-Whitney p-value ``harness detect`` used to decide by (decision version 3), which
 convicted derivatives that never saw the key; ``harness detect`` now gives PRO no verdict (``harness.audit.verdict``).
 
-    python benchmarks/audit_null.py [--preset tiny] [--keys 100] [--alpha 0.05] [--results DIR] [--pro-key DIR]
+    python benchmarks/audit_null.py [--preset tiny] [--set KEY=VALUE] [--keys 400] [--alphas 0.01,0.05]
+        [--sources base,finetune ...,human] [--schemes gu-kgw,gu-kth] [--results DIR] [--pro-key DIR]
 
 The derivatives: the base itself, the preset's two donors (fine-tunes of the base on code and on prose), the base
 fine-tuned by the ``finetune`` attack (its five checkpoints), a TIES merge of the base with the donors, its HQQ 4-bit
 quantization, and weight noise at sigma 0.03. Their texts are stages of the store at ``--results``
 (reused on a second run). GaussMark's pooled z is ``<xi, g> / (sigma ||g||)`` for the summed log-likelihood's gradient
 g, which does not depend on the key: it is computed once per derivative and projected on each key's noise (the
-arithmetic of ``GaussMarkDetector.pool``); KTH's permutation test runs with ``--kth-null-keys`` fresh keys (its p-value
-is exact for any number; fewer keys only coarsen it).
+arithmetic of ``GaussMarkDetector.pool``; its per-text p-values, a backward pass per text, are not measured); KTH's
+permutation test, pooled and per text, runs with ``--kth-null-keys`` fresh keys (99: its smallest p is 0.01; its
+p-value is exact for any number, fewer keys only coarsen it), 100 key evaluations per key: the costly column.
 """
 
 from __future__ import annotations
@@ -61,8 +67,10 @@ def derivatives(pipe) -> list[tuple[str, Path, str]]:
 
 
 def pooled_p_values(name: str, seed: int | None, texts: dict, pipe, kth_null_keys: int, tmp: Path) -> dict:
-    """The pooled test's p-value on each derivative's texts (``texts``: name -> token ids) under the key of scheme
-    ``name`` drawn from ``seed`` (None: the preset's own, published key)."""
+    """(the pooled test's p-value, each text's own p-value or None) on each derivative's texts (``texts``: name ->
+    token ids) under the key of scheme ``name`` drawn from ``seed`` (None: the preset's own, published key). Each
+    text's own: the detector's ``p_value`` per text, KTH's from its pooled test's keys; GaussMark's per-text z needs
+    a gradient per text and is left out (None)."""
     from harness.config.registry import methods
     from harness.contract.method import read_key
 
@@ -78,15 +86,17 @@ def pooled_p_values(name: str, seed: int | None, texts: dict, pipe, kth_null_key
 
         detector = GRADIENTS["detector"]
         detector.xi = {n: noise(key["seed"], n, x.shape, key["sigma"]).to(x.device) for n, x in detector.xi.items()}
-        return {d: float(norm.sf(detector.pooled_z(GRADIENTS[d]))) for d in texts}
+        return {d: (float(norm.sf(detector.pooled_z(GRADIENTS[d]))), None) for d in texts}
     if name == "gu-kth":  # (its constructor wants reference statistics, which the pooled test does not read)
         from methods.gu_kth import KTHDetector
         from methods.kth import KTHKey
 
         detector = KTHDetector(KTHKey.from_dict(key["key"]), key["statistic"], key["gamma"], [])
-        return {d: detector.pool(seqs, [], null_keys=kth_null_keys)["p_value"] for d, seqs in texts.items()}
+        found = {d: detector.pool(seqs, [], null_keys=kth_null_keys) for d, seqs in texts.items()}
+        return {d: (f["p_value"], f["per_text_p_values"]) for d, f in found.items()}
     detector = method.detector(folder, pipe.tokenizer, None)
-    return {d: detector.pool(seqs, [])["p_value"] for d, seqs in texts.items()}
+    return {d: (detector.pool(seqs, [])["p_value"], [s["p_value"] for s in detector.score(seqs)])
+            for d, seqs in texts.items()}  # fmt: skip
 
 
 # GaussMark's pooled z is <xi, g> / (sigma ||g||) for the summed log-likelihood's gradient g under the base, which does
@@ -141,13 +151,34 @@ def pro_row(pipe, key_dir: Path, texts: dict[str, list[list[int]]], gens: dict[s
     return row
 
 
+def flagged_cell(pooled: list[float], per_text: list[list[float]] | None, alpha: float) -> str:
+    """One table cell: the share of keys whose pooled test flags the source at ``alpha`` [95% Clopper-Pearson], and
+    the mean over keys of the share of its texts whose own p-value is at most ``alpha`` [the 2.5 and 97.5
+    percentiles of a bootstrap over keys: a key moves all of a source's texts at once, so keys are the unit]."""
+    import numpy as np
+
+    k = sum(p <= alpha for p in pooled)
+    low, high = clopper_pearson(k, len(pooled))
+    cell = f"{k / len(pooled):.3f} [{low:.3f}, {high:.3f}]" + ("" if low <= alpha else " !")
+    if per_text:
+        shares = np.array([np.mean(np.asarray(ps) <= alpha) for ps in per_text])
+        draws = np.random.default_rng(0).choice(shares, (2000, len(shares))).mean(axis=1)
+        lo, hi = np.percentile(draws, [2.5, 97.5])
+        cell += f"; texts {shares.mean():.3f} [{lo:.3f}, {hi:.3f}]" + ("" if lo <= alpha else " !")
+    return cell
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--keys", type=int, default=100, help="keys drawn afresh per scheme (seeds 1..K)")
-    parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--kth-null-keys", type=int, default=19)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="as harness run's --set: e.g. eval.prompts=code, eval.greedy=true")  # fmt: skip
+    parser.add_argument("--keys", type=int, default=400, help="keys drawn afresh per scheme (seeds 1..K)")
+    parser.add_argument("--alphas", default="0.01,0.05", help="comma-separated levels")
+    parser.add_argument("--kth-null-keys", type=int, default=99)
     parser.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated, of " + ", ".join(SCHEMES))
+    parser.add_argument("--sources", help="comma-separated names of the sources to test (default: all; 'human' is "
+                        "the human continuations)")  # fmt: skip
     parser.add_argument("--results", type=Path, default=Path("results/runs"))
     parser.add_argument("--pro-key", type=Path, help="a trained PRO train stage folder (its row)")
     args = parser.parse_args()
@@ -155,20 +186,34 @@ def main() -> None:
     from harness.cell import detection
     from harness.cell.pipeline import Pipeline
     from harness.config import presets
+    from harness.config.params import parse_assignments
     from harness.store import files
     from harness.store.stages import Store
 
-    preset = presets.get_preset(args.preset)
+    preset = presets.apply_overrides(presets.get_preset(args.preset), parse_assignments(args.set, "setting"))
+    alphas = [float(a) for a in args.alphas.split(",")]
     pipe = Pipeline(preset, Store(args.results))
+    wanted = None if args.sources is None else set(args.sources.split(","))
     texts, gens = {}, {}
     for name, path, model_id in derivatives(pipe):
+        if wanted is not None and name not in wanted:
+            continue
         stage = pipe.generate(path, model_id, name)
         gens[name] = files.read_jsonl(stage.path / "generations.jsonl")
         texts[name] = detection.detector_input(pipe, gens[name], "completion")
-    print(f"\n{len(texts)} derivatives x {preset.eval.num_prompts} texts of {preset.eval.new_tokens} tokens; "
-          f"{args.keys} keys per scheme; share flagged at alpha = {args.alpha:g} [95% Clopper-Pearson]\n")  # fmt: skip
+    if wanted is None or "human" in wanted:  # the human continuations of the same prompts
+        gens["human"] = gens.get("base") or files.read_jsonl(
+            pipe.generate(pipe.base["path"], f"base:{pipe.base['fingerprint']}", "base").path / "generations.jsonl"
+        )
+        texts["human"] = detection.detector_input(pipe, gens["human"], "human")
+    print(f"\n{len(texts)} sources x {preset.eval.num_prompts} texts of {preset.eval.new_tokens} tokens "
+          f"({preset.eval.prompts_label() or 'documents'}; {preset.eval.decoding_label() or 'plain sampling'}); "
+          f"{args.keys} keys per scheme; at alpha = {', '.join(f'{a:g}' for a in alphas)}: the share of keys whose "
+          "pooled test flags the source [95% Clopper-Pearson] and the mean share of texts flagged by their own "
+          "p-value [95% bootstrap over keys]\n")  # fmt: skip
     schemes = [s for s in args.schemes.split(",") if s]
-    header = f"| derivative | {' | '.join(schemes)} |"
+    columns = [f"{s} at {a:g}" for s in schemes for a in alphas]
+    header = f"| source | {' | '.join(columns)} |"
     lines = [header, "| --- " * (header.count("|") - 1) + "|"]
     cells: dict[str, list[str]] = {name: [] for name in texts}
     with tempfile.TemporaryDirectory(prefix="audit-null-") as tmp:
@@ -176,19 +221,15 @@ def main() -> None:
             start = time.time()
             if scheme == "gaussmark":
                 summed_gradients(texts, pipe, Path(tmp))
-            found = {d: [] for d in texts}  # derivative -> p-values, the preset key's first
+            found = {d: [] for d in texts}  # source -> [(pooled p, per-text ps)], the preset key's first
             for seed in [None, *range(1, args.keys + 1)]:
-                for d, p in pooled_p_values(scheme, seed, texts, pipe, args.kth_null_keys, Path(tmp)).items():
-                    found[d].append(p)
-            flagged_all = 0
-            for d, (preset_p, *ps) in found.items():
-                k = sum(p <= args.alpha for p in ps)
-                low, high = clopper_pearson(k, len(ps))
-                mark = "" if low <= args.alpha else " !"
-                cells[d].append(f"{k / len(ps):.2f} [{low:.2f}, {high:.2f}]{mark}; preset key p {preset_p:.2g}")
-                flagged_all += k
-            total = len(texts) * args.keys
-            print(f"{scheme}: {flagged_all}/{total} flagged over all derivatives ({time.time() - start:.0f} s)")
+                for d, result in pooled_p_values(scheme, seed, texts, pipe, args.kth_null_keys, Path(tmp)).items():
+                    found[d].append(result)
+            for d, ((preset_p, _), *rest) in found.items():
+                pooled, per_text = [p for p, _ in rest], [t for _, t in rest if t is not None]
+                for alpha in alphas:
+                    cells[d].append(flagged_cell(pooled, per_text, alpha) + f"; preset key p {preset_p:.2g}")
+            print(f"{scheme}: {time.time() - start:.0f} s", flush=True)
     pro = pro_row(pipe, args.pro_key, texts, gens) if args.pro_key else {}
     if pro:
         lines[0] += " PRO (one trained key: against the base's texts) |"

@@ -65,12 +65,14 @@ class KGWDetector(Detector):
                     "p_value_gu": s.p_value_gu,
                     "green": s.num_green,
                     "scored": s.num_scored,
+                    "units": s.units,
                     "prefix_scores": s.prefix,
                 }
                 for s in score_sequences(self.greens, seqs, self.ignore_repeated_ngrams)
             ]
 
-        neutral = {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0, "prefix_scores": []}  # no evidence
+        # no evidence
+        neutral = {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0, "units": 0, "prefix_scores": []}
         return score_long_enough(sequences, self.greens.key.context_width + 1, batch, neutral)
 
     def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict:
@@ -91,6 +93,7 @@ class GuKGW(KeyFromTokenizer, WatermarkMethod):
     label = "Gu-KGW"
     tradeoff_settings = ("k", "delta")
     version = "1"
+    detector_version = "2"  # (WatermarkMethod.detector_version)
     Params = GuKGWParams
     detector_has_null = True  # its pooled test is exact under the scheme's own null
 

@@ -5,8 +5,11 @@ own, reused by every student of the same key and data), and the student is fine-
 As Gu et al.: prompts are the first ``prompt_tokens`` (50) tokens of training documents, each continuation is
 exactly ``seq_len`` tokens of KTH decoding starting at one of the key's ``s`` shifts, and the student trains on the
 decoded continuations tokenized again and packed into ``seq_len`` blocks. Detection scores the completion against
-every key offset (``methods.kth``); its p-value compares the statistic with those of ``reference_texts`` human
-texts of the training data (not the evaluation's negatives), computed once per key and data and stored as a stage.
+every key offset (``methods.kth``). Gu et al.'s per-text rank of the statistic among those of ``reference_texts``
+human texts of the training data (not the evaluation's negatives; computed once per key and data and stored as a
+stage) is kept as ``p_value_gu``, not as a p-value: it holds its level only for texts like those human ones. The
+p-values are permutation tests over keys drawn afresh (``KTHDetector.pool``: pooled, and each text's own), exact
+whatever wrote the texts.
 """
 
 from __future__ import annotations
@@ -64,30 +67,38 @@ class KTHDetector(Detector):
 
         def batch(seqs: list[list[int]]) -> list[dict]:
             stats = statistics(self.key, seqs, self.statistic, self.gamma)
-            pvals = p_values(stats, self.reference)
-            # Higher score = more watermarked (the statistic is lower for watermarked text).
-            return [{"score": -d, "statistic": d, "p_value": p} for d, p in zip(stats, pvals, strict=True)]
+            ranks = p_values(stats, self.reference)
+            # Higher score = more watermarked (the statistic is lower for watermarked text). Gu et al.'s rank against
+            # human texts is kept as p_value_gu: it is no p-value for a model's text (``methods.kth.p_values``).
+            return [{"score": -d, "statistic": d, "p_value_gu": p} for d, p in zip(stats, ranks, strict=True)]
 
-        # An empty text sums no cost: statistic 0, above every reference statistic, so p = 1.
-        return score_long_enough(sequences, 1, batch, {"score": 0.0, "statistic": 0.0, "p_value": 1.0})
+        # An empty text sums no cost: statistic 0, above every reference statistic, so its rank is 1.
+        return score_long_enough(sequences, 1, batch, {"score": 0.0, "statistic": 0.0, "p_value_gu": 1.0})
 
     def pool(self, sequences: list[list[int]], scores: list[dict], null_keys: int = NULL_KEYS) -> dict:
         """Kuditipudi et al.'s permutation test, pooled: the texts' summed statistic under the key against the same
         texts' sums under ``null_keys`` keys drawn afresh (``methods.kth.permutation_p``). It is exact under the null
-        that the source does not depend on the key, whatever the source is. The per-text p-values (Gu et al.'s, ranks
-        against the reference statistics of human texts) are not: an unwatermarked model's texts are not human
-        texts, and the tiny base's, ranked so, flagged 7% at a stated 1%; a test of the texts against that
-        reference (the Mann-Whitney U used before) convicted it."""
+        that the source does not depend on the key, whatever the source is; so is each text's own permutation
+        p-value from the same keys (``per_text_p_values``, what ``harness detect`` shows beside each text). Gu et
+        al.'s per-text ranks against the reference statistics of human texts (``p_value_gu``) are not: an
+        unwatermarked model's texts are not human texts, and the tiny base's, ranked so, flagged 7% at a stated 1%;
+        a test of the texts against that reference (the Mann-Whitney U used before) convicted it."""
         from harness.compute.progress import Progress
         from methods.kth import permutation_p
 
-        texts = [s for s in sequences if len(s) > 0]  # an empty text sums no cost under any key
-        if not texts:
-            return {"p_value": 1.0, "statistic": 0.0, "tokens": 0, "test": "no text to test"}
+        scored = [i for i, s in enumerate(sequences) if len(s) > 0]  # an empty text sums no cost under any key
+        if not scored:
+            return {"p_value": 1.0, "statistic": 0.0, "tokens": 0, "test": "no text to test",
+                    "per_text_p_values": [1.0] * len(sequences)}  # fmt: skip
+        texts = [sequences[i] for i in scored]
         with Progress(null_keys, "KTH permutation test (keys drawn afresh)", unit="key") as bar:
             found = permutation_p(self.key, texts, self.statistic, self.gamma, null_keys, bar.update)
+        per_text = [1.0] * len(sequences)
+        for i, p in zip(scored, found["per_text"], strict=True):
+            per_text[i] = p
         return {
             "p_value": found["p_value"],
+            "per_text_p_values": per_text,
             "statistic": found["z"],
             "test": f"permutation test of the texts' summed KTH statistic against the same texts under {null_keys} "
             "keys drawn afresh (Kuditipudi et al.'s test, pooled over texts): exact under the null, whatever wrote "
@@ -102,6 +113,7 @@ class GuKTH(KeyFromTokenizer, WatermarkMethod):
     label = "Gu-KTH"
     tradeoff_settings = ("s",)
     version = "1"
+    detector_version = "2"  # (WatermarkMethod.detector_version)
     Params = GuKTHParams
     detector_has_null = True  # its pooled test is exact under the scheme's own null
 

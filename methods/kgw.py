@@ -289,9 +289,11 @@ class KGWScore:
     num_scored: int
     num_green: int
     z_score: float
-    p_value: float  # exact one-sided binomial P(X >= G) under H0
-    p_value_gu: float  # Gu et al.'s binom.sf(G, T, gamma) = P(X > G): anti-conservative, kept for comparison
+    p_value: float  # exact one-sided binomial P(X >= G) over the distinct units (``units``, ``units_green``)
+    p_value_gu: float  # Gu et al.'s binom.sf(G, T, gamma) = P(X > G) over every position: not a valid p-value
     prefix: list[float] = field(default_factory=list)  # the z-score of the text's first 1, 2, ..., len tokens
+    units: int = 0  # distinct (green list, token) pairs: what ``p_value`` counts (``count_units``)
+    units_green: int = 0
 
 
 def score_sequences(
@@ -299,11 +301,14 @@ def score_sequences(
 ) -> list[KGWScore]:
     """Score token-id sequences (completions only, never the prompt).
 
-    T = positions with a full context (length - width), G = green tokens among them; z-score as lm-watermarking,
-    p-value the exact P(X >= G) = ``binom.sf(G - 1, T, gamma)`` (Gu et al.'s ``binom.sf(G, T, gamma)`` = P(X > G)
-    is kept as ``p_value_gu``: on human text it gives 2% false positives at a nominal 1%). With
-    ``ignore_repeated_ngrams`` each distinct (width+1)-gram counts once, as lm-watermarking's
-    ``ignore_repeated_ngrams``. All sequences are looked up in one batch.
+    T = positions with a full context (length - width), G = green tokens among them; the score is the z-score over
+    them, as lm-watermarking (with ``ignore_repeated_ngrams`` each distinct (width+1)-gram counts once, as its
+    ``ignore_repeated_ngrams``). The p-value is the exact binomial P(X >= G') over the text's distinct units, the
+    units of ``pooled_score`` (``count_units``): a text that repeats a (context, token) pair repeats its green
+    luck, which counting every position takes for new evidence (the default KGW key flagged 23.9% of human
+    docstrings at a nominal 1% so). Gu et al.'s ``binom.sf(G, T, gamma)`` = P(X > G) over every position is kept as
+    ``p_value_gu`` for comparison with their numbers; it is no p-value (2% of human text under 1%). All sequences
+    are looked up in one batch.
     """
     from scipy.stats import binom
 
@@ -325,11 +330,31 @@ def score_sequences(
                 seen.add(gram)
         num_scored, num_green = int(counted.sum()), int((hit & counted).sum())
         z = (num_green - gamma * num_scored) / (num_scored * gamma * (1 - gamma)) ** 0.5
-        p_exact, p_gu = binom.sf([num_green - 1, num_green], num_scored, gamma)
-        out.append(
-            KGWScore(num_scored, num_green, float(z), float(p_exact), float(p_gu), prefix_z(hit, counted, width, gamma))
-        )
+        units, units_green = count_units(greens, win, hit)
+        p_exact = float(binom.sf(units_green - 1, units, gamma)) if units else 1.0
+        p_gu = float(binom.sf(num_green, num_scored, gamma))
+        prefix = prefix_z(hit, counted, width, gamma)
+        out.append(KGWScore(num_scored, num_green, float(z), p_exact, p_gu, prefix, units, units_green))
     return out
+
+
+def count_units(greens: GreenLists, windows: torch.Tensor, hit: torch.Tensor) -> tuple[int, int]:
+    """How many of ``windows`` (rows of context + target ids) are distinct units, and how many of those are green
+    (``hit``: each window's target is green). A unit is a distinct (seed, token) pair: a token is green or not as
+    a function of its green list's seed and of itself alone, so that is what is independent under the null. With
+    one fixed list (``simple_0``) that is each distinct token: counting distinct bigrams there (what Kirchenbauer
+    et al.'s repeated-n-gram rule does) counts a frequent token once per context, and a key whose list holds "the"
+    flagged human text at p = 5e-11. Additive hashing (``simple_2``) gives (a, b) and (b, a) one seed, so they are
+    one unit too. Positions with no green list (a context ending in an excluded id) and excluded targets, never
+    green, are not counted. Under the null each unit is green with probability ``int(gamma V) / V <= gamma`` and
+    units of one seed are drawn without replacement, so the binomial p-value at gamma is conservative."""
+    width = greens.key.context_width
+    contexts, targets = windows[:, :width], windows[:, width]
+    keep = greens._has_list(contexts)
+    if greens.key.excluded_ids:
+        keep &= ~torch.isin(targets, torch.tensor(greens.key.excluded_ids, dtype=torch.long))
+    _, first = _first_rows(torch.stack([greens.hash(contexts), targets], 1)[keep])
+    return len(first), int(hit[keep][first].sum())
 
 
 def prefix_z(hit: torch.Tensor, counted: torch.Tensor, width: int, gamma: float) -> list[float]:
@@ -342,15 +367,8 @@ def prefix_z(hit: torch.Tensor, counted: torch.Tensor, width: int, gamma: float)
 
 
 def pooled_score(greens: GreenLists, sequences: list[list[int]]) -> KGWScore:
-    """All ``sequences`` scored as one text, counting each unit that is independent under the null once: a token is
-    green or not as a function of its green list's seed and of itself alone, so each distinct (seed, token) pair over
-    all texts counts once. With one fixed list (``simple_0``) that is each distinct token: counting distinct bigrams
-    there (what Kirchenbauer et al.'s repeated-n-gram rule does) counts a frequent token once per context, and a key
-    whose list holds "the" flagged human text at p = 5e-11. Additive hashing (``simple_2``) gives (a, b) and (b, a)
-    one seed, so they are one unit too. Positions with no green list (a context ending in an excluded id) and
-    excluded targets, never green, are not counted. Under the null each unit is green with probability
-    ``int(gamma V) / V <= gamma`` and units of one seed are drawn without replacement, so the binomial p-value at
-    gamma is conservative."""
+    """All ``sequences`` scored as one text over their distinct units (``count_units``): each (seed, token) pair
+    over all texts counts once, and the exact binomial p-value at gamma is conservative under the null."""
     from scipy.stats import binom
 
     width, gamma = greens.key.context_width, greens.key.gamma
@@ -358,18 +376,12 @@ def pooled_score(greens: GreenLists, sequences: list[list[int]]) -> KGWScore:
     if not windows:
         return KGWScore(0, 0, 0.0, 1.0, 1.0)
     flat = torch.cat(windows)
-    contexts, targets = flat[:, :width], flat[:, width]
-    keep = greens._has_list(contexts)
-    if greens.key.excluded_ids:
-        keep &= ~torch.isin(targets, torch.tensor(greens.key.excluded_ids, dtype=torch.long))
-    units = torch.stack([greens.hash(contexts), targets], 1)[keep]
-    units, first = _first_rows(units)
-    if not len(units):
+    num_scored, num_green = count_units(greens, flat, greens.hits(flat[:, :width], flat[:, width]))
+    if not num_scored:
         return KGWScore(0, 0, 0.0, 1.0, 1.0)
-    num_scored, num_green = len(units), int(greens.hits(contexts[keep][first], targets[keep][first]).sum())
     z = (num_green - gamma * num_scored) / (num_scored * gamma * (1 - gamma)) ** 0.5
     p_exact, p_gu = binom.sf([num_green - 1, num_green], num_scored, gamma)
-    return KGWScore(num_scored, num_green, float(z), float(p_exact), float(p_gu))
+    return KGWScore(num_scored, num_green, float(z), float(p_exact), float(p_gu), [], num_scored, num_green)
 
 
 def _first_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

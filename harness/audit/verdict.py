@@ -346,6 +346,10 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
         scores = score(sequences, gens if prompted else [])
         human = [s["score"] for s in score(human_seqs, prompts)]
         pooled = detector.pool(sequences, scores)
+        per_text = pooled.pop("per_text_p_values", None) if pooled is not None else None
+        if per_text is not None:  # each text's own test, from the pooled one's keys (KTH's permutation test)
+            for s, p in zip(scores, per_text, strict=True):
+                s["p_value"] = p
         if pooled is None:
             if reference is None:
                 raise RuntimeError(f"{method.name} says its detector has a null of its own (detector_has_null), "

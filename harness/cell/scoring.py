@@ -38,8 +38,11 @@ def preset_settings(preset: Preset) -> dict:
 def detector_spec(method, trained_key: str, reads: str, prompted: bool = True) -> dict:
     """Which detector scored a run's (or an audit's) texts: ``method``'s, keyed by the train stage ``trained_key``,
     reading ``reads`` (``eval.score_on``) and, where its detector reads them and they were given (``prompted``), each
-    text's prompt (recorded only then, so runs of the detectors that read none keep their hashes)."""
+    text's prompt (recorded only then, so runs of the detectors that read none keep their hashes), and the detector's
+    version where the method has one."""
     spec = {"method": method.name, "key_from": trained_key, "reads": reads}
+    if method.detector_version is not None:  # (``WatermarkMethod.detector_version``)
+        spec["version"] = method.detector_version
     if prompted and method.detector_reads_prompt():
         spec["context"] = "prompt"
     return spec

@@ -481,8 +481,9 @@ def format_audit(report: dict, rows: list[dict], show: int) -> str:
         + (f"; the base model's: {d['reference_median_score']:.3f}" if "reference_median_score" in d else ""),
         f"decision: {verdict}",
         *(
-            [f"the key is a published one ({key['published']}): it cannot show that a model derives from the owner's, "
-             "as anyone can write text it flags"] if key.get("published") else []
+            [f"the key is a published one ({key['published']}): this verdict is no evidence against anyone who could "
+             "know the key (its p-values hold over keys the source could not know; anyone who knows this one can "
+             "write text it flags, or train it into a model)"] if key.get("published") else []
         ),
         *_quality_lines(report.get("quality")),
     ]  # fmt: skip

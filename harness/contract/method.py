@@ -116,8 +116,9 @@ class Detector(ABC):
     def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict | None:
         """One test of all ``sequences`` together (``scores``: theirs from ``score``), for a decision about the source
         that wrote them: ``{"p_value", "statistic", "test", "tokens"}``, the p-value valid for the number of texts
-        under the scheme's own null hypothesis. None where the scheme has none (the caller then calibrates the
-        per-text scores against human texts, ``harness/audit/verdict.py``)."""
+        under the scheme's own null hypothesis, and ``per_text_p_values`` (one per text) where the test gives each text
+        its own p-value and ``score`` gives none that holds (KTH). None where the scheme has none (the caller then
+        compares the per-text scores with the base model's, ``harness/audit/verdict.py``)."""
         return None
 
 
@@ -177,6 +178,11 @@ class WatermarkMethod(Plugin, ABC):
     # Whether its detector's ``pool`` is a test with a null distribution of its own (KGW, KTH); False: ``harness
     # detect`` calibrates the scores against the unwatermarked base model's own continuations instead.
     detector_has_null: ClassVar[bool] = False
+    # Bumped when the detector's per-text output changes for the same key and texts: recorded in a run's (and an
+    # audit's) detector spec only where set (``scoring.detector_spec``), so the other methods' runs keep their hashes.
+    # KGW and KTH "2": per-text p-values that hold their level (KGW's over a text's distinct units; KTH's rank against
+    # human texts no longer called a p-value).
+    detector_version: ClassVar[str | None] = None
     # Settings ``harness detect`` scores with, where the command line does not set them (PRO: its centred score).
     audit_settings: ClassVar[dict] = {}
     # A setting that chooses between detection scores, and what each value reads (the report says which rows use

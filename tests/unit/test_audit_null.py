@@ -1,10 +1,11 @@
 """Every audit's stated false-positive rate, over keys drawn afresh, on texts of sources that never saw the key.
 
 ``harness detect`` says its pooled test flags a source that never saw the key with probability at most alpha, over
-the draw of the key. Here each scheme whose key can be drawn without training (``WatermarkMethod.draw_key``) tests,
-under 60 keys (seeds 1..60), the texts of an unwatermarked random model, of a noised copy of it (a derivative), and
-texts that repeat one phrase (shared n-grams: what a per-occurrence count would add up into a false detection). At
-alpha = 0.1, 6 of 60 are expected; more than 14 (the binomial tail is under 0.001) fails. The measurement on the tiny
+the draw of the key, and so does each text's own p-value. Here each scheme whose key can be drawn without training
+(``WatermarkMethod.draw_key``) tests, under 60 keys (seeds 1..60), the texts of an unwatermarked random model, of a
+noised copy of it (a derivative), and texts that repeat one phrase (shared n-grams: what a per-occurrence count would
+add up into a false detection). At alpha = 0.1, 6 of 60 are expected; more than 14 (the binomial tail is under
+0.001) fails. The measurement on the tiny
 LM's real derivatives (donors, fine-tunes, a merge, a quantization) is ``benchmarks/audit_null.py`` (docs/detect.md).
 """
 
@@ -56,9 +57,9 @@ def test_pooled_test_holds_its_rate_over_keys_drawn_afresh(scheme, sources):
 
     base, tokenizer, texts, folder = sources
     ctx = _detect_context(folder / "stages", 8, 24, tokenizer, np.random.default_rng(0), base)
-    flagged = {}
+    flagged, per_text = {}, {}
     for name, seqs in texts.items():
-        count, detector, total = 0, None, None
+        count, detector, total, share = 0, None, None, 0.0
         for seed in range(1, KEYS + 1):
             if scheme == "gaussmark" and detector is not None:  # (one base model loaded: the key's noise swapped)
                 from scipy.stats import norm
@@ -79,13 +80,21 @@ def test_pooled_test_holds_its_rate_over_keys_drawn_afresh(scheme, sources):
 
                 saved = read_key(key_dir)
                 detector = KTHDetector(KTHKey.from_dict(saved["key"]), saved["statistic"], saved["gamma"], [])
-                p = detector.pool(seqs, [], null_keys=9)["p_value"]  # (smallest p 0.1: flagged at most 1 in 10)
+                pooled = detector.pool(seqs, [], null_keys=9)  # (smallest p 0.1: flagged at most 1 in 10)
+                p, texts_p = pooled["p_value"], pooled["per_text_p_values"]
             else:
                 detector = method.detector(key_dir, tokenizer, ctx)
-                p = detector.pool(seqs, [])["p_value"]
+                p, texts_p = detector.pool(seqs, [])["p_value"], [s["p_value"] for s in detector.score(seqs)]
             count += p <= ALPHA
+            share += float(np.mean(np.asarray(texts_p) <= ALPHA))
         flagged[name] = count
+        per_text[name] = share
     assert all(count <= MOST for count in flagged.values()), (scheme, flagged)
+    # Each text's own p-value holds too: a key's share of flagged texts lies in [0, 1] with mean at most alpha, so
+    # its sum over the keys passes MOST no more often than a binomial count does (the Bernoulli is the extreme case).
+    # GaussMark's per-text z is <xi, g> / (sigma ||g||) as its pooled one, N(0, 1) over the key's noise by
+    # construction; its per-text gradients (a backward pass per text and key) are not measured here.
+    assert all(share <= MOST for share in per_text.values()), (scheme, per_text)
 
 
 def test_a_learned_key_cannot_be_drawn(tmp_path):

@@ -472,7 +472,7 @@ def test_the_audit_table_shows_as_many_texts_as_asked():
     report["key"]["published"] = "the default key seed 42"
     lines = format_audit(report, rows, 0).splitlines()
     assert lines[-2].startswith("decision:") and lines[-1].startswith("the key is a published one (the default key")
-    assert "cannot show that a model derives from the owner's" in lines[-1]
+    assert "no evidence against anyone who could know the key" in lines[-1]
 
 
 def test_a_scheme_with_no_null_of_its_own_gets_no_p_value_and_no_verdict(keyed, cli, random_llamas):

@@ -60,7 +60,8 @@ def test_text_too_short_to_score_is_neutral_not_an_error():
     key = {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "simple_1", "vocab_size": 100}
     detector = KGWDetector(key, ignore_repeated_ngrams=False)
     out = detector.score([[5], list(range(1, 30)), []])
-    neutral = {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0, "scored": 0, "prefix_scores": []}
+    neutral = {"score": 0.0, "p_value": 1.0, "p_value_gu": 1.0, "green": 0, "units": 0, "scored": 0,
+               "prefix_scores": []}  # fmt: skip
     assert out[0] == out[2] == neutral
     assert out[1]["scored"] == 28
     assert score_long_enough([[1], [2]], 3, lambda seqs: 1 / 0, {"score": 0.0}) == [{"score": 0.0, "scored": 0}] * 2

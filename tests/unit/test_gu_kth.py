@@ -37,7 +37,8 @@ def test_teacher_texts_and_reference_are_shared_stages(random_llamas, tmp_path, 
     for cell in cells:
         for s in read_jsonl(cell.run.path / "scores.jsonl"):
             assert s["score"] == -s["statistic"]
-            assert 1 / (len(ref) + 1) <= s["p_value"] <= 1
+            assert 1 / (len(ref) + 1) <= s["p_value_gu"] <= 1  # Gu et al.'s rank against the human reference
+            assert "p_value" not in s  # no per-text p-value: that rank holds no level for a model's texts
     # Another student of the same key and data (another learning rate) reuses both stages.
     other = small_preset(tmp_path, base, **PRESET, **{"train.lr": "2e-3"})
     Pipeline(other, store, "cpu").run(methods.build("gu-kth", SETTINGS), attacks.build("none", {}))
@@ -67,9 +68,10 @@ def test_key_vocabulary_must_match_the_model(random_llamas):
 
 
 def test_detect_pools_kth_statistics_by_a_permutation_test(random_llamas, tmp_path, small_preset, cli):
-    """``harness detect`` with a Gu-KTH key: per-text p-values against the key's reference statistics (Gu et al.'s),
-    and one decision by the permutation test of the texts' summed statistic over keys drawn afresh; the setup
-    (prompts, lengths, reference data) is that of the key's stored runs."""
+    """``harness detect`` with a Gu-KTH key: one decision by the permutation test of the texts' summed statistic over
+    keys drawn afresh, and each text's own permutation p-value from the same keys (its statistic against its
+    statistics under them, recomputed here); the setup (prompts, lengths, reference data) is that of the key's
+    stored runs."""
     base, _ = random_llamas
     store = Store(tmp_path / "runs")
     Pipeline(small_preset(tmp_path, base, **PRESET), store, "cpu").run(
@@ -84,5 +86,19 @@ def test_detect_pools_kth_statistics_by_a_permutation_test(random_llamas, tmp_pa
     d = report["decision"]
     assert "permutation test of the texts' summed KTH statistic against the same texts under 199 keys" in d["test"]
     assert 1 / 200 <= d["p_value"] <= 1 and d["p_value"] * 200 == round(d["p_value"] * 200)
-    assert d["human_texts"] == 4 and all(1 / 21 <= t["p_value"] <= 1 for t in report["texts"])
+    assert d["human_texts"] == 4
+    from harness.assets.models import load_tokenizer
+    from harness.contract.method import read_key
+    from methods.kth import KTHKey, null_key, statistics
+
+    saved = read_key(store.root / "stages" / "train" / key)
+    kth = KTHKey.from_dict(saved["key"])
+    tok = load_tokenizer(str(base))
+    lines = texts.read_text().splitlines()
+    ids = tok(lines, add_special_tokens=False)["input_ids"]
+    own = statistics(kth, ids, saved["statistic"], saved["gamma"])
+    null = [statistics(null_key(kth, j), ids, saved["statistic"], saved["gamma"]) for j in range(199)]
+    for i, row in enumerate(report["texts"]):
+        assert row["p_value"] == (1 + sum(n[i] <= own[i] for n in null)) / 200  # exact: a count over keys
+        assert 0 < row["p_value_gu"] <= 1  # Gu et al.'s rank, kept under its own name
     assert len(list((store.root / "stages" / "kth-reference").iterdir())) == 1  # the run's reference, reused

@@ -109,7 +109,10 @@ def test_detector_counts_green_tokens_of_the_completion(scheme):
     t = 40 - key.context_width
     assert (score.num_scored, score.num_green) == (t, t)
     assert score.z_score == pytest.approx((t - 0.25 * t) / (t * 0.25 * 0.75) ** 0.5)
-    assert score.p_value == pytest.approx(0.25**t, rel=1e-9, abs=0)  # P(X >= t) with every token green
+    units = len({(GreenLists(key).hash(torch.tensor(seq[i : i + key.context_width])).item(), seq[i + key.context_width])
+                 for i in range(t)})  # fmt: skip
+    assert (score.units, score.units_green) == (units, units)
+    assert score.p_value == pytest.approx(0.25**units, rel=1e-9, abs=0)  # P(X >= U) with every unit green
     assert score.p_value_gu == 0.0  # Gu et al.'s P(X > t): impossible, so zero
 
 
@@ -124,8 +127,22 @@ def test_detector_matches_brute_force_on_random_text():
         assert (score.num_scored, score.num_green) == (len(seq) - 1, green)
         n = len(seq) - 1
         exact = sum(binom.pmf(j, n, 0.25) for j in range(green, n + 1))  # P(X >= G) from its definition
-        assert score.p_value == pytest.approx(exact)
         assert score.p_value_gu == pytest.approx(exact - binom.pmf(green, n, 0.25))
+        pairs = {(seq[t - 1], seq[t]) for t in range(1, len(seq))}  # simple_1: a seed per previous token
+        units = sum(b in set(definition_green_ids("simple_1", [a], 300).tolist()) for a, b in pairs)
+        assert (score.units, score.units_green) == (len(pairs), units)
+        assert score.p_value == pytest.approx(sum(binom.pmf(j, len(pairs), 0.25) for j in range(units, len(pairs) + 1)))
+
+
+def test_p_value_counts_a_repeated_phrase_once():
+    """A text that repeats one phrase repeats its green luck: the p-value counts each (seed, token) pair once, so ten
+    copies of a phrase are no more evidence than one; the z-score (and Gu et al.'s number) count every position."""
+    key = KGWKey(0.25, 2.0, "simple_1", 300)
+    phrase = _green_walk(key, 6)
+    once, ten = score_sequences(GreenLists(key), [phrase, phrase * 10])
+    assert ten.num_scored == 10 * len(phrase) - 1 and ten.z_score > 2.5 * once.z_score
+    assert ten.units == once.units + 1  # the phrase's pairs, and the join from its last token to its first
+    assert ten.p_value >= once.p_value * 0.25 and ten.p_value_gu < once.p_value**5
 
 
 def test_ignore_repeated_ngrams_counts_each_bigram_once():
@@ -160,15 +177,16 @@ def test_batched_hits_equal_full_masks_with_exclusions():
 
 
 def test_exact_p_value_is_calibrated_where_gus_is_not():
-    """The detector's p-values of a 64-token text for every green count G: the exact P(X >= G) holds its level under
-    H0 (P(p <= a) <= a with G ~ Binomial(64, gamma)); Gu et al.'s P(X > G) rejects more often than its level."""
+    """The detector's p-values of a text of 64 distinct tokens for every green count G: the exact P(X >= G) holds its
+    level under H0 (P(p <= a) <= a with G ~ Binomial(64, gamma)); Gu et al.'s P(X > G) rejects more often than its
+    level."""
     n, gamma = 64, 0.25
     key = KGWKey(gamma, 2.0, "simple_0", 300)  # one fixed green list: a text's green count is chosen freely
     green_ids = set(definition_green_ids("simple_0", [0], 300).tolist())
-    green, red = min(green_ids), min(set(range(300)) - green_ids)
-    texts = [[red] + [green] * g + [red] * (n - g) for g in range(n + 1)]  # the first token is context only
+    greens, reds = sorted(green_ids), sorted(set(range(300)) - green_ids)
+    texts = [[reds[-1]] + greens[:g] + reds[: n - g] for g in range(n + 1)]  # the first token is context only
     scores = score_sequences(GreenLists(key), texts)
-    assert [(s.num_scored, s.num_green) for s in scores] == [(n, g) for g in range(n + 1)]
+    assert [(s.num_scored, s.num_green, s.units) for s in scores] == [(n, g, n) for g in range(n + 1)]
     exact = np.array([s.p_value for s in scores])
     gu = np.array([s.p_value_gu for s in scores])
     assert exact == pytest.approx(binom.sf(np.arange(n + 1) - 1, n, gamma), rel=1e-9, abs=0)

@@ -582,7 +582,8 @@ def test_only_the_centred_score_reads_prompts_and_its_runs_say_so():
     assert detector_spec(centred, "k", "text") == want
     assert "context" not in detector_spec(centred, "k", "text", prompted=False)
     for method in (PRO(PROParams()), methods.build("gu-kgw", {}), methods.build("gu-kth", {})):
-        assert detector_spec(method, "k", "ids") == {"method": method.name, "key_from": "k", "reads": "ids"}
+        version = {"version": method.detector_version} if method.detector_version else {}  # (KGW, KTH: "2")
+        assert detector_spec(method, "k", "ids") == {"method": method.name, "key_from": "k", "reads": "ids", **version}
 
 
 def test_the_progress_line_shows_the_pool_regenerations_time(random_llamas, tmp_path, monkeypatch):
