@@ -209,11 +209,11 @@ def load_back(path: Path, out: Path) -> dict:
     """The model of the GGUF file ``path`` as a user of the file loads it (transformers' GGUF loader, dequantized to
     float32), written as a transformers folder ``out`` with the tokenizer the file carries."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     info = header(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer, repaired = file_tokenizer(path)
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         config = loaded.config
         if hasattr(config, "quantization_config"):  # the folder holds plain float32 weights, which train and save
@@ -227,8 +227,18 @@ def load_back(path: Path, out: Path) -> dict:
             raise
         raise HarnessError(f"transformers cannot load the tokenizer of GGUF '{path}': {_said(err)}") from None
     model.save_pretrained(out, safe_serialization=True)
-    from gguf import GGUFReader
+    tokenizer.save_pretrained(out)
+    return {**info, "parameters": sum(p.numel() for p in model.parameters()), "tokenizer_repairs": repaired}
 
+
+def file_tokenizer(path: Path):
+    """The tokenizer the GGUF file ``path`` carries, as its converted folder saves it (transformers' reading, with the
+    special tokens the file names and the repairs it needs, ``_tokenizer_repairs``), and the names of those
+    repairs."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     fields = GGUFReader(path).fields
     _special_tokens_from_file(tokenizer, fields)
     repairs = _tokenizer_repairs(path)
@@ -237,9 +247,7 @@ def load_back(path: Path, out: Path) -> dict:
         tokenizer.add_tokens(user_defined_pieces(fields))
     if repairs["add_bos"]:
         tokenizer.add_bos_token = True
-    tokenizer.save_pretrained(out)
-    repaired = [what for what, needed in repairs.items() if needed]
-    return {**info, "parameters": sum(p.numel() for p in model.parameters()), "tokenizer_repairs": repaired}
+    return tokenizer, [what for what, needed in repairs.items() if needed]
 
 
 def _array(fields, key: str) -> list:
