@@ -5,9 +5,8 @@ The row is named in an HTML comment (invisible on the page), ``<!-- order: <refe
 ``<``; ``(TPR@1%)`` or ``(AUC_vs_base)`` after B for another column than AUC): ``<reference>`` a folder of
 ``results/reference/`` whose ``tables/<setup>/comparison.csv`` (or ``matched_comparison.csv``) holds the row,
 ``<row>`` its attack and setting as tab:comparison writes them (``SLERP t=0.5``) or ``unaltered``. Every such comment
-in README.md, docs/ and the references' READMEs is read against its row; and in the pages about results (README.md,
-docs/results.md) a sentence that orders two methods by name without a negation must sit in a paragraph that names its
-rows so."""
+in README.md, docs/ and the references' READMEs is read against its row; and in every one of those pages a sentence
+that orders two methods by name without a negation must sit in a paragraph that names its rows so."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCES = ROOT / "results" / "reference"
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/**/*.md")),
          *sorted(str(p.relative_to(ROOT)) for p in REFERENCES.glob("*/README.md"))]  # fmt: skip
-RESULTS_PAGES = ("README.md", "docs/results.md")
 MARK = re.compile(r"<!--\s*order:\s*(?P<body>.*?)-->", re.S)
 ORDERING = re.compile(
     r"\b(?:is|are|stays?|ranks?) (?:above|below)\b|\babove (?:every|all|both)\b|\bbelow (?:them|every)\b"
@@ -90,7 +88,7 @@ def paragraphs(text: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("page", RESULTS_PAGES)
+@pytest.mark.parametrize("page", PAGES)
 def test_a_sentence_that_orders_two_methods_names_its_rows(page):
     unbacked = []
     for paragraph in paragraphs((ROOT / page).read_text()):
