@@ -197,9 +197,9 @@ class DonorMerge(ModelAttack):
         }
 
 
-def same_vocabulary(base: str, donor: str, name: str | None = None) -> None:
+def same_vocabulary(base: str, donor: str, name: str | None = None, role: str = "merge donor") -> None:
     """Refuse a donor whose tokenizer maps tokens to other ids than the base's (its embedding rows would be merged
-    with other tokens' rows)."""
+    with other tokens' rows; a ``role`` other than a merge donor's would mix other tokens' probabilities)."""
     from harness.assets import models
 
     # (references resolved first: a built-in's name is no hub id)
@@ -208,6 +208,6 @@ def same_vocabulary(base: str, donor: str, name: str | None = None) -> None:
     if ours != theirs:
         differ = sum(1 for token, i in theirs.items() if ours.get(token) != i) + max(0, len(ours) - len(theirs))
         raise HarnessError(
-            f"merge donor '{name or donor}' has another vocabulary than the base model ({len(theirs)} tokens against "
-            f"{len(ours)}, {differ} differ): its embedding rows are other tokens'"
+            f"{role} '{name or donor}' has another vocabulary than the base model ({len(theirs)} tokens against "
+            f"{len(ours)}, {differ} differ): its rows are other tokens'"
         )

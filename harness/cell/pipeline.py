@@ -52,6 +52,7 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         self.store = store
         self.device = device or models.default_device()
         self.plan = plan
+        self._samplers: dict[str, tuple] = {}  # generate stage -> the decoding-time watermark it was sampled with
 
     def build_stage(self, stage: Stage, what: str, fn, collective: bool = False) -> bool:
         """Build ``stage`` or reuse it (returns whether it was reused); when planning, only say whether it is stored.
@@ -273,9 +274,17 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         texts = data.load_texts(source, limit=limit)
         return data.eval_prompts(self.tokenizer, texts, e.num_prompts, e.prompt_tokens, e.new_tokens)
 
-    def generate(self, model_path: str | Path, model_id: str, name: str, watermark: tuple | None = None) -> Stage:
+    def generate(
+        self,
+        model_path: str | Path,
+        model_id: str,
+        name: str,
+        watermark: tuple | None = None,
+        decoding_with: tuple | None = None,
+    ) -> Stage:
         """The model's continuations of the evaluation prompts. ``watermark``: a decoding-time watermark's ``(spec,
-        tokenizer -> logits processors)``, applied by the sampler (recorded in the spec only then)."""
+        tokenizer -> logits processors)``, applied by the sampler; ``decoding_with``: an attack's ``(spec, tokenizer
+        -> logits processors)`` after the watermark's (``decode``); each recorded in the spec only where given."""
         e = self.preset.eval
         spec = {
             "stage": kinds.GENERATE,
@@ -287,9 +296,13 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         }
         if watermark is not None:
             spec["watermark"] = watermark[0]
-            if e.repetition_penalty is not None:  # (where the order changes the texts: recorded only then)
-                spec["order"] = PENALTY_FIRST
+        if decoding_with is not None:
+            spec["decoding_with"] = decoding_with[0]
+        if e.repetition_penalty is not None and (watermark or decoding_with):  # (the order matters only then)
+            spec["order"] = PENALTY_FIRST
         stage = self.store.stage(kinds.GENERATE, spec)
+        if watermark is not None:
+            self._samplers[stage.key] = watermark  # (what ``decode`` samples the same model with)
 
         def build(out: Path) -> dict:
             prompts = self.prompts
@@ -297,7 +310,8 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             model = models.load_causal_lm(str(model_path), self.device)
             prompt_ids = [p["prompt_ids"] for p in prompts]
             used: dict = {}
-            processors = tuple(watermark[1](tokenizer)) if watermark is not None else ()
+            processors = (*(watermark[1](tokenizer) if watermark is not None else ()),
+                          *(decoding_with[1](tokenizer) if decoding_with is not None else ()))  # fmt: skip
             completions = distributed.map_shards(
                 lambda part, first: sample(
                     model, part, e, tokenizer.eos_token_id, f"generate ({name})", first, used, processors
@@ -321,6 +335,17 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
 
         self.build_stage(stage, f"generation from {name}", build, collective=True)
         return stage
+
+    def decode(self, attack, unaltered: tuple[Output, Stage], processors) -> tuple[Output, Stage]:
+        """``CellStages.decode``: the attack's row of the unaltered model, and its continuations with the attack's
+        processors after its watermark's."""
+        out, stage = unaltered
+        spec = {"attack": attack.name, "attack_version": attack.version, "params": attack.params.model_dump(),
+                "base_model": self.base["fingerprint"]}  # fmt: skip
+        ctx = AttackContext(self.base["path"], self.device, self.refs(attack, spec))
+        row = Output(attack_row(attack), attack.config_label(), out.path, out.model_id, None)
+        return row, self.generate(out.path, out.model_id, row.row, self._samplers.get(stage.key),
+                                  (spec, lambda tokenizer: processors(tokenizer, ctx)))  # fmt: skip
 
     def score(
         self, method, trained: Stage, generated: Stage, spec: dict, artefacts: dict, attack_spec: dict | None = None

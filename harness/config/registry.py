@@ -55,6 +55,8 @@ ATTACKS: dict[str, str] = {
     "typo": "attacks.edits:Typo",
     "lowercase": "attacks.edits:Lowercase",
     "chain": "attacks.chain:Chain",
+    "wash": "attacks.ensemble:Wash",
+    "logit-merge": "attacks.ensemble:LogitMerge",
 }
 
 

@@ -7,9 +7,10 @@ calls back only what is written there, so a setting followed from the command li
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import Field, model_validator
 
@@ -56,6 +57,20 @@ class CellStages(Protocol):
         """The continuations of the evaluation prompts written by the model in ``model_path`` (``model_id`` keys the
         stage; ``name`` is the row it is for)."""
         ...
+
+    def decode(self, attack: Attack, unaltered: tuple[Output, Stage], processors: Processors) -> tuple[Output, Stage]:
+        """``attack``'s row (the unaltered model's output under the attack's row name and config label) and its
+        texts: the continuations of the evaluation prompts written by the unaltered watermarked model (``unaltered``:
+        its output and generate stage; a decoding-time watermark's processors first, where the method has one) with
+        ``processors(tokenizer, ctx)`` (transformers ``LogitsProcessor``s; ``ctx`` an ``AttackContext`` holding
+        ``attack.model_refs()`` resolved to folders) acting on its scores before the draw's decoding transform: an
+        attack that changes how the model is decoded, not its weights (several models' distributions mixed). The
+        stage is keyed by the unaltered model, the attack's settings and its other models' fingerprints."""
+        ...
+
+
+# What ``CellStages.decode`` is given: (the base tokenizer, the attack's context) -> the logits processors to add.
+Processors = Callable[[Any, "AttackContext"], list]
 
 
 @dataclass(frozen=True)
@@ -113,7 +128,7 @@ class Attack(Plugin):
 
     def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
         """The ``(output, generations)`` pairs this attack adds to a cell beside the unaltered model, made through
-        ``pipeline`` (``CellStages``: ``attack``, ``attack_texts``, ``generate``) from
+        ``pipeline`` (``CellStages``: ``attack``, ``attack_texts``, ``generate``, ``decode``) from
         ``trained`` (the watermarked model's train stage) and ``unaltered`` (the unaltered model's output and
         generations). The pipeline asks the attack rather than branching on its kind: model and text attacks say
         theirs below; a new kind of attack implements this alone."""
