@@ -336,16 +336,35 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         self.build_stage(stage, f"generation from {name}", build, collective=True)
         return stage
 
-    def decode(self, attack, unaltered: tuple[Output, Stage], processors) -> tuple[Output, Stage]:
-        """``CellStages.decode``: the attack's row of the unaltered model, and its continuations with the attack's
-        processors after its watermark's."""
+    def decode(self, attack, unaltered: tuple[Output, Stage], processors, from_base: bool = False):
+        """``CellStages.decode``: the attack's row of the unaltered model (or of the base), and its continuations with
+        the attack's processors after its watermark's."""
         out, stage = unaltered
         spec = {"attack": attack.name, "attack_version": attack.version, "params": attack.params.model_dump(),
                 "base_model": self.base["fingerprint"]}  # fmt: skip
         ctx = AttackContext(self.base["path"], self.device, self.refs(attack, spec))
+        if from_base:
+            out = Output("", "", Path(self.base["path"]), f"base:{self.base['fingerprint']}", None)
         row = Output(attack_row(attack), attack.config_label(), out.path, out.model_id, None)
-        return row, self.generate(out.path, out.model_id, row.row, self._samplers.get(stage.key),
+        watermark = None if from_base else self._samplers.get(stage.key)
+        return row, self.generate(out.path, out.model_id, row.row, watermark,
                                   (spec, lambda tokenizer: processors(tokenizer, ctx)))  # fmt: skip
+
+    def query(self, unaltered: tuple[Output, Stage], prompts, new_tokens: int, seed: int, desc: str,
+              from_base: bool = False):  # fmt: skip
+        """``CellStages.query``: the unaltered model (or the base) sampled on an attacker's prompts, its watermark's
+        processors included."""
+        from harness.config.presets import EvalSettings
+
+        out, stage = unaltered
+        path = self.base["path"] if from_base else str(out.path)
+        tokenizer = models.load_tokenizer(path)
+        model = models.load_causal_lm(path, self.device)
+        watermark = None if from_base else self._samplers.get(stage.key)
+        processors = tuple(watermark[1](tokenizer)) if watermark is not None else ()
+        settings = EvalSettings(num_prompts=max(2, len(prompts)), prompt_tokens=max(1, len(prompts[0])),
+                                new_tokens=new_tokens, seed=seed, batch_size="auto")  # fmt: skip
+        return sample(model, prompts, settings, tokenizer.eos_token_id, desc, processors=processors)
 
     def score(
         self, method, trained: Stage, generated: Stage, spec: dict, artefacts: dict, attack_spec: dict | None = None

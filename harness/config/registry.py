@@ -57,6 +57,8 @@ ATTACKS: dict[str, str] = {
     "chain": "attacks.chain:Chain",
     "wash": "attacks.ensemble:Wash",
     "logit-merge": "attacks.ensemble:LogitMerge",
+    "steal-scrub": "attacks.stealing:Scrub",
+    "steal-spoof": "attacks.stealing:Spoof",
 }
 
 

@@ -1,0 +1,225 @@
+"""Watermark stealing (Jovanovic et al., ICML 2024, "Watermark Stealing in Large Language Models"), brought to
+watermarks in the weights: an attacker who knows a watermark is there queries the watermarked model, learns from its
+texts which next tokens it favours beyond a reference, and then scrubs (decodes the watermarked model with those
+boosts taken off) or spoofs (decodes an unwatermarked model with them added, so that the owner's detector flags text
+the owner's model never wrote). The key is never read.
+
+The estimate (a stage of its own, ``steal``, shared by every attack that reads it with the same settings): the
+watermarked model continues ``texts`` prompts of the attacker's own (the first ``prompt_tokens`` tokens of documents
+of ``dataset``'s train split, never the documents evaluations read), and a reference writes on the same prompts: the
+unwatermarked base (``reference=base``: what anyone holding the open base can do) or the documents themselves
+(``reference=human``). For each context (the previous token, the context of every KGW scheme here with k = 1; a
+scheme with a longer context is estimated at its last token) and next token, with ``n_w`` and ``n_r`` the counts in
+the watermarked and the reference texts,
+
+    p_w(t | c) = n_w(c, t) / n_w(c),    p_r(t | c) = (n_r(c, t) + beta f_r(t)) / (n_r(c) + beta)
+
+(the reference's bigram smoothed toward its unigram frequency ``f_r``, add-one over the vocabulary, with weight
+``beta`` = 1: a context the reference never saw falls back to the unigram), and the estimated boost is
+``s(c, t) = clip(log2(p_w / p_r), 0, 1)`` where ``n_w(c, t) >= min_count``, else 0: 1 where the watermarked model
+writes ``t`` after ``c`` at least twice as often as the reference, as Jovanovic et al.'s ratio clipped at 2. Written
+here because no maintained library steals a watermark from texts.
+
+Decoding with it adds ``sign * strength * s(c, t)`` to the logits of token ``t`` after context ``c`` (scrubbing: -1 on
+the watermarked model; spoofing: +1 on the base), after a decoding-time watermark's own processor and before the
+draw's decoding transform.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from harness.config.errors import HarnessError
+from harness.config.params import Params
+from harness.config.presets import MAX_PROMPTS
+from harness.contract.attack import Attack, AttackContext, Evaluated
+from harness.contract.plugin import Sweep
+
+ESTIMATE = "estimate.npz"  # the stage's file: contexts, tokens and scores of every boosted pair
+BETA = 1.0  # the reference bigram's weight toward its unigram
+KIND = "steal"  # the estimate's stage kind
+
+
+class StealParams(Params):
+    texts: int = Field(1000, ge=1, le=MAX_PROMPTS)  # N: the attacker's queries of the watermarked model
+    dataset: str = "c4-realnewslike"  # plain text whose documents' first tokens are the attacker's prompts
+    prompt_tokens: int = Field(32, gt=0)
+    new_tokens: int = Field(64, gt=1)
+    reference: Literal["base", "human"] = "base"
+    min_count: int = Field(2, ge=1)  # n_w(c, t) below it: no boost estimated
+    strength: float = Field(4.0, ge=0)  # what decoding adds or takes off, times the estimated boost (0 to 1)
+    seed: int = 0
+
+    def estimate_spec(self) -> dict:
+        """What the estimate depends on (not the strength, which only decoding reads)."""
+        return self.model_dump(exclude={"strength"})
+
+
+def source(p: StealParams):
+    """The attacker's documents: a plain-text dataset of the fine-tuning attack's, or a local file."""
+    from attacks.finetune import DATASETS
+    from harness.config.presets import DataSource
+
+    return DATASETS[p.dataset].source if p.dataset in DATASETS else DataSource(path=p.dataset, text_field="text")
+
+
+def estimate_boosts(watermarked: list[list[int]], reference: list[list[int]], vocab: int, min_count: int) -> dict:
+    """The boosts ``s(c, t)`` (module docstring) from token-id texts: ``{"contexts", "tokens", "scores"}`` arrays of
+    every pair with a boost above 0, sorted by context then token."""
+    import numpy as np
+
+    def pairs(texts):
+        prev = np.concatenate([np.asarray(t[:-1], np.int64) for t in texts if len(t) > 1] or [np.zeros(0, np.int64)])
+        nxt = np.concatenate([np.asarray(t[1:], np.int64) for t in texts if len(t) > 1] or [np.zeros(0, np.int64)])
+        keep = (prev < vocab) & (nxt < vocab)
+        return prev[keep] * vocab + nxt[keep]
+
+    w_keys, w_counts = np.unique(pairs(watermarked), return_counts=True)
+    r_keys, r_counts = np.unique(pairs(reference), return_counts=True)
+    w_context = np.bincount(w_keys // vocab, weights=w_counts, minlength=vocab)
+    r_context = np.bincount(r_keys // vocab, weights=r_counts, minlength=vocab)
+    unigram = np.bincount(r_keys % vocab, weights=r_counts, minlength=vocab) + 1.0
+    unigram /= unigram.sum()
+    seen = w_counts >= min_count
+    keys, counts = w_keys[seen], w_counts[seen]
+    ctx, tok = keys // vocab, keys % vocab
+    n_r = np.zeros(len(keys))
+    if len(r_keys):
+        at = np.minimum(np.searchsorted(r_keys, keys), len(r_keys) - 1)
+        n_r = np.where(r_keys[at] == keys, r_counts[at], 0)
+    p_w = counts / w_context[ctx]
+    p_r = (n_r + BETA * unigram[tok]) / (r_context[ctx] + BETA)
+    score = np.clip(np.log2(p_w / p_r), 0.0, 1.0)
+    boosted = score > 0
+    return {"contexts": ctx[boosted], "tokens": tok[boosted], "scores": score[boosted].astype(np.float32)}
+
+
+class StolenBoosts:
+    """A logits processor adding ``scale * s(c, t)`` to the scores of the tokens ``t`` estimated after the last token
+    ``c`` of each row."""
+
+    def __init__(self, estimate: dict, scale: float):
+        import numpy as np
+        import torch
+
+        contexts = np.asarray(estimate["contexts"])
+        self.starts = {int(c): i for i, c in reversed(list(enumerate(contexts)))}
+        self.ends = {int(c): i + 1 for i, c in enumerate(contexts)}
+        self.tokens = torch.as_tensor(np.asarray(estimate["tokens"]), dtype=torch.long)
+        self.values = torch.as_tensor(np.asarray(estimate["scores"]), dtype=torch.float32) * scale
+
+    def __call__(self, input_ids, scores):
+        if not len(self.tokens):
+            return scores
+        out = scores.clone()
+        for row, context in enumerate(input_ids[:, -1].tolist()):
+            start = self.starts.get(context)
+            if start is None:
+                continue
+            tokens, values = self.tokens[start : self.ends[context]], self.values[start : self.ends[context]]
+            inside = tokens < out.shape[-1]
+            out[row, tokens[inside].to(out.device)] += values[inside].to(out.device, out.dtype)
+        return out
+
+
+class Stealing(Attack):
+    """An attack kind of its own: the estimate stage, then the watermarked model (scrubbing) or the base (spoofing)
+    decoded with it (``CellStages.decode``). Rows in tab:robustness under "Adaptive"."""
+
+    category = "Adaptive"
+    tables: ClassVar[tuple[str, ...]] = ("robustness",)
+    sign: ClassVar[int]
+    from_base: ClassVar[bool]
+    Params = StealParams
+
+    def data_refs(self) -> dict:
+        return {"prompts": source(self.params)}
+
+    def token_lengths(self) -> dict[str, int]:
+        return {"prompt_tokens + new_tokens": self.params.prompt_tokens + self.params.new_tokens + 1}
+
+    def config_label(self) -> str:
+        p = self.params
+        return f"N={p.texts}, strength={p.strength:g}" + ("" if p.reference == "base" else ", human reference")
+
+    def steal(self, pipeline, unaltered) -> dict:
+        """The estimate (a stage: built once for the watermarked model, its sampler and these settings)."""
+        import numpy as np
+
+        from harness.assets import data, models
+
+        p = self.params
+        out, generated = unaltered
+        spec = {"version": self.version, "model": out.model_id, "settings": p.estimate_spec(),
+                "prompts": {**source(p).model_dump(), "fingerprint": data.fingerprint(source(p))}}  # fmt: skip
+        if "watermark" in generated.spec:  # a decoding-time watermark's sampler is what the attacker queries
+            spec["watermark"] = generated.spec["watermark"]
+
+        def build(folder) -> dict:
+            tokenizer = models.load_tokenizer(str(out.path))
+            docs = data.load_texts(source(p), limit=2 * p.texts)
+            records = data.prompt_records(tokenizer, docs, p.prompt_tokens, p.new_tokens, p.texts)
+            if not records:
+                raise HarnessError(f"steal: no document of '{p.dataset}' holds {p.prompt_tokens + p.new_tokens} tokens")
+            records = [records[i % len(records)] for i in range(p.texts)]
+            prompts = [r["prompt_ids"] for r in records]
+            marked = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the watermarked model's texts")
+            if p.reference == "human":
+                reference = [r["human_ids"] for r in records]
+            else:
+                reference = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the base's texts",
+                                           from_base=True)  # fmt: skip
+            found = estimate_boosts(marked, reference, len(tokenizer), p.min_count)
+            np.savez(folder / ESTIMATE, **found)
+            tokens = {"watermarked_tokens": sum(map(len, marked)), "reference_tokens": sum(map(len, reference))}
+            return {"pairs": len(found["scores"]), "contexts": len(set(found["contexts"].tolist())), **tokens}
+
+        folder = pipeline.aux_stage(KIND, spec, build, f"stolen estimate (N={p.texts})")
+        return {"folder": folder}
+
+    def evaluated(self, pipeline, trained, unaltered) -> Evaluated:
+        found = self.steal(pipeline, unaltered)
+        scale = self.sign * self.params.strength
+
+        def processors(tokenizer, ctx: AttackContext) -> list:
+            import numpy as np
+
+            with np.load(found["folder"] / ESTIMATE) as estimate:
+                return [StolenBoosts({k: estimate[k] for k in estimate.files}, scale)]
+
+        return [pipeline.decode(self, unaltered, processors, from_base=self.from_base)]
+
+
+class Scrub(Stealing):
+    name = "steal-scrub"
+    label = "Stolen scrub"
+    description = "decoding the watermarked model with the boosts stolen from its texts taken off"
+    sweep = Sweep("strength (logits taken off x the stolen boost)", "Scrubbing with a stolen estimate",
+                  setting="strength")  # fmt: skip
+    version = "1"
+    sign, from_base = -1, False
+
+
+class Spoof(Stealing):
+    name = "steal-spoof"
+    label = "Stolen spoof"
+    description = "the unwatermarked base decoded with the boosts stolen from the watermarked model's texts"
+    sweep = Sweep("strength (logits added x the stolen boost)", "Spoofing with a stolen estimate", setting="strength")
+    version = "1"
+    sign, from_base = 1, True
+
+
+def recovered(estimate: dict, green: Callable[[int, int], bool], top: int | None = None) -> float:
+    """The share of the estimate's boosted pairs (its ``top`` highest-scored, or all) whose token is in the green list
+    of its context (``green(c, t) -> bool``, a scheme's known lists): chance is the scheme's gamma."""
+    import numpy as np
+
+    order = np.argsort(-np.asarray(estimate["scores"]), kind="stable")[: top or len(estimate["scores"])]
+    if not len(order):
+        return math.nan
+    hits = [green(int(estimate["contexts"][i]), int(estimate["tokens"][i])) for i in order]
+    return float(np.mean(hits))

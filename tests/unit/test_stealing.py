@@ -1,0 +1,102 @@
+"""Watermark stealing (``attacks/stealing.py``): the estimate from the watermarked model's texts against a reference,
+scrubbing with it and spoofing with it, on decoding-time KGW, whose green lists are known exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.cell.pipeline import Pipeline
+from harness.config.errors import HarnessError
+from harness.config.registry import attacks, methods
+from harness.store.files import read_jsonl
+from harness.store.stages import Store
+
+PRESET = {"train.steps": "2", "train.batch_size": "2", "train.seq_len": "12", "eval.num_prompts": "6",
+          "eval.prompt_tokens": "4", "eval.new_tokens": "8", "eval.batch_size": "3"}  # fmt: skip
+
+
+def on_stolen(cell, stolen: set) -> float:
+    """The share of a row's sampled bigrams (prompt's last token included) that are pairs of the stolen estimate."""
+    pairs = []
+    for g in read_jsonl(cell.run.path / "generations.jsonl"):
+        ids = g["prompt_ids"][-1:] + g["completion_ids"]
+        pairs += list(zip(ids, ids[1:], strict=False))
+    return sum(p in stolen for p in pairs) / len(pairs)
+
+
+def steal_settings(corpus, **more) -> dict:
+    return {"dataset": str(corpus), "texts": "300", "prompt_tokens": "4", "new_tokens": "24", **more}
+
+
+def test_the_estimate_recovers_decoding_time_kgw_green_lists(random_llamas, tmp_path, small_preset):
+    """The stolen boosts of decoding-time KGW (delta 4, gamma 0.25) are green far more often than chance (0.25), the
+    more so among the highest-scored; the estimate is a stage of its own, which spoofing with the same settings
+    reuses; the scrubbed texts keep off the stolen pairs and the spoofed ones (the base's, decoded toward them) go
+    onto them."""
+    from attacks.stealing import ESTIMATE, recovered
+    from methods.kgw import GreenLists, KGWKey
+
+    marked, _ = random_llamas
+    preset = small_preset(tmp_path, marked, **PRESET)
+    store = Store(tmp_path / "runs")
+    pipe = Pipeline(preset, store, "cpu")
+    method = methods.build("kgw-decoding", {"delta": "4"})
+    corpus = tmp_path / "corpus.jsonl"
+    cells = {c.row: c for c in pipe.run(method, attacks.build("steal-scrub", steal_settings(corpus)))}
+    (stage,) = list((store.root / "stages" / "steal").iterdir())
+    with np.load(stage / ESTIMATE) as found:
+        estimate = {k: found[k] for k in found.files}
+    key = KGWKey.from_dict(method.detection_key(pipe.tokenizer)["detector"])
+    greens = GreenLists(key)
+
+    def green(context: int, token: int) -> bool:
+        return bool(greens.masks(__import__("torch").tensor([context]))[0, token])
+
+    assert len(estimate["scores"]) > 50
+    assert recovered(estimate, green) > 0.5 and recovered(estimate, green, top=50) > 0.6
+    # Decoding with it moves the texts off (scrub) or onto (spoof) the stolen pairs: here, a random model's nearly flat
+    # distribution and green lists of a quarter of a small vocabulary, 300 texts see few greens of a context twice, so
+    # the detector's scores move little; the share of the texts' bigrams that the estimate boosts moves for certain.
+    stolen = set(zip(estimate["contexts"].tolist(), estimate["tokens"].tolist(), strict=True))
+    scrub = cells["Stolen scrub N=300, strength=4"]
+    assert on_stolen(scrub, stolen) < on_stolen(cells["Unaltered"], stolen) / 2
+    spoofed = {c.row: c for c in pipe.run(method, attacks.build("steal-spoof", steal_settings(corpus)))}
+    assert len(list((store.root / "stages" / "steal").iterdir())) == 1  # the same estimate, reused
+    spoof = spoofed["Stolen spoof N=300, strength=4"]
+    assert on_stolen(spoof, stolen) > 2 * on_stolen(spoofed["Unwatermarked base"], stolen)
+    gens = read_jsonl(spoof.run.path / "generations.jsonl")
+    assert len(gens) == 6 and all(len(g["completion_ids"]) == 8 for g in gens)
+
+
+def test_estimate_counts_by_hand():
+    """The boosts from the module's formula, counted by hand: after context 1 the watermarked texts write 2 and 3 half
+    the time each; the reference writes 2 once and 3 twice in its 6 continuations of 1, smoothed toward its unigram
+    (add-one over the 8 ids: f_r(2) = 2/15, f_r(3) = 3/15). A pair written fewer than min_count times (4, 5) has no
+    estimate."""
+    import math
+
+    from attacks.stealing import estimate_boosts
+
+    marked = [[1, 2], [1, 2], [1, 3], [1, 3], [4, 5]]
+    reference = [[1, 3], [1, 3], [1, 2], [1, 6], [1, 6], [1, 6], [4, 5]]
+    found = estimate_boosts(marked, reference, vocab=8, min_count=2)
+    got = dict(zip(zip(found["contexts"].tolist(), found["tokens"].tolist(), strict=True), found["scores"].tolist(),
+                   strict=True))  # fmt: skip
+    assert set(got) == {(1, 2), (1, 3)}
+    assert got[(1, 2)] == 1.0  # log2(0.5 / ((1 + 2/15) / 7)) = 1.63, clipped at 1
+    assert got[(1, 3)] == pytest.approx(math.log2(0.5 / ((2 + 3 / 15) / 7)), abs=1e-6)  # 0.67
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [({"texts": "0"}, "texts: Input should be greater than or equal to 1"),
+     ({"strength": "-1"}, "strength: Input should be greater than or equal to 0"),
+     ({"strength": "nan"}, "strength: Input should be a finite number"),
+     ({"reference": "llama"}, "reference: Input should be 'base' or 'human'"),
+     ({"texts": "1000001"}, "texts: Input should be less than or equal to 1000000")],
+)  # fmt: skip
+def test_bad_settings_are_refused(settings, message):
+    for name in ("steal-scrub", "steal-spoof"):
+        with pytest.raises(HarnessError, match=message):
+            attacks.build(name, settings)
