@@ -209,6 +209,7 @@ class Spoof(Stealing):
     label = "Stolen spoof"
     description = "the unwatermarked base decoded with the boosts stolen from the watermarked model's texts"
     sweep = Sweep("strength (logits added x the stolen boost)", "Spoofing with a stolen estimate", setting="strength")
+    tables: ClassVar[tuple[str, ...]] = ("robustness", "flagged")
     version = "1"
     sign, from_base = 1, True
 

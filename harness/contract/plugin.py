@@ -92,6 +92,8 @@ ATTACK_TABLES = {  # what an attack's ``tables`` may hold
     "rewritten and kept",
     "curve": "a table of its own per swept attack (<attack>_curve: distillation's N teacher texts): per setting, each "
     "method's AUC with its interval, TPR at 1% FPR, tokens to detect and median PPL, the unaltered model first",
+    "flagged": "a table of its own per attack (<attack>_flagged: spoofing's): per setting, the share of its texts each "
+    "method's detector flags at 1% and 5% FPR (thresholds set on human texts), beside the unwatermarked base's",
 }
 ABLATION_LAYOUTS = {  # what an ``Ablation``'s ``layout`` may be
     "horizontal": "as tab:ablation-horizontal: a block per setting; AUC and PPL unaltered, and the AUC under an attack",

@@ -393,6 +393,31 @@ def curve(df: pd.DataFrame, attack: str) -> pd.DataFrame:
     return table
 
 
+FLAGGED_METRICS = ["TPR@1%", "TPR@5%", "AUC", "AUC_vs_base"]
+BASE_TEXTS = "the base's own texts"  # the flagged table's first row
+
+
+def flagged(df: pd.DataFrame, attack: str) -> pd.DataFrame:
+    """The table of an attack whose texts should not be flagged (spoofing: the base decoded toward a stolen
+    estimate): a row per setting of ``attack``, the unwatermarked base's own texts first, and per method's main
+    configuration the share flagged at 1% and 5% FPR (thresholds on the human texts), the AUC against human texts
+    and against the base's own texts (means over seeds where several)."""
+    mains = main_runs(df)
+    part = mains[mains["attack_name"] == attack]
+    if part.empty:
+        return pd.DataFrame()
+    base = mains[base_rows(mains) & mains["method"].isin(part["method"])].assign(attack_config=BASE_TEXTS)
+    values = [v for v in FLAGGED_METRICS if v in part]
+    means = mean_over_seeds(pd.concat([base, part]), ["method", "attack_config"], values)
+    table = means.pivot_table(index="attack_config", columns="method", values=values, aggfunc="first",
+                              dropna=False)  # fmt: skip
+    table.columns = [f"{method} {metric}" for metric, method in table.columns]
+    rows = ([BASE_TEXTS] if len(base) else []) + sorted(set(part["attack_config"]), key=natural_key)
+    methods = sorted(means["method"].unique(), key=method_rank)
+    return table.reindex(index=pd.Index(rows, name="setting"),
+                         columns=[f"{m} {metric}" for m in methods for metric in values])  # fmt: skip
+
+
 def ft_steps(df: pd.DataFrame, featured: str) -> pd.DataFrame:
     """tab:ft_steps: the ``featured`` method under each fine-tuning dataset and step (the attacks whose ``tables``
     include "ft_steps"), with its difference to the best other method (the one with the highest mean AUC over that

@@ -184,6 +184,20 @@ def _curve_attacks(setup: Setup) -> list[tuple[str, str]]:
                                                        if "curve" in attack_tables(n))]  # fmt: skip
 
 
+def _flagged_attacks(setup: Setup) -> list[tuple[str, str]]:
+    return [(f"{name}_flagged", name) for name in sorted(n for n in setup.part["attack_name"].dropna().unique()
+                                                         if "flagged" in attack_tables(n))]  # fmt: skip
+
+
+def _flagged_caption(setup: Setup, attack: str) -> str:
+    cls = plugin_class("attack", attack)
+    return (
+        f"Texts no watermarked model wrote ({cls.description or cls.label}): the share each method's detector "
+        f"flags at 1% and 5% FPR (thresholds set on human texts), and their AUC against human texts and against "
+        f"the unwatermarked base's own texts, per setting, the base's own texts first ({setup.about})."
+    )
+
+
 def _curve_caption(setup: Setup, attack: str) -> str:
     cls = plugin_class("attack", attack)
     sweep = getattr(cls, "sweep", None)
@@ -403,6 +417,21 @@ TABLES: tuple[Table, ...] = (
         each=_curve_attacks,
         joined_by="Attack.tables",
         section=Section("Swept attacks (the distillation table)", lambda table, _: html.frame(table), "tail"),
+    ),
+    Table(
+        "flagged",
+        "the spoofing table (not in the paper)",
+        "a table of its own per attack that joins it, named <attack>_flagged: per setting (spoofing's N and strength), "
+        "each method's share of the attack's texts flagged at 1% and 5% FPR and their AUC against human and base "
+        "texts, the unwatermarked base's own texts first",
+        build=lambda setup, attack: frames.flagged(setup.part, attack),
+        latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Setting"]),
+        caption=_flagged_caption,
+        each=_flagged_attacks,
+        joined_by="Attack.tables",
+        section=Section(
+            "Texts that should not be flagged (the spoofing table)", lambda table, _: html.frame(table), "tail"
+        ),  # fmt: skip
     ),
     Table(
         "ft_steps",

@@ -288,7 +288,7 @@ def test_every_table_name_a_plugin_may_join_is_declared_once():
         assert f"{table.label} ({table.name}): " in tables.__doc__
 
 
-VALID_TABLES = "valid tables: robustness, ft_steps, own, curve"
+VALID_TABLES = "valid tables: robustness, ft_steps, own, curve, flagged"
 
 
 def test_an_attack_or_ablation_that_names_an_unknown_table_is_an_error_naming_the_valid_ones():
