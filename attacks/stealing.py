@@ -40,6 +40,7 @@ from harness.contract.attack import Attack, AttackContext, Evaluated
 from harness.contract.plugin import Sweep
 
 ESTIMATE = "estimate.npz"  # the stage's file: contexts, tokens and scores of every boosted pair
+QUERIES = "queries.jsonl"  # the attacker's prompts and the watermarked model's texts the estimate was made from
 BETA = 1.0  # the reference bigram's weight toward its unigram
 KIND = "steal"  # the estimate's stage kind
 
@@ -175,21 +176,22 @@ class Stealing(Attack):
                                            from_base=True)  # fmt: skip
             found = estimate_boosts(marked, reference, len(tokenizer), p.min_count)
             np.savez(folder / ESTIMATE, **found)
+            from harness.store import files
+
+            files.write_jsonl(folder / QUERIES, [{"prompt_ids": a, "completion_ids": b}
+                                                 for a, b in zip(prompts, marked, strict=True)])  # fmt: skip
             tokens = {"watermarked_tokens": sum(map(len, marked)), "reference_tokens": sum(map(len, reference))}
             return {"pairs": len(found["scores"]), "contexts": len(set(found["contexts"].tolist())), **tokens}
 
         folder = pipeline.aux_stage(KIND, spec, build, f"stolen estimate (N={p.texts})")
-        return {"folder": folder}
+        return {"folder": folder, "spec": spec}
 
     def evaluated(self, pipeline, trained, unaltered) -> Evaluated:
         found = self.steal(pipeline, unaltered)
         scale = self.sign * self.params.strength
 
         def processors(tokenizer, ctx: AttackContext) -> list:
-            import numpy as np
-
-            with np.load(found["folder"] / ESTIMATE) as estimate:
-                return [StolenBoosts({k: estimate[k] for k in estimate.files}, scale)]
+            return [StolenBoosts(load_estimate(found["folder"]), scale)]
 
         return [pipeline.decode(self, unaltered, processors, from_base=self.from_base)]
 
@@ -212,6 +214,121 @@ class Spoof(Stealing):
     tables: ClassVar[tuple[str, ...]] = ("robustness", "flagged")
     version = "1"
     sign, from_base = 1, True
+
+
+def load_estimate(folder) -> dict:
+    import numpy as np
+
+    with np.load(folder / ESTIMATE) as found:
+        return {k: found[k] for k in found.files}
+
+
+class FineTuneScrubParams(StealParams):
+    steps: int = Field(50, ge=1, le=100_000)  # the attacker's budget of optimiser steps
+    lr: float = Field(1e-4, gt=0)
+    batch_size: int = Field(8, gt=0)
+
+
+class FineTuneScrub(Stealing):
+    """Scrubbing by fine-tuning: the watermarked model trained for ``steps`` steps, on the attacker's own queries
+    (the texts the estimate was made from), toward its own next-token distribution with the stolen boosts taken off,
+    ``softmax(l_frozen - strength * s(c, .))``: the KL divergence from that target to the model, over the queries'
+    completion tokens (the fine-tuning attack's batches and training loop). The trained model is a stage of its own
+    (``steal-finetune``); its row is its texts, as a model attack's."""
+
+    name = "steal-finetune"
+    label = "Stolen scrub (fine-tuning)"
+    description = "fine-tuning the watermarked model away from the boosts stolen from its texts"
+    sweep = Sweep("fine-tuning steps", "Scrubbing by fine-tuning with a stolen estimate", setting="steps")
+    version = "1"
+    sign, from_base = -1, False
+    Params = FineTuneScrubParams
+
+    def config_label(self) -> str:
+        p = self.params
+        return f"N={p.texts}, strength={p.strength:g}, steps={p.steps}"
+
+    def edits_weights(self) -> bool:
+        return True  # (a decoding-time watermark is not in the weights: its methods refuse this attack)
+
+    def validate(self, base_model: str | None = None) -> None:
+        from harness.compute.training import check_split
+
+        check_split(self.params.batch_size, f"the fine-tuning scrub's batch_size ({self.params.batch_size})")
+
+    def evaluated(self, pipeline, trained, unaltered) -> Evaluated:
+        from harness.contract.attack import Output
+
+        out, _ = unaltered
+        found = self.steal(pipeline, unaltered)
+        p = self.params
+        spec = {"version": self.version, "estimate": found["spec"], "model": out.model_id,
+                "strength": p.strength, "steps": p.steps, "lr": p.lr, "batch_size": p.batch_size}  # fmt: skip
+
+        def build(folder) -> dict:
+            return scrub_by_finetuning(out.path, found["folder"], folder / "model", p)
+
+        folder = pipeline.aux_stage("steal-finetune", spec, build, f"fine-tuning scrub ({self.config_label()})",
+                                    collective=True)  # fmt: skip
+        model_id = f"steal-finetune:{folder.name}"
+        from harness.contract.attack import MODEL
+
+        row = Output(f"{self.table_label()} {self.config_label()}", self.config_label(), folder / MODEL, model_id,
+                     None)  # fmt: skip
+        return [(row, pipeline.generate(row.path, row.model_id, row.row))]
+
+
+def scrub_by_finetuning(model_dir, estimate_dir, out_dir, p: FineTuneScrubParams) -> dict:
+    """``FineTuneScrub``'s training: returns its report."""
+    import random
+
+    import torch
+
+    from attacks.finetune import example_batches
+    from harness.assets import models
+    from harness.compute.training import save_model, train
+    from harness.config.presets import TrainSettings
+    from harness.store import files
+
+    device = models.default_device()
+    tokenizer = models.load_tokenizer(str(model_dir))
+    student = models.load_trainable(str(model_dir), device)
+    teacher = models.load_causal_lm(str(model_dir), device).eval()
+    estimate = load_estimate(estimate_dir)
+    boosts = StolenBoosts(estimate, -p.strength)
+    queries = files.read_jsonl(estimate_dir / QUERIES)
+    examples = [(q["prompt_ids"] + q["completion_ids"], len(q["prompt_ids"])) for q in queries]
+    seq_len = max(len(ids) for ids, _ in examples)
+
+    def stream():
+        epoch = 0
+        while True:
+            order = list(range(len(examples)))
+            random.Random(p.seed + epoch).shuffle(order)
+            yield from (examples[i] for i in order)
+            epoch += 1
+
+    def step(model, batch, backward) -> float:
+        ids, labels, attention = batch.unbind(1)
+        with torch.no_grad():
+            logits = teacher.to(ids.device)(input_ids=ids, attention_mask=attention).logits.float()
+            target = logits.clone()
+            for t in range(ids.shape[1] - 1):  # the boosts after each position's token, taken off the teacher's
+                target[:, t] = boosts(ids[:, : t + 1], target[:, t])
+            target = torch.log_softmax(target, dim=-1)
+        log_p = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float(), dim=-1)
+        trained = (labels[:, 1:] != -100).unsqueeze(-1)  # position t predicts token t + 1: the completion's
+        kl = (target.exp() * (target - log_p))[:, :-1] * trained
+        loss = kl.sum() / trained.sum().clamp(min=1)
+        backward(loss)
+        return loss.item()
+
+    settings = TrainSettings(steps=p.steps, batch_size=p.batch_size, seq_len=seq_len, lr=p.lr, warmup_frac=0.0,
+                             schedule="constant", seed=p.seed)  # fmt: skip
+    report = train(student, step, example_batches(stream(), p.batch_size, seq_len, tokenizer), settings,
+                   "steal-finetune: scrubbing", device)  # fmt: skip
+    save_model(student, out_dir, tokenizer)
+    return {"queries": len(examples), **{k: v for k, v in report.items() if k != "losses"}}
 
 
 def recovered(estimate: dict, green: Callable[[int, int], bool], top: int | None = None) -> float:

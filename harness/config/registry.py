@@ -59,6 +59,7 @@ ATTACKS: dict[str, str] = {
     "logit-merge": "attacks.ensemble:LogitMerge",
     "steal-scrub": "attacks.stealing:Scrub",
     "steal-spoof": "attacks.stealing:Spoof",
+    "steal-finetune": "attacks.stealing:FineTuneScrub",
 }
 
 

@@ -3,6 +3,8 @@ scrubbing with it and spoofing with it, on decoding-time KGW, whose green lists 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,35 @@ def test_the_estimate_recovers_decoding_time_kgw_green_lists(random_llamas, tmp_
     assert len(gens) == 6 and all(len(g["completion_ids"]) == 8 for g in gens)
 
 
+def test_scrubbing_by_fine_tuning_trains_a_model_of_its_own(random_llamas, tmp_path, small_preset):
+    """steal-finetune trains the watermarked model for its steps on the attacker's queries toward its distribution
+    with the stolen boosts taken off: a stage of its own holding the model, whose texts are the row's; the same
+    estimate as the decoding scrub's; a decoding-time watermark (not in the weights) refuses it."""
+    from safetensors.torch import load_file
+
+    marked, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    pipe = Pipeline(small_preset(tmp_path, marked, **PRESET), store, "cpu")
+    corpus = tmp_path / "corpus.jsonl"
+    settings = steal_settings(corpus, texts="40", steps="3", batch_size="4", lr="1e-2")
+    cells = {c.row: c for c in pipe.run(methods.build("gu-kgw", {}), attacks.build("steal-finetune", settings))}
+    row = "Stolen scrub (fine-tuning) N=40, strength=4, steps=3"
+    assert set(cells) == {"Unwatermarked base", "Unaltered", row}
+    (stage,) = list((store.root / "stages" / "steal-finetune").iterdir())
+    (train,) = list((store.root / "stages" / "train").iterdir())
+    scrubbed, unaltered = (
+        load_file(stage / "model" / "model.safetensors"),
+        load_file(train / "model" / "model.safetensors"),
+    )
+    assert any(not (scrubbed[k] == unaltered[k]).all() for k in unaltered)
+    report = json.loads((stage / "manifest.json").read_text())["report"]
+    assert (
+        report["queries"] == 40
+    )  # (the weights moved; a 2-step student's stolen boosts are too weak to move its texts)
+    with pytest.raises(HarnessError, match="watermarks at decoding time, not in the weights"):
+        pipe.run(methods.build("kgw-decoding", {}), attacks.build("steal-finetune", settings))
+
+
 def test_estimate_counts_by_hand():
     """The boosts from the module's formula, counted by hand: after context 1 the watermarked texts write 2 and 3 half
     the time each; the reference writes 2 once and 3 twice in its 6 continuations of 1, smoothed toward its unigram
@@ -97,6 +128,6 @@ def test_estimate_counts_by_hand():
      ({"texts": "1000001"}, "texts: Input should be less than or equal to 1000000")],
 )  # fmt: skip
 def test_bad_settings_are_refused(settings, message):
-    for name in ("steal-scrub", "steal-spoof"):
+    for name in ("steal-scrub", "steal-spoof", "steal-finetune"):
         with pytest.raises(HarnessError, match=message):
             attacks.build(name, settings)
