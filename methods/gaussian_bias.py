@@ -26,9 +26,9 @@ from harness.assets import data, models
 from harness.config.params import Params, float32_scale
 from harness.contract.method import (
     Detector,
+    PublishedDefault,
     TrainContext,
     WatermarkMethod,
-    published_default_seed,
     read_key,
     save_key,
     save_trained,
@@ -118,8 +118,8 @@ class GaussianBias(WatermarkMethod):
         """What ``train`` writes as ``key.json`` for a model of ``size`` logits: the bias's seed and scale."""
         return {"method": self.name, "std": self.params.std, "seed": self.params.seed, "size": size}
 
-    def published_key(self, key: dict) -> str | None:
-        return published_default_seed(self, key["seed"])
+    def published_default(self) -> PublishedDefault:
+        return PublishedDefault.seed_setting(self)
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         return BiasDetector(read_key(key_dir))

@@ -29,9 +29,9 @@ from harness.config.errors import HarnessError
 from harness.config.params import Params, float32_scale
 from harness.contract.method import (
     Detector,
+    PublishedDefault,
     TrainContext,
     WatermarkMethod,
-    published_default_seed,
     read_key,
     save_key,
     save_trained,
@@ -165,8 +165,8 @@ class GaussMark(WatermarkMethod):
         names = target_names(config, self.params.layers, self.params.weights)
         save_key(out, self.detection_key(config, {n: list(modules[n].weight.shape) for n in names}))
 
-    def published_key(self, key: dict) -> str | None:
-        return published_default_seed(self, key["seed"])
+    def published_default(self) -> PublishedDefault:
+        return PublishedDefault.seed_setting(self)
 
     def detector(self, key_dir: Path, tokenizer=None, ctx=None) -> Detector:
         from harness.assets import models

@@ -20,6 +20,7 @@ from harness.config.params import Params
 from harness.contract.method import (
     Detector,
     KeyFromTokenizer,
+    PublishedDefault,
     TrainContext,
     WatermarkMethod,
     read_key,
@@ -116,10 +117,10 @@ class GuAAR(KeyFromTokenizer, WatermarkMethod):
 
         return AARKey(vocab_size=len(tokenizer), k=self.params.k, seed=self.params.seed)
 
-    def published_key(self, key: dict) -> str | None:
+    def published_default(self) -> PublishedDefault:
         from methods.aar import DEFAULT_SEED
 
-        return f"Gu et al.'s default key seed {DEFAULT_SEED}" if key["key"]["seed"] == DEFAULT_SEED else None
+        return PublishedDefault(("key", "seed"), DEFAULT_SEED, "Gu et al.'s default key seed")
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from methods.distill import sampling_distillation

@@ -12,6 +12,7 @@ from harness.config.params import Params
 from harness.contract.method import (
     Detector,
     KeyFromTokenizer,
+    PublishedDefault,
     TrainContext,
     WatermarkMethod,
     read_key,
@@ -112,12 +113,10 @@ class GuKGW(KeyFromTokenizer, WatermarkMethod):
             excluded_ids=tuple(sorted(i for i in special if i is not None)) if drop_special else (),
         )
 
-    def published_key(self, key: dict) -> str | None:
+    def published_default(self) -> PublishedDefault:
         from methods.kgw import HASH_KEY
 
-        if key["detector"].get("hash_key", HASH_KEY) == HASH_KEY:
-            return f"lm-watermarking's default hash key {HASH_KEY}"
-        return None
+        return PublishedDefault(("detector", "hash_key"), HASH_KEY, "lm-watermarking's default hash key")
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         tokenizer = models.load_tokenizer(ctx.base_model)

@@ -27,6 +27,7 @@ from harness.contract.method import (
     DetectContext,
     Detector,
     KeyFromTokenizer,
+    PublishedDefault,
     TrainContext,
     WatermarkMethod,
     read_key,
@@ -154,10 +155,10 @@ class GuKTH(KeyFromTokenizer, WatermarkMethod):
         p = self.params
         return KTHKey(vocab_size=p.vocab_size or len(tokenizer), key_len=p.m, seed=p.seed, num_shifts=p.s)
 
-    def published_key(self, key: dict) -> str | None:
+    def published_default(self) -> PublishedDefault:
         from methods.kth import DEFAULT_SEED
 
-        return f"Gu et al.'s default key seed {DEFAULT_SEED}" if key["key"]["seed"] == DEFAULT_SEED else None
+        return PublishedDefault(("key", "seed"), DEFAULT_SEED, "Gu et al.'s default key seed")
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         from methods.distill import sampling_distillation

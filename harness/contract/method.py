@@ -122,11 +122,26 @@ class Detector(ABC):
         return None
 
 
-def published_default_seed(method: WatermarkMethod, seed: int) -> str | None:
-    """``method.published_key`` of a key drawn from ``seed`` by a method whose ``seed`` setting draws it: published
-    where it is the setting's default, which ships with the code."""
-    default = type(method).Params.model_fields["seed"].default
-    return f"the harness's default key seed {default}, in its code" if seed == default else None
+@dataclass(frozen=True)
+class PublishedDefault:
+    """Where a drawn key holds the value that makes it (``path`` into ``key.json``; a key that lacks it has the
+    default, as keys written before the setting did), the published default of that value, and who published it:
+    ``WatermarkMethod.published_key`` says that a key holding the default is a published one."""
+
+    path: tuple[str, ...]
+    default: object
+    source: str  # e.g. "lm-watermarking's default hash key"
+
+    @classmethod
+    def seed_setting(cls, method: WatermarkMethod) -> PublishedDefault:
+        """A key drawn from the method's ``seed`` setting, whose default ships with the harness's code."""
+        return cls(("seed",), type(method).Params.model_fields["seed"].default, "the harness's default key seed")
+
+    def of(self, key: dict) -> str | None:
+        value = key
+        for part in self.path:
+            value = value.get(part, self.default) if isinstance(value, dict) else None
+        return f"{self.source} {self.default}" if value == self.default else None
 
 
 def score_texts(method, detector: Detector, sequences: list[list[int]], prompts: list[list[int]] | None) -> list[dict]:
@@ -213,11 +228,17 @@ class WatermarkMethod(Plugin, ABC):
         that differ from plain sampling), where they would change nothing its rows are labelled with (None: it can)."""
         return None
 
+    def published_default(self) -> PublishedDefault | None:
+        """The published default of the value a drawn key is made from (a paper's seed or hash key); None where keys
+        are learned in training (PRO's policy)."""
+        return None
+
     def published_key(self, key: dict) -> str | None:
         """Why ``key`` (a train stage's ``key.json``, as ``read_key`` gives it) is a published one, in a few words
-        (e.g. a paper's default seed): anyone can write text it flags, so it cannot show that a model derives from
-        its owner's. None: a key of the owner's own (drawn from a seed they keep, or trained)."""
-        return None
+        (e.g. a paper's default seed): anyone can write text it flags, so a verdict under it is no evidence against
+        anyone who could know it. None: a key of the owner's own (drawn from a seed they keep, or trained)."""
+        default = self.published_default()
+        return None if default is None else default.of(key)
 
     def detector_reads_prompt(self) -> bool:
         """Whether this configuration's detector reads the prompt each text continues (``Detector.score``'s
