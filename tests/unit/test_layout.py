@@ -96,6 +96,21 @@ def test_methods_and_attacks_import_only_the_contract_and_below():
     assert _modules(*PLUGINS)  # the walk saw the plugins
 
 
+def test_the_two_plugin_families_never_import_each_other():
+    """Siblings inside one family may share code (``attacks/distillation.py`` trains with the fine-tuning attack's
+    loop, ``methods/decoding_time.py`` samples with the ``gu_*`` keys); a method never imports an attack, nor an
+    attack a method: what one family needs of the other goes through the contract (a detector, a key)."""
+    crossing = {
+        (name, target)
+        for family, other in (("methods", "attacks"), ("attacks", "methods"))
+        for name, file in _modules(family).items()
+        for target in _imports(name, file)
+        if target == other or target.startswith(f"{other}.")
+    }
+    assert not crossing, sorted(crossing)
+    assert _modules("methods") and _modules("attacks")  # the walk saw both families
+
+
 def test_the_repository_has_no_import_circle():
     modules = _modules("harness", *PLUGINS)
     graph = {name: {t for t in _imports(name, file) if t in modules and t != name} for name, file in modules.items()}
