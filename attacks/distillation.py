@@ -234,9 +234,8 @@ def _with_adapters(student, p: DistillParams):
 def _train(student, tokenizer, prompts, completions, p: DistillParams, device: str, desc: str) -> dict:
     """Fine-tune ``student`` on ``prompts[i] + completions[i]``, the loss on the completions, for ``p.epochs`` passes
     in an order shuffled by ``p.seed`` per pass, through the fine-tuning attack's batches and loss."""
-    import random
 
-    from attacks.finetune import example_batches, response_loss
+    from attacks.finetune import example_batches, response_loss, shuffled_passes
     from harness.compute.training import loss_step, train
     from harness.config.presets import TrainSettings
 
@@ -244,19 +243,11 @@ def _train(student, tokenizer, prompts, completions, p: DistillParams, device: s
     steps = max(1, math.ceil(p.epochs * len(examples) / p.batch_size))
     seq_len = max(len(ids) for ids, _ in examples)
 
-    def stream():
-        epoch = 0
-        while True:
-            order = list(range(len(examples)))
-            random.Random(p.seed + epoch).shuffle(order)
-            yield from (examples[i] for i in order)
-            epoch += 1
-
     warmup = min(p.warmup_steps / steps, 0.99)
     settings = TrainSettings(
         steps=steps, batch_size=p.batch_size, seq_len=seq_len, lr=p.lr, warmup_frac=warmup, schedule="constant",
         seed=p.seed,
     )  # fmt: skip
-    batches = example_batches(stream(), p.batch_size, seq_len, tokenizer)
+    batches = example_batches(shuffled_passes(examples, p.seed), p.batch_size, seq_len, tokenizer)
     report = train(student, loss_step(response_loss), batches, settings, desc, device)
     return {"texts": len(examples), "steps": steps, **{k: v for k, v in report.items() if k != "losses"}}

@@ -355,6 +355,18 @@ def encoded(tokenizer, d: InstructData, row: dict, seq_len: int) -> list[tuple[l
     return [format_example(tokenizer, prompt, row[d.response_field])]
 
 
+def shuffled_passes(examples: list, seed: int):
+    """``examples`` pass after pass without end, each pass in an order shuffled by ``random.Random(seed + pass)``."""
+    import random
+
+    epoch = 0
+    while True:
+        order = list(range(len(examples)))
+        random.Random(seed + epoch).shuffle(order)
+        yield from (examples[i] for i in order)
+        epoch += 1
+
+
 def example_batches(examples, batch_size: int, seq_len: int, tokenizer):
     """``(batch, 3, seq_len)`` tensors (ids, labels with -100 on prompt and padding, attention mask), right-padded,
     from consecutive examples of the stream."""

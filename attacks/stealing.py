@@ -280,11 +280,10 @@ class FineTuneScrub(Stealing):
 
 def scrub_by_finetuning(model_dir, estimate_dir, out_dir, p: FineTuneScrubParams) -> dict:
     """``FineTuneScrub``'s training: returns its report."""
-    import random
 
     import torch
 
-    from attacks.finetune import example_batches
+    from attacks.finetune import example_batches, shuffled_passes
     from harness.assets import models
     from harness.compute.training import save_model, train
     from harness.config.presets import TrainSettings
@@ -299,14 +298,6 @@ def scrub_by_finetuning(model_dir, estimate_dir, out_dir, p: FineTuneScrubParams
     queries = files.read_jsonl(estimate_dir / QUERIES)
     examples = [(q["prompt_ids"] + q["completion_ids"], len(q["prompt_ids"])) for q in queries]
     seq_len = max(len(ids) for ids, _ in examples)
-
-    def stream():
-        epoch = 0
-        while True:
-            order = list(range(len(examples)))
-            random.Random(p.seed + epoch).shuffle(order)
-            yield from (examples[i] for i in order)
-            epoch += 1
 
     def step(model, batch, backward) -> float:
         ids, labels, attention = batch.unbind(1)
@@ -325,8 +316,8 @@ def scrub_by_finetuning(model_dir, estimate_dir, out_dir, p: FineTuneScrubParams
 
     settings = TrainSettings(steps=p.steps, batch_size=p.batch_size, seq_len=seq_len, lr=p.lr, warmup_frac=0.0,
                              schedule="constant", seed=p.seed)  # fmt: skip
-    report = train(student, step, example_batches(stream(), p.batch_size, seq_len, tokenizer), settings,
-                   "steal-finetune: scrubbing", device)  # fmt: skip
+    batches = example_batches(shuffled_passes(examples, p.seed), p.batch_size, seq_len, tokenizer)
+    report = train(student, step, batches, settings, "steal-finetune: scrubbing", device)
     save_model(student, out_dir, tokenizer)
     return {"queries": len(examples), **{k: v for k, v in report.items() if k != "losses"}}
 
