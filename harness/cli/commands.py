@@ -386,11 +386,32 @@ def cmd_export(args) -> None:
     store = Store(args.results)
     if not store.root.is_dir():
         raise HarnessError(f"no run store at '{store.root}'")
-    copied, left_out = export(store, args.dest, keep_texts=args.keep_texts)
+    only = None if args.grid is None else grid_runs(args.grid, args.results)
+    copied, left_out = export(store, args.dest, keep_texts=args.keep_texts, only=only)
     without = "" if args.keep_texts else " (without their texts)"
     print(f"exported {copied} runs and attribution results to {args.dest}{without}")
+    if only is not None and copied < len(only):
+        print(f"! {len(only) - copied} of the grid's {len(only)} runs are not stored: the export holds the rest")
     if left_out:
         raise HarnessError(f"{len(left_out)} damaged or edited stages were not exported (named above): {left_out[0]}")
+
+
+def grid_runs(path: Path, results: Path) -> set[str]:
+    """The hashes of the runs the grid at ``path`` makes in the store ``results`` (its calibration's sweep, and its
+    cells with the stored choice), building nothing."""
+    from harness.cell.pipeline import Pipeline
+    from harness.grid import calibration
+    from harness.grid import spec as grid
+    from harness.store.stages import Store
+
+    spec = grid.load(path)
+    cells = list(spec.sweep)
+    if spec.sweep:
+        chosen = calibration.stored_choice(spec, results)
+        spec = grid.with_choice(spec, chosen) if chosen is not None else None
+    cells += list(spec.cells) if spec is not None else []
+    store = Store(results)
+    return {c.run.key for cell in cells for c in Pipeline(cell.preset, store, plan=True).run(*cell.build())}
 
 
 def cmd_rescore(args) -> None:

@@ -242,6 +242,7 @@ def build_parser() -> Parser:
     export.add_argument("dest", type=Path, help="the store to write (made if missing)")
     add_results(export)
     export.add_argument("--keep-texts", action="store_true", help="copy generations.jsonl too")
+    export.add_argument("--grid", type=Path, help="only the runs this grid spec makes (its sweep and its cells)")
 
     rescore = sub.add_parser(
         "rescore",

@@ -25,9 +25,10 @@ TEXTS = "generations.jsonl"
 EXPORTED = "exported_without"
 
 
-def export(store: Store, dest: Path, keep_texts: bool = False) -> tuple[int, list[str]]:
+def export(store: Store, dest: Path, keep_texts: bool = False, only: set[str] | None = None) -> tuple[int, list[str]]:
     """Copy ``store``'s runs and attribution stages into the store at ``dest`` (made if missing; stages already there
-    are replaced). Returns (copied, the ones left out because they do not verify, each with its reason).
+    are replaced); ``only``: of those, the stages with these hashes (a grid's runs). Returns (copied, the ones left out
+    because they do not verify, each with its reason).
 
     Each stage is copied into a temporary sibling (``.<hash>.partial-<host>-<pid>``, never read as a stage), its
     ``DONE`` written last, and renamed into place, under the destination's lock for that stage, so an export killed
@@ -44,15 +45,17 @@ def export(store: Store, dest: Path, keep_texts: bool = False) -> tuple[int, lis
         raise HarnessError(f"another 'harness export' is writing into '{dest}': run this one once it has finished")
     try:
         into.sweep()  # the temporary folders of exports (and builds) that were killed
-        return _copy_all(store, into, keep_texts)
+        return _copy_all(store, into, keep_texts, only)
     finally:
         held.release()
 
 
-def _copy_all(store: Store, into: Store, keep_texts: bool) -> tuple[int, list[str]]:
+def _copy_all(store: Store, into: Store, keep_texts: bool, only: set[str] | None) -> tuple[int, list[str]]:
     left_out, copied = [], 0
     drop = () if keep_texts else (TEXTS,)
     for stage in store.results():
+        if only is not None and stage.key not in only:
+            continue
         try:
             problem = stage.problem()
         except EditedStage as err:

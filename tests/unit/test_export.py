@@ -150,3 +150,28 @@ def test_two_exports_into_one_folder_at_once(store, cli, tmp_path):
     assert not [p for p in dest.iterdir() if ".partial-" in p.name]
     assert sorted(p.name for p in Store(dest).runs()) == sorted(p.name for p in store.runs())
     assert all(Store(dest).at("run", p.name).problem() is None for p in Store(dest).runs())
+
+
+def test_export_of_a_grid_copies_its_runs_alone(random_llamas, tmp_path, small_preset, cli):
+    """``--grid``: the runs the grid's cells make in the store, and no other run of the store; the count says so."""
+    from harness.cell.pipeline import Pipeline
+    from harness.config.registry import attacks, methods
+
+    base, _ = random_llamas
+    settings = {"train.steps": "2", "train.batch_size": "2", "train.seq_len": "12", "eval.num_prompts": "4",
+                "eval.prompt_tokens": "4", "eval.new_tokens": "8", "eval.batch_size": "2"}  # fmt: skip
+    preset = small_preset(tmp_path, base, **settings)
+    store = Store(tmp_path / "runs")
+    pipe = Pipeline(preset, store, "cpu")
+    kept = {c.run.key for c in pipe.run(methods.build("gu-kgw", {}), attacks.build("none", {}))}
+    other = {c.run.key for c in pipe.run(methods.build("gu-kgw", {}), attacks.build("weight-noise", {}))} - kept
+    overrides = {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(tmp_path / "corpus.jsonl"),
+                 "eval_data.path": str(tmp_path / "corpus.jsonl"), **settings}  # fmt: skip
+    spec = tmp_path / "grid.yaml"
+    groups = {"g": {"methods": {"gu-kgw": [{}]}, "attacks": {"none": [{}]}}}
+    spec.write_text(json.dumps({"preset": "tiny", "overrides": overrides, "groups": groups}))
+    out = cli("export", "--grid", str(spec), "--results", str(store.root), str(tmp_path / "out"))
+    assert out.returncode == 0, out.stderr
+    copied = {p.parent.name for p in (tmp_path / "out").glob("*/DONE")}
+    assert copied == kept and len(kept) == 2 and other and not copied & other
+    assert "exported 2 runs" in out.stdout
