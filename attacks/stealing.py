@@ -7,10 +7,10 @@ the owner's model never wrote). The key is never read.
 The estimate (a stage of its own, ``steal``, shared by every attack that reads it with the same settings): the
 watermarked model continues ``texts`` prompts of the attacker's own (the first ``prompt_tokens`` tokens of documents
 of ``dataset``'s train split, never the documents evaluations read), and a reference writes on the same prompts: the
-unwatermarked base (``reference=base``: what anyone holding the open base can do) or the documents themselves
-(``reference=human``). For each context (the previous token, the context of every KGW scheme here with k = 1; a
-scheme with a longer context is estimated at its last token) and next token, with ``n_w`` and ``n_r`` the counts in
-the watermarked and the reference texts,
+unwatermarked base (``reference=base``: what anyone holding the open base can do), the documents themselves
+(``reference=human``), or any unwatermarked model with the base's tokenizer (a model reference). For each context
+(the previous token, the context of every KGW scheme here with k = 1; a scheme with a longer context is estimated at
+its last token) and next token, with ``n_w`` and ``n_r`` the counts in the watermarked and the reference texts,
 
     p_w(t | c) = n_w(c, t) / n_w(c),    p_r(t | c) = (n_r(c, t) + beta f_r(t)) / (n_r(c) + beta)
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -50,7 +50,7 @@ class StealParams(Params):
     dataset: str = "c4-realnewslike"  # plain text whose documents' first tokens are the attacker's prompts
     prompt_tokens: int = Field(32, gt=0)
     new_tokens: int = Field(64, gt=1)
-    reference: Literal["base", "human"] = "base"
+    reference: str = "base"  # "base", "human", or a model reference (a folder, a hub id, a built-in) of the tokenizer
     min_count: int = Field(2, ge=1)  # n_w(c, t) below it: no boost estimated
     strength: float = Field(4.0, ge=0)  # what decoding adds or takes off, times the estimated boost (0 to 1)
     seed: int = 0
@@ -143,9 +143,26 @@ class Stealing(Attack):
     def token_lengths(self) -> dict[str, int]:
         return {"prompt_tokens + new_tokens": self.params.prompt_tokens + self.params.new_tokens + 1}
 
+    def model_refs(self) -> dict[str, str]:
+        return {} if self.params.reference in ("base", "human") else {"reference": self.params.reference}
+
+    def validate(self, base_model: str | None = None) -> None:
+        """A reference model reads the base's tokenizer: the estimate compares token ids."""
+        ref = self.params.reference
+        if base_model is None or ref in ("base", "human"):
+            return
+        from harness.assets import models
+
+        models.check(ref)
+        if models.built(base_model) and not models.planned(ref):
+            from attacks.donor_merge import same_vocabulary
+
+            same_vocabulary(base_model, ref, role="stealing reference")
+
     def config_label(self) -> str:
         p = self.params
-        return f"N={p.texts}, strength={p.strength:g}" + ("" if p.reference == "base" else ", human reference")
+        reference = {"base": "", "human": ", human reference"}.get(p.reference, f", reference {p.reference}")
+        return f"N={p.texts}, strength={p.strength:g}{reference}"
 
     def steal(self, pipeline, unaltered) -> dict:
         """The estimate (a stage: built once for the watermarked model, its sampler and these settings)."""
@@ -157,6 +174,8 @@ class Stealing(Attack):
         out, generated = unaltered
         spec = {"version": self.version, "model": out.model_id, "settings": p.estimate_spec(),
                 "prompts": {**source(p).model_dump(), "fingerprint": data.fingerprint(source(p))}}  # fmt: skip
+        if self.model_refs():  # a reference model of the attacker's: its content keys the estimate
+            spec["reference"] = {"ref": p.reference, "fingerprint": models.fingerprint(models.resolve(p.reference))}
         if "watermark" in generated.spec:  # a decoding-time watermark's sampler is what the attacker queries
             spec["watermark"] = generated.spec["watermark"]
 
@@ -171,6 +190,15 @@ class Stealing(Attack):
             marked = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the watermarked model's texts")
             if p.reference == "human":
                 reference = [r["human_ids"] for r in records]
+            elif self.model_refs():
+                from harness.compute.generation import sample
+                from harness.config.presets import EvalSettings
+
+                model = models.load_causal_lm(models.resolve(p.reference), models.default_device())
+                settings = EvalSettings(num_prompts=max(2, len(prompts)), prompt_tokens=p.prompt_tokens,
+                                        new_tokens=p.new_tokens, seed=p.seed, batch_size="auto")  # fmt: skip
+                reference = sample(model, prompts, settings, tokenizer.eos_token_id, "steal: the reference's texts")
+                del model
             else:
                 reference = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the base's texts",
                                            from_base=True)  # fmt: skip

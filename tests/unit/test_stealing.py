@@ -124,10 +124,23 @@ def test_estimate_counts_by_hand():
     [({"texts": "0"}, "texts: Input should be greater than or equal to 1"),
      ({"strength": "-1"}, "strength: Input should be greater than or equal to 0"),
      ({"strength": "nan"}, "strength: Input should be a finite number"),
-     ({"reference": "llama"}, "reference: Input should be 'base' or 'human'"),
      ({"texts": "1000001"}, "texts: Input should be less than or equal to 1000000")],
 )  # fmt: skip
 def test_bad_settings_are_refused(settings, message):
     for name in ("steal-scrub", "steal-spoof", "steal-finetune"):
         with pytest.raises(HarnessError, match=message):
             attacks.build(name, settings)
+
+
+def test_a_reference_model_of_another_tokenizer_is_refused_before_any_work(random_llamas, other_tokenizer_llama, cli,
+                                                                           tmp_path):  # fmt: skip
+    marked, other = random_llamas
+    settings = ["--set", f"base_model={marked}", "--set", f"oracle_model={marked}", "--results", str(tmp_path / "r")]
+    out = cli("run", "--method", "gu-kgw", "--attack", "steal-spoof", "--attack-arg",
+              f"reference={other_tokenizer_llama}", *settings)  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "stealing reference" in out.stderr and "another vocabulary" in out.stderr
+    assert not (tmp_path / "r" / "stages").exists()
+    out = cli("run", "--method", "gu-kgw", "--attack", "steal-spoof", "--attack-arg", "reference=/no/such/model",
+              *settings)  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
