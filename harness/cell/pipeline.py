@@ -128,7 +128,8 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             "train_data": source_spec(self.preset.train_data),
         }
         stage = self.store.stage(kind, full)
-        self._build_or_reuse(stage, what, build, collective)
+        if not self.plan:  # (a dry run plans an attack's own stages, as every other, without building them)
+            self._build_or_reuse(stage, what, build, collective)
         return stage.path
 
     def train_other(self, name: str, settings: dict) -> Path:

@@ -144,3 +144,15 @@ def test_a_reference_model_of_another_tokenizer_is_refused_before_any_work(rando
     out = cli("run", "--method", "gu-kgw", "--attack", "steal-spoof", "--attack-arg", "reference=/no/such/model",
               *settings)  # fmt: skip
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_dry_run_builds_no_estimate(random_llamas, tmp_path, small_preset):
+    """Planned (``harness run --dry-run``, a grid's dry run), a stealing cell says its runs are to compute and builds
+    neither the estimate nor the fine-tuned model (the model it would query is not trained yet)."""
+    marked, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    pipe = Pipeline(small_preset(tmp_path, marked, **PRESET), store, "cpu", plan=True)
+    for name in ("steal-scrub", "steal-finetune"):
+        cells = pipe.run(methods.build("gu-kgw", {}), attacks.build(name, steal_settings(tmp_path / "corpus.jsonl")))
+        assert len(cells) == 3 and not any(c.reused for c in cells)
+    assert not (store.root / "stages" / "steal").exists() and not (store.root / "stages" / "train").exists()
