@@ -398,20 +398,21 @@ def cmd_export(args) -> None:
 
 def grid_runs(path: Path, results: Path) -> set[str]:
     """The hashes of the runs the grid at ``path`` makes in the store ``results`` (its calibration's sweep, and its
-    cells with the stored choice), building nothing."""
+    cells with the stored choice) and of its calibration stages, building nothing."""
     from harness.cell.pipeline import Pipeline
     from harness.grid import calibration
     from harness.grid import spec as grid
     from harness.store.stages import Store
 
     spec = grid.load(path)
-    cells = list(spec.sweep)
-    if spec.sweep:
+    cells, keys = list(spec.sweep), set()
+    if spec.sweep:  # its calibration stages too: the matched tables read them
+        keys |= {stage.key for stage in (calibration.stages(spec, results, build=False) or {}).values()}
         chosen = calibration.stored_choice(spec, results)
         spec = grid.with_choice(spec, chosen) if chosen is not None else None
     cells += list(spec.cells) if spec is not None else []
     store = Store(results)
-    return {c.run.key for cell in cells for c in Pipeline(cell.preset, store, plan=True).run(*cell.build())}
+    return keys | {c.run.key for cell in cells for c in Pipeline(cell.preset, store, plan=True).run(*cell.build())}
 
 
 def cmd_rescore(args) -> None:

@@ -1,6 +1,7 @@
-"""A store's results without its bulk: ``harness export`` copies every finished run and attribution stage that
-verifies into another store, leaving out the generated texts (``generations.jsonl``, about 85% of a run folder), so
-that a grid's results can be committed or mailed and still be read by ``harness tables`` and ``harness report``.
+"""A store's results without its bulk: ``harness export`` copies every finished run, attribution and calibration
+stage that verifies into another store, leaving out the generated texts (``generations.jsonl``, about 85% of a run
+folder), so that a grid's results can be committed or mailed and still be read by ``harness tables`` and ``harness
+report``.
 
 Each copied folder keeps its name (the hash of its spec), spec, scores and metrics byte for byte; its
 ``manifest.json`` gains ``exported_without`` (the files left out) and its ``contents.json`` is published anew for what
@@ -16,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from harness.config.errors import HarnessError
-from harness.store import files
+from harness.store import files, kinds
 from harness.store.stages import CONTENTS, LOCKS, EditedStage, Store, contents, lock_file
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,8 @@ def export(store: Store, dest: Path, keep_texts: bool = False, only: set[str] | 
 def _copy_all(store: Store, into: Store, keep_texts: bool, only: set[str] | None) -> tuple[int, list[str]]:
     left_out, copied = [], 0
     drop = () if keep_texts else (TEXTS,)
-    for stage in store.results():
+    calibrations = [stage for stage in store.finished() if stage.kind == kinds.CALIBRATION]  # (the matched tables')
+    for stage in store.results() + calibrations:
         if only is not None and stage.key not in only:
             continue
         try:
