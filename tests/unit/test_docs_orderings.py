@@ -3,10 +3,11 @@ beside it, and holds only while that row's interval excludes zero on the side it
 
 The row is named in an HTML comment (invisible on the page), ``<!-- order: <reference> | <row> | <A> > <B> -->`` (or
 ``<``; ``(TPR@1%)`` or ``(AUC_vs_base)`` after B for another column than AUC): ``<reference>`` a folder of
-``results/reference/`` whose ``tables/<setup>/comparison.csv`` (or ``matched_comparison.csv``) holds the row,
-``<row>`` its attack and setting as tab:comparison writes them (``SLERP t=0.5``) or ``unaltered``. Every such comment
-in README.md, docs/ and the references' READMEs is read against its row; and in every one of those pages a sentence
-that orders two methods by name without a negation must sit in a paragraph that names its rows so."""
+``results/reference/`` whose ``tables/<setup>/comparison.csv`` holds the row (``<reference>:matched``: its
+``matched_comparison.csv``), ``<row>`` its attack and setting as tab:comparison writes them (``SLERP t=0.5``) or
+``unaltered``. Every such comment in README.md, docs/ and the references' READMEs is read against its row; and in
+every one of those pages a sentence that orders two methods by name without a negation must sit in a paragraph that
+names its rows so."""
 
 from __future__ import annotations
 
@@ -39,7 +40,10 @@ def method_labels() -> tuple[str, ...]:
 
 @cache
 def comparison_rows(reference: str) -> list[dict]:
-    found = sorted((REFERENCES / reference / "tables").glob("*/*comparison.csv"))
+    """The rows of ``reference``'s comparison tables: ``tab:comparison`` (``comparison.csv``), or with ``:matched``
+    after the reference's name, the one at matched quality (``matched_comparison.csv``)."""
+    reference, matched = reference.removesuffix(":matched"), reference.endswith(":matched")
+    found = sorted((REFERENCES / reference / "tables").glob(f"*/{'matched_' if matched else ''}comparison.csv"))
     assert found, f"results/reference/{reference}/ has no comparison table"
     rows = []
     for path in found:
