@@ -221,7 +221,9 @@ class Stealing(Attack):
         def processors(tokenizer, ctx: AttackContext) -> list:
             return [StolenBoosts(load_estimate(found["folder"]), scale)]
 
-        return [pipeline.decode(self, unaltered, processors, from_base=self.from_base)]
+        # (the estimate's hash keys the texts: a spoof's model is the base whatever watermark it was stolen from)
+        reads = {"estimate": found["folder"].name}
+        return [pipeline.decode(self, unaltered, processors, from_base=self.from_base, reads=reads)]
 
 
 class Scrub(Stealing):

@@ -337,12 +337,15 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         self.build_stage(stage, f"generation from {name}", build, collective=True)
         return stage
 
-    def decode(self, attack, unaltered: tuple[Output, Stage], processors, from_base: bool = False):
+    def decode(self, attack, unaltered: tuple[Output, Stage], processors, from_base: bool = False,
+               reads: dict | None = None):  # fmt: skip
         """``CellStages.decode``: the attack's row of the unaltered model (or of the base), and its continuations with
         the attack's processors after its watermark's."""
         out, stage = unaltered
         spec = {"attack": attack.name, "attack_version": attack.version, "params": attack.params.model_dump(),
                 "base_model": self.base["fingerprint"]}  # fmt: skip
+        if reads:
+            spec["reads"] = reads
         ctx = AttackContext(self.base["path"], self.device, self.refs(attack, spec))
         if from_base:
             out = Output("", "", Path(self.base["path"]), f"base:{self.base['fingerprint']}", None)

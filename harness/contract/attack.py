@@ -58,14 +58,48 @@ class CellStages(Protocol):
         stage; ``name`` is the row it is for)."""
         ...
 
-    def decode(self, attack: Attack, unaltered: tuple[Output, Stage], processors: Processors) -> tuple[Output, Stage]:
+    def decode(
+        self,
+        attack: Attack,
+        unaltered: tuple[Output, Stage],
+        processors: Processors,
+        from_base: bool = False,
+        reads: dict | None = None,
+    ) -> tuple[Output, Stage]:
         """``attack``'s row (the unaltered model's output under the attack's row name and config label) and its
         texts: the continuations of the evaluation prompts written by the unaltered watermarked model (``unaltered``:
         its output and generate stage; a decoding-time watermark's processors first, where the method has one) with
         ``processors(tokenizer, ctx)`` (transformers ``LogitsProcessor``s; ``ctx`` an ``AttackContext`` holding
         ``attack.model_refs()`` resolved to folders) acting on its scores before the draw's decoding transform: an
-        attack that changes how the model is decoded, not its weights (several models' distributions mixed). The
-        stage is keyed by the unaltered model, the attack's settings and its other models' fingerprints."""
+        attack that changes how the model is decoded, not its weights (several models' distributions mixed).
+        ``from_base``: the unwatermarked base writes instead, with no watermark of its own (a spoofer's model). The
+        stage is keyed by the model, the attack's settings, its other models' fingerprints and ``reads``: what else
+        the processors read (the stages they load: a stolen estimate's hash), which the spec must name, or two
+        attacks that read different stages would share one stage's texts."""
+        ...
+
+    def query(
+        self,
+        unaltered: tuple[Output, Stage],
+        prompts: list[list[int]],
+        new_tokens: int,
+        seed: int,
+        desc: str,
+        from_base: bool = False,
+    ) -> list[list[int]]:
+        """What an attacker gets by querying the unaltered watermarked model (as it is sampled: a decoding-time
+        watermark's processors included) on prompts of their own: ``new_tokens`` tokens after each of ``prompts``
+        (token ids), plain sampling at temperature 1 keyed by ``seed``; ``from_base``: the unwatermarked base's
+        instead (what anyone holding the open base writes). Not stored: the caller keeps what it needs in a stage of
+        its own (``aux_stage``)."""
+        ...
+
+    def aux_stage(
+        self, kind: str, spec: dict, build: Callable[[Path], dict], what: str, collective: bool = False
+    ) -> Path:
+        """A stage of the attack's own (a stolen estimate, a model it trained), as ``MethodStages.aux_stage``: keyed by
+        ``spec`` plus the base model's and the training data's fingerprints, built once and shared (planned, not
+        built, in a dry run); returns its folder."""
         ...
 
 

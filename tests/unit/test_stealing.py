@@ -156,3 +156,18 @@ def test_a_dry_run_builds_no_estimate(random_llamas, tmp_path, small_preset):
         cells = pipe.run(methods.build("gu-kgw", {}), attacks.build(name, steal_settings(tmp_path / "corpus.jsonl")))
         assert len(cells) == 3 and not any(c.reused for c in cells)
     assert not (store.root / "stages" / "steal").exists() and not (store.root / "stages" / "train").exists()
+
+
+def test_spoofs_of_two_watermarks_are_two_stages(random_llamas, tmp_path, small_preset):
+    """The base writes every spoof, so what keys its texts is the estimate it decodes with: spoofing two watermarked
+    models (here decoding-time KGW at two deltas) gives two estimates and two generate stages, never one's texts
+    scored for the other (a grid once scored Gu-KTH's spoofed texts for the KGW methods so)."""
+    marked, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    pipe = Pipeline(small_preset(tmp_path, marked, **PRESET), store, "cpu")
+    spoof = attacks.build("steal-spoof", steal_settings(tmp_path / "corpus.jsonl", texts="40"))
+    generated = set()
+    for delta in ("2", "4"):
+        (row,) = [c for c in pipe.run(methods.build("kgw-decoding", {"delta": delta}), spoof) if "spoof" in c.row]
+        generated.add(row.run.spec["upstream"]["generate"]["decoding_with"]["reads"]["estimate"])
+    assert len(generated) == 2 and len(list((store.root / "stages" / "steal").iterdir())) == 2
