@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from harness.config.errors import HarnessError
-from harness.config.params import Params
+from harness.config.params import CommaList, Params
 from harness.contract.attack import MODEL, AttackContext, ModelAttack, library_versions
 
 # name -> (its label, whether it keeps a density share of each difference, whether that share is drawn at random)
@@ -44,17 +44,10 @@ ARCHITECTURE = ("model_type", "architectures", "vocab_size", "hidden_size", "int
 class DonorMergeParams(Params):
     method: str = "ties"
     weight: float = Field(0.5, gt=0)  # the watermarked model's weight
-    donors: tuple[str, ...] = ()  # model references (comma-separated on the command line); presets name theirs
+    donors: CommaList = ()  # model references (comma-separated on the command line); presets name theirs
     donor_weight: float = Field(0.5, gt=0)  # each donor's weight
     density: float | None = Field(None, gt=0, le=1)  # TIES and DARE: the share of each difference kept
     seed: int = Field(0, ge=0, lt=2**32)  # DARE: the random drop's seed
-
-    @field_validator("donors", mode="before")
-    @classmethod
-    def _split(cls, value):
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
 
     @field_validator("method")
     @classmethod

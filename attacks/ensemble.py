@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from harness.config.errors import HarnessError
-from harness.config.params import Params
+from harness.config.params import CommaList, Params
 from harness.contract.attack import Attack, AttackContext, Evaluated
 from harness.contract.plugin import Sweep
 
@@ -137,15 +137,8 @@ class DecodingAttack(Attack):
 
 
 class WashParams(Params):
-    models: tuple[str, ...] = ()  # model references (comma-separated on the command line); presets name theirs
+    models: CommaList = ()  # model references (comma-separated on the command line); presets name theirs
     k: int | None = Field(None, ge=1)  # average with the first k of them (None: all): the curve's x
-
-    @field_validator("models", mode="before")
-    @classmethod
-    def _split(cls, value):
-        if isinstance(value, str):
-            return tuple(part.strip() for part in value.split(",") if part.strip())
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> WashParams:

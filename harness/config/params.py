@@ -6,12 +6,31 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from harness.config.errors import HarnessError
+
+
+def _comma_separated(value):
+    """A tuple of the non-empty, stripped parts of ``value`` where it is a string (as ``key=a,b`` gives it)."""
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+# A setting that names several things, comma-separated on the command line (a merge's donors, WASH's models).
+CommaList = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
 
 
 class Params(BaseModel):

@@ -381,16 +381,21 @@ def curve(df: pd.DataFrame, attack: str) -> pd.DataFrame:
     before = mains[unaltered(mains) & mains["method"].isin(part["method"])].assign(attack_config=UNALTERED_TEXTS)
     # Against the same modification of the unwatermarked base, where the attack makes one (``Attack.controlled``).
     values = CURVE_METRICS + (["AUC_vs_control"] if part.get("AUC_vs_control", pd.Series()).notna().any() else [])
-    means = mean_over_seeds(pd.concat([before, part]), ["method", "attack_config"], values)
+    return per_setting(before, UNALTERED_TEXTS, part, values)
+
+
+def per_setting(first: pd.DataFrame, label: str, part: pd.DataFrame, values: list[str]) -> pd.DataFrame:
+    """A table of an attack of its own: a row per setting of the attack's runs ``part``, after the row ``label`` of
+    the runs ``first`` (the unaltered model's, the base's own texts; left out where there are none), and per method
+    each of ``values`` (means over seeds where several), the methods in the registry's order."""
+    means = mean_over_seeds(pd.concat([first, part]), ["method", "attack_config"], values)
     table = means.pivot_table(index="attack_config", columns="method", values=values, aggfunc="first",
                               dropna=False)  # fmt: skip
     table.columns = [f"{method} {metric}" for metric, method in table.columns]
-    settings = sorted(set(part["attack_config"]), key=natural_key)
-    rows = ([UNALTERED_TEXTS] if len(before) else []) + settings
+    rows = ([label] if len(first) else []) + sorted(set(part["attack_config"]), key=natural_key)
     methods = sorted(means["method"].unique(), key=method_rank)
-    table = table.reindex(index=pd.Index(rows, name="setting"),
-                          columns=[f"{m} {metric}" for m in methods for metric in values])  # fmt: skip
-    return table
+    return table.reindex(index=pd.Index(rows, name="setting"),
+                         columns=[f"{m} {metric}" for m in methods for metric in values])  # fmt: skip
 
 
 FLAGGED_METRICS = ["TPR@1%", "TPR@5%", "AUC", "AUC_vs_base"]
@@ -407,15 +412,7 @@ def flagged(df: pd.DataFrame, attack: str) -> pd.DataFrame:
     if part.empty:
         return pd.DataFrame()
     base = mains[base_rows(mains) & mains["method"].isin(part["method"])].assign(attack_config=BASE_TEXTS)
-    values = [v for v in FLAGGED_METRICS if v in part]
-    means = mean_over_seeds(pd.concat([base, part]), ["method", "attack_config"], values)
-    table = means.pivot_table(index="attack_config", columns="method", values=values, aggfunc="first",
-                              dropna=False)  # fmt: skip
-    table.columns = [f"{method} {metric}" for metric, method in table.columns]
-    rows = ([BASE_TEXTS] if len(base) else []) + sorted(set(part["attack_config"]), key=natural_key)
-    methods = sorted(means["method"].unique(), key=method_rank)
-    return table.reindex(index=pd.Index(rows, name="setting"),
-                         columns=[f"{m} {metric}" for m in methods for metric in values])  # fmt: skip
+    return per_setting(base, BASE_TEXTS, part, [v for v in FLAGGED_METRICS if v in part])
 
 
 def ft_steps(df: pd.DataFrame, featured: str) -> pd.DataFrame:

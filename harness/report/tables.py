@@ -174,19 +174,15 @@ class Table:
 
 
 # --- what each table is made of per setup, besides the setup itself ----------------------------------------------
-def _own_attacks(setup: Setup) -> list[tuple[str, str]]:
-    return [(name, name) for name in sorted(n for n in setup.part["attack_name"].dropna().unique()
-                                            if "own" in attack_tables(n))]  # fmt: skip
+def _attacks_joining(table: str, suffix: str = "") -> Callable[[Setup], list[tuple[str, str]]]:
+    """``each`` of a table of its own per attack (``own``, ``curve``, ``flagged``): ``(file, attack)`` of each attack of
+    the setup whose ``tables`` join ``table``, its file named after it plus ``suffix``."""
 
+    def each(setup: Setup) -> list[tuple[str, str]]:
+        names = sorted(n for n in setup.part["attack_name"].dropna().unique() if table in attack_tables(n))
+        return [(f"{name}{suffix}", name) for name in names]
 
-def _curve_attacks(setup: Setup) -> list[tuple[str, str]]:
-    return [(f"{name}_curve", name) for name in sorted(n for n in setup.part["attack_name"].dropna().unique()
-                                                       if "curve" in attack_tables(n))]  # fmt: skip
-
-
-def _flagged_attacks(setup: Setup) -> list[tuple[str, str]]:
-    return [(f"{name}_flagged", name) for name in sorted(n for n in setup.part["attack_name"].dropna().unique()
-                                                         if "flagged" in attack_tables(n))]  # fmt: skip
+    return each
 
 
 def _flagged_caption(setup: Setup, attack: str) -> str:
@@ -402,7 +398,7 @@ TABLES: tuple[Table, ...] = (
         build=lambda setup, attack: frames.own(setup.part, attack, setup.ci),
         latex=lambda table, caption, attack: latex.own_tex(table, caption, plugin_class("attack", attack).label),
         caption=_own_caption,
-        each=_own_attacks,
+        each=_attacks_joining("own"),
         joined_by="Attack.tables",
     ),
     Table(
@@ -414,7 +410,7 @@ TABLES: tuple[Table, ...] = (
         build=lambda setup, attack: frames.curve(setup.part, attack),
         latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Setting"]),
         caption=_curve_caption,
-        each=_curve_attacks,
+        each=_attacks_joining("curve", "_curve"),
         joined_by="Attack.tables",
         section=Section("Swept attacks (the distillation table)", lambda table, _: html.frame(table), "tail"),
     ),
@@ -427,7 +423,7 @@ TABLES: tuple[Table, ...] = (
         build=lambda setup, attack: frames.flagged(setup.part, attack),
         latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Setting"]),
         caption=_flagged_caption,
-        each=_flagged_attacks,
+        each=_attacks_joining("flagged", "_flagged"),
         joined_by="Attack.tables",
         section=Section(
             "Texts that should not be flagged (the spoofing table)", lambda table, _: html.frame(table), "tail"
