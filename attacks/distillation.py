@@ -154,19 +154,16 @@ class Distill(ModelAttack):
         import gc
 
         from harness.assets import data, models
-        from harness.compute.generation import sample
+        from harness.compute.generation import sample_plainly
         from harness.compute.training import save_model
-        from harness.config.presets import EvalSettings
         from harness.store import files
 
         p = self.params
         tokenizer = models.load_tokenizer(str(model_dir))
         texts = _prompts(tokenizer, self.source(), max(p.texts), p.prompt_tokens, p.new_tokens)
         teacher = models.load_causal_lm(str(model_dir), ctx.device)
-        # (the sampler reads the prompts it is given; num_prompts only has to be valid)
-        settings = EvalSettings(num_prompts=max(2, len(texts)), prompt_tokens=p.prompt_tokens,
-                                new_tokens=p.new_tokens, seed=p.seed, batch_size="auto")  # fmt: skip
-        completions = sample(teacher, texts, settings, tokenizer.eos_token_id, "distill: teacher texts")
+        completions = sample_plainly(teacher, texts, p.new_tokens, p.seed, tokenizer.eos_token_id,
+                                     "distill: teacher texts")  # fmt: skip
         del teacher
         gc.collect()
         files.write_jsonl(

@@ -191,13 +191,11 @@ class Stealing(Attack):
             if p.reference == "human":
                 reference = [r["human_ids"] for r in records]
             elif self.model_refs():
-                from harness.compute.generation import sample
-                from harness.config.presets import EvalSettings
+                from harness.compute.generation import sample_plainly
 
                 model = models.load_causal_lm(models.resolve(p.reference), models.default_device())
-                settings = EvalSettings(num_prompts=max(2, len(prompts)), prompt_tokens=p.prompt_tokens,
-                                        new_tokens=p.new_tokens, seed=p.seed, batch_size="auto")  # fmt: skip
-                reference = sample(model, prompts, settings, tokenizer.eos_token_id, "steal: the reference's texts")
+                reference = sample_plainly(model, prompts, p.new_tokens, p.seed, tokenizer.eos_token_id,
+                                           "steal: the reference's texts")  # fmt: skip
                 del model
             else:
                 reference = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the base's texts",

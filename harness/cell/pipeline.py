@@ -17,7 +17,7 @@ from harness.cell import detection, metrics, rewrites, scoring
 from harness.cell.scoring import attack_row
 from harness.cell.utility import utility
 from harness.compute import distributed, imports, memory
-from harness.compute.generation import SAMPLER, sample
+from harness.compute.generation import SAMPLER, sample, sample_plainly
 from harness.config.errors import HarnessError
 from harness.config.presets import Preset
 from harness.config.registry import attacks
@@ -358,17 +358,13 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
               from_base: bool = False):  # fmt: skip
         """``CellStages.query``: the unaltered model (or the base) sampled on an attacker's prompts, its watermark's
         processors included."""
-        from harness.config.presets import EvalSettings
-
         out, stage = unaltered
         path = self.base["path"] if from_base else str(out.path)
         tokenizer = models.load_tokenizer(path)
         model = models.load_causal_lm(path, self.device)
         watermark = None if from_base else self._samplers.get(stage.key)
         processors = tuple(watermark[1](tokenizer)) if watermark is not None else ()
-        settings = EvalSettings(num_prompts=max(2, len(prompts)), prompt_tokens=max(1, len(prompts[0])),
-                                new_tokens=new_tokens, seed=seed, batch_size="auto")  # fmt: skip
-        return sample(model, prompts, settings, tokenizer.eos_token_id, desc, processors=processors)
+        return sample_plainly(model, prompts, new_tokens, seed, tokenizer.eos_token_id, desc, processors)
 
     def score(
         self, method, trained: Stage, generated: Stage, spec: dict, artefacts: dict, attack_spec: dict | None = None

@@ -83,6 +83,16 @@ def sample(
     return out
 
 
+def sample_plainly(model, prompts: list[list[int]], new_tokens: int, seed: int, eos_id: int | None, desc: str,
+                   processors: tuple = ()) -> list[list[int]]:  # fmt: skip
+    """``sample`` of ``new_tokens`` tokens after prompts of the caller's own (teacher texts, an attacker's queries) at
+    plain sampling, temperature 1 and a per-prompt draw keyed by ``seed``, in batches of "auto" (the sampler reads the
+    prompts it is given: the settings' prompt count and length only have to be valid)."""
+    settings = EvalSettings(num_prompts=max(2, len(prompts)), prompt_tokens=max(1, len(prompts[0])),
+                            new_tokens=new_tokens, seed=seed, batch_size="auto")  # fmt: skip
+    return sample(model, prompts, settings, eos_id, desc, processors=processors)
+
+
 def draw(
     model, ids, rows, seed: int, temperature: float, new_tokens: int, pad_id, processors=(), decoding=None, mask=None
 ):
