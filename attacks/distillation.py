@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 
 from harness.config.errors import HarnessError
 from harness.config.params import Params
-from harness.config.presets import MAX_PROMPTS
+from harness.config.settings import MAX_PROMPTS
 from harness.contract.attack import AttackContext, ModelAttack, library_versions
 from harness.contract.plugin import Sweep
 
@@ -96,7 +96,7 @@ class Distill(ModelAttack):
 
     def source(self):
         from attacks.finetune import DATASETS
-        from harness.config.presets import DataSource
+        from harness.config.settings import DataSource
 
         d = self.params.dataset
         return DATASETS[d].source if d in DATASETS else DataSource(path=d, text_field="text")
@@ -234,7 +234,7 @@ def _train(student, tokenizer, prompts, completions, p: DistillParams, device: s
 
     from attacks.finetune import example_batches, response_loss, shuffled_passes
     from harness.compute.training import loss_step, train
-    from harness.config.presets import TrainSettings
+    from harness.config.settings import TrainSettings
 
     examples = [(a + b, len(a)) for a, b in zip(prompts, completions, strict=True)]
     steps = max(1, math.ceil(p.epochs * len(examples) / p.batch_size))

@@ -26,7 +26,7 @@ from pydantic import Field, field_validator, model_validator
 
 from harness.assets.chat import INSTRUCTION_FORMAT, framing
 from harness.config.params import Params
-from harness.config.presets import DataSource
+from harness.config.settings import DataSource
 from harness.contract.attack import AttackContext, ModelAttack, library_versions
 from harness.contract.plugin import Sweep
 
@@ -217,7 +217,7 @@ def tune(
     holds; ``versions``: libraries besides accelerate and datasets that the attack used)."""
     from harness.assets import data
     from harness.compute.training import loss_step, train
-    from harness.config.presets import TrainSettings
+    from harness.config.settings import TrainSettings
 
     last = max(p.steps)
     settings = TrainSettings(

@@ -146,8 +146,9 @@ def measure(folder: str | None = None, texts: int = 40, lexical: int = 60, order
     next one's paraphrase) as the floor that kept meaning is judged against."""
     from harness.assets import data, models, textsim
     from harness.assets.tiny_paraphraser import tiny_paraphraser
-    from harness.config.presets import TINY_PARAPHRASER, DataSource
+    from harness.config.presets import TINY_PARAPHRASER
     from harness.config.registry import attacks
+    from harness.config.settings import DataSource
 
     folder = str(folder or tiny_paraphraser())
     docs = [d.split() for d in data.load_texts(DataSource(path=data.TINY_CORPUS, split="heldout"))]

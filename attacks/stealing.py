@@ -35,7 +35,7 @@ from pydantic import Field
 
 from harness.config.errors import HarnessError
 from harness.config.params import Params
-from harness.config.presets import MAX_PROMPTS
+from harness.config.settings import MAX_PROMPTS
 from harness.contract.attack import Attack, AttackContext, Evaluated
 from harness.contract.plugin import Sweep
 
@@ -63,7 +63,7 @@ class StealParams(Params):
 def source(p: StealParams):
     """The attacker's documents: a plain-text dataset of the fine-tuning attack's, or a local file."""
     from attacks.finetune import DATASETS
-    from harness.config.presets import DataSource
+    from harness.config.settings import DataSource
 
     return DATASETS[p.dataset].source if p.dataset in DATASETS else DataSource(path=p.dataset, text_field="text")
 
@@ -314,7 +314,7 @@ def scrub_by_finetuning(model_dir, estimate_dir, out_dir, p: FineTuneScrubParams
     from attacks.finetune import example_batches, shuffled_passes
     from harness.assets import models
     from harness.compute.training import save_model, train
-    from harness.config.presets import TrainSettings
+    from harness.config.settings import TrainSettings
     from harness.store import files
 
     device = models.default_device()

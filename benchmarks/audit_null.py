@@ -187,10 +187,11 @@ def main() -> None:
     from harness.cell.pipeline import Pipeline
     from harness.config import presets
     from harness.config.params import parse_assignments
+    from harness.config.settings import apply_overrides
     from harness.store import files
     from harness.store.stages import Store
 
-    preset = presets.apply_overrides(presets.get_preset(args.preset), parse_assignments(args.set, "setting"))
+    preset = apply_overrides(presets.get_preset(args.preset), parse_assignments(args.set, "setting"))
     alphas = [float(a) for a in args.alphas.split(",")]
     pipe = Pipeline(preset, Store(args.results))
     wanted = None if args.sources is None else set(args.sources.split(","))

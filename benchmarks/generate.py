@@ -58,7 +58,7 @@ def main() -> None:
     from harness.assets import models
     from harness.compute.generation import completion_perplexity, sample
     from harness.compute.memory import tune_allocator
-    from harness.config.presets import EvalSettings
+    from harness.config.settings import EvalSettings
 
     tuned = tune_allocator()  # as every harness process (HARNESS_MALLOC=system: glibc's defaults)
     device = args.device or models.default_device()

@@ -59,11 +59,12 @@ def main() -> None:
     from harness.config import presets
     from harness.config.params import parse_assignments
     from harness.config.registry import methods
+    from harness.config.settings import apply_overrides
     from methods.kgw import GreenLists, pooled_score, score_sequences
 
     torch.set_num_threads(1)  # (the green lists are drawn one context at a time)
     overrides = {"eval.new_tokens": str(args.new_tokens), **parse_assignments(args.set, "setting")}
-    preset = presets.apply_overrides(presets.get_preset(args.preset), overrides)
+    preset = apply_overrides(presets.get_preset(args.preset), overrides)
     tokenizer, seqs = human_texts(preset, args.texts)
     method = methods.build("gu-kgw", parse_assignments(args.method_arg, "method setting"), preset)
     preset_key = method.key(tokenizer, method.params.detector_drop_special)

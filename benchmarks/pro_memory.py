@@ -34,7 +34,8 @@ def step_peak(args) -> dict:
     from harness.assets import data
     from harness.assets.encoder import Embedder
     from harness.assets.models import load_tokenizer, resolve
-    from harness.config.presets import TINY, DataSource
+    from harness.config.presets import TINY
+    from harness.config.settings import DataSource
     from methods import pro_chunked
     from methods.pro import PROParams, PROStep
     from methods.pro_policy import PolicyMLP

@@ -231,7 +231,8 @@ def main() -> None:
     from harness.assets.encoder import Embedder
     from harness.assets.models import default_device, load_causal_lm, load_tokenizer, resolve
     from harness.compute.memory import tune_allocator
-    from harness.config.presets import TINY, DataSource
+    from harness.config.presets import TINY
+    from harness.config.settings import DataSource
     from methods.distill import kl_per_token
     from methods.gu_kgw import GuKGW, GuKGWParams
     from methods.kgw import GreenLists, watermark_logits

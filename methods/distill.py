@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.assets import models
 from harness.compute.training import loss_step, train
-from harness.config.presets import TrainSettings
+from harness.config.settings import TrainSettings
 
 # Positions x vocabulary above which the KL is computed chunk by chunk, each chunk recomputed in the backward pass:
 # no float32 copy of the whole B x T x V tensor is kept (64 x 512 x 128,256 in float32 is 16.8 GB).

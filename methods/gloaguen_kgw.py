@@ -25,7 +25,7 @@ from pydantic import Field
 
 from harness.assets import data, models
 from harness.assets.weights import weight_reader
-from harness.config.presets import TrainSettings
+from harness.config.settings import TrainSettings
 from harness.contract.method import TrainContext, read_key, save_trained
 from methods.gu_kgw import GuKGW, GuKGWParams, distill
 

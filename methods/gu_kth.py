@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from harness.config.errors import HarnessError
 from harness.config.params import Params
-from harness.config.presets import MAX_PROMPTS
+from harness.config.settings import MAX_PROMPTS
 from harness.contract.method import (
     DetectContext,
     Detector,

@@ -448,7 +448,8 @@ CORPUS = [
 def _small_preset(folder, base, texts=None, **settings):
     """The tiny preset on a local model folder ``base`` (also the oracle) and a little JSONL corpus written into
     ``folder`` (``texts``, default CORPUS) for training and evaluation; ``settings`` are ``--set`` overrides."""
-    from harness.config.presets import TINY, apply_overrides
+    from harness.config.presets import TINY
+    from harness.config.settings import apply_overrides
 
     corpus = folder / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts or CORPUS))

@@ -12,7 +12,6 @@ from itertools import islice
 from pathlib import Path
 
 from harness.config.errors import HarnessError, first_line
-from harness.config.presets import DataSource
 from harness.config.refs import (
     SMALL_CORPUS,
     TINY_CHAT,
@@ -22,6 +21,7 @@ from harness.config.refs import (
     load_target,
     looks_like_path,
 )
+from harness.config.settings import DataSource
 from harness.store.files import file_sha256, parse_json
 
 # Built-in datasets: name -> (a file bundled in harness/assets/bundled, or a "module:function" that builds the file

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from harness.config.presets import DataSource, TrainSettings
 from harness.config.refs import TINY_CODE_INSTRUCT, TINY_LM
+from harness.config.settings import DataSource, TrainSettings
 from harness.store import files
 
 DONOR_FILES = ("config.json", "model.safetensors")

@@ -110,7 +110,7 @@ def check_buildable(ref: str) -> None:
 
 def model_folder(ref: str) -> Path:
     from harness.assets import data
-    from harness.config.presets import DataSource
+    from harness.config.settings import DataSource
 
     corpus_hash = data.fingerprint(DataSource(path=data.SMALL_CORPUS)) if corpus_folder().is_dir() else "unbuilt"
     name = ref.removeprefix("builtin:")
@@ -119,7 +119,7 @@ def model_folder(ref: str) -> Path:
 
 def _model(ref: str) -> Path:
     from harness.assets import data, tiny
-    from harness.config.presets import DataSource
+    from harness.config.settings import DataSource
 
     check_buildable(ref)
     corpus()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.assets import data
 from harness.config.errors import HarnessError
-from harness.config.presets import DataSource, TrainSettings
+from harness.config.settings import DataSource, TrainSettings
 from harness.store import files
 
 log = logging.getLogger(__name__)

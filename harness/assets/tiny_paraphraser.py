@@ -53,7 +53,7 @@ from pathlib import Path
 
 from harness.assets import data
 from harness.assets.dipper_format import DIVERSITIES, dipper_input, split_sentences
-from harness.config.presets import DataSource, TrainSettings
+from harness.config.settings import DataSource, TrainSettings
 from harness.store import files
 
 log = logging.getLogger(__name__)

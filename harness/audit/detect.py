@@ -12,13 +12,13 @@ from harness.audit import verdict as audit
 from harness.config import presets
 from harness.config.errors import HarnessError
 from harness.config.params import parse_assignments
-from harness.config.presets import Preset
+from harness.config.settings import DECODING, MAX_PROMPTS, PROMPTS, Preset, apply_overrides
 from harness.contract.method import read_key
 from harness.store import files
 from harness.store.stages import Store
 
 # The settings of how a suspect model is used (sampled, asked): given alone, they keep the key's own setup.
-USE_SETTINGS = {f"eval.{name}" for name in (*presets.DECODING, *presets.PROMPTS)}
+USE_SETTINGS = {f"eval.{name}" for name in (*DECODING, *PROMPTS)}
 
 
 @dataclass
@@ -50,8 +50,8 @@ class Request:
             raise HarnessError(f"--alpha must lie between 0 and 1, not {self.alpha:g}")
         if self.num_texts is not None and self.num_texts < 2:
             raise HarnessError(f"--num-texts must be at least 2, not {self.num_texts}")
-        if self.num_texts is not None and self.num_texts > presets.MAX_PROMPTS:  # (eval.num_prompts' bound)
-            raise HarnessError(f"--num-texts must be at most {presets.MAX_PROMPTS:,}, not {self.num_texts}")
+        if self.num_texts is not None and self.num_texts > MAX_PROMPTS:  # (eval.num_prompts' bound)
+            raise HarnessError(f"--num-texts must be at most {MAX_PROMPTS:,}, not {self.num_texts}")
         if (self.key is None) == (self.method is None):
             raise HarnessError(
                 "name the trained watermark by --key (its train stage) or by --method (and its settings)"
@@ -65,9 +65,9 @@ class Request:
         overrides = parse_assignments(self.overrides or [], "setting")
         use = {k: v for k, v in overrides.items() if k in USE_SETTINGS}
         if self.preset or len(use) < len(overrides):
-            self.chosen = presets.apply_overrides(presets.get_preset(self.preset or "tiny"), overrides)
+            self.chosen = apply_overrides(presets.get_preset(self.preset or "tiny"), overrides)
         elif use:  # how the suspect is sampled or asked, over the key's own setup (checked here, applied there)
-            presets.apply_overrides(presets.get_preset("tiny"), use)
+            apply_overrides(presets.get_preset("tiny"), use)
             self.use = use
         if self.texts_file is not None:
             self.texts = audit.read_texts(self.texts_file)
@@ -102,7 +102,7 @@ class Request:
         method = audit.audit_method(method, set(parse_assignments(self.method_args or [], "method setting")))
         preset = audit.setup_of(trained, chosen)
         if self.use:
-            preset = presets.apply_overrides(preset, self.use)
+            preset = apply_overrides(preset, self.use)
         if self.num_texts is not None:
             preset = preset.model_copy(update={"eval": preset.eval.model_copy(update={"num_prompts": self.num_texts})})
         # What 'harness run' checks of the evaluation (the key's base model reads the human texts) and, for a model,

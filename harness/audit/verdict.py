@@ -34,7 +34,8 @@ from harness.assets import models
 from harness.cell import detection, scoring
 from harness.cell.pipeline import source_spec, training_settings
 from harness.config.errors import HarnessError, first_line
-from harness.config.presets import PRESETS, PROMPTS, DataSource, Preset, get_preset
+from harness.config.presets import PRESETS, get_preset
+from harness.config.settings import PROMPTS, DataSource, Preset
 from harness.contract.method import score_texts
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store, stage_at

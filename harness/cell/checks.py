@@ -7,7 +7,7 @@ from __future__ import annotations
 from harness.assets import chat, data, models
 from harness.compute import training
 from harness.config.errors import HarnessError
-from harness.config.presets import Preset
+from harness.config.settings import Preset
 from harness.contract.attack import Attack
 from harness.contract.method import WatermarkMethod
 from harness.store import files

@@ -10,7 +10,7 @@ import logging
 from harness.cell import detection, metrics, scoring
 from harness.cell.pipeline import Pipeline
 from harness.config.errors import HarnessError
-from harness.config.presets import Preset
+from harness.config.settings import Preset
 from harness.store import files, kinds
 from harness.store.stages import Store
 

@@ -19,8 +19,8 @@ from harness.cell.utility import utility
 from harness.compute import distributed, imports, memory
 from harness.compute.generation import SAMPLER, sample, sample_plainly
 from harness.config.errors import HarnessError
-from harness.config.presets import Preset
 from harness.config.registry import attacks
+from harness.config.settings import Preset
 from harness.contract.attack import MODEL, AttackContext, Output, TextAttack
 from harness.contract.method import TrainContext
 from harness.store import files, kinds

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from harness.cell import metrics
 from harness.config.errors import HarnessError
-from harness.config.presets import Preset
+from harness.config.settings import Preset
 from harness.store import files, kinds
 from harness.store.stages import Stage, Store
 

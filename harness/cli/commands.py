@@ -125,10 +125,10 @@ def analytic_fpr_warning(cells, level: float = 0.01) -> str | None:
 def preset_settings(args) -> list[str]:
     """``--set`` items with each ``--decode KEY=VALUE``, ``--prompts`` and ``--system-prompt`` as the ``eval.KEY=VALUE``
     it sets (a setting given both ways is refused as given twice)."""
-    from harness.config import presets
     from harness.config.params import parse_assignments
+    from harness.config.settings import decode_overrides
 
-    decode = presets.decode_overrides(parse_assignments(args.decode, "decoding setting"))
+    decode = decode_overrides(parse_assignments(args.decode, "decoding setting"))
     if args.system_prompt is not None:
         decode |= {"eval.prompts": args.prompts or "chat", "eval.system_prompt": args.system_prompt}
     elif args.prompts is not None:
@@ -143,12 +143,11 @@ def cmd_run(args) -> None:
     from harness.config import presets
     from harness.config.params import parse_assignments
     from harness.config.registry import attacks, methods
+    from harness.config.settings import apply_overrides
     from harness.store.stages import Store
 
     # Validate everything cheap before any model loads.
-    preset = presets.apply_overrides(
-        presets.get_preset(args.preset), parse_assignments(preset_settings(args), "setting")
-    )
+    preset = apply_overrides(presets.get_preset(args.preset), parse_assignments(preset_settings(args), "setting"))
     method = methods.build(args.method, parse_assignments(args.method_arg, "method setting"), preset)
     attack = attacks.build(args.attack, parse_assignments(args.attack_arg, "attack setting"), preset)
     if args.then:  # a chain: --attack is its first link

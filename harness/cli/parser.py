@@ -56,7 +56,7 @@ def add_decode(parser) -> None:
 
 
 def add_prompts(parser) -> None:
-    from harness.config.presets import PROMPT_KINDS
+    from harness.config.settings import PROMPT_KINDS
 
     parser.add_argument(
         "--prompts",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from harness.compute.progress import Progress
-from harness.config.presets import EvalSettings
+from harness.config.settings import EvalSettings
 
 log = logging.getLogger(__name__)
 

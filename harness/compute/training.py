@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from harness.compute import distributed
 from harness.compute.progress import Progress
 from harness.config.errors import HarnessError
-from harness.config.presets import TrainSettings
+from harness.config.settings import TrainSettings
 
 
 def loss_step(loss_fn: Callable) -> Callable:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import Field, model_validator
 
 from harness.config.params import Params
-from harness.config.presets import DataSource
+from harness.config.settings import DataSource
 from harness.contract.plugin import ATTACK_TABLES, Plugin, Sweep, check_table_names
 from harness.store.stages import Stage
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from harness.config.errors import HarnessError
-from harness.config.presets import DataSource, TrainSettings
+from harness.config.settings import DataSource, TrainSettings
 from harness.contract.plugin import Ablation, Plugin
 
 

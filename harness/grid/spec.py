@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from harness.config import presets
 from harness.config.errors import HarnessError
+from harness.config.settings import Preset, apply_overrides, decode_overrides, prompts_overrides
 from harness.store import files
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class GridSpec(_Strict):
 class Cell:
     """One method configuration x one attack configuration on one resolved preset: one ``harness run``."""
 
-    preset: presets.Preset = field(compare=False)
+    preset: Preset = field(compare=False)
     seed: int
     method: str
     method_settings: tuple  # ((key, value), ...) over the preset's defaults, as the spec gave them
@@ -96,7 +97,7 @@ class Cell:
     where: str = field(default="", compare=False)  # ``spec:line`` of the method entry the cell comes from
 
     @classmethod
-    def make(cls, preset: presets.Preset, seed: int, method: str, ms: tuple, attack: str, ats: tuple) -> Cell:
+    def make(cls, preset: Preset, seed: int, method: str, ms: tuple, attack: str, ats: tuple) -> Cell:
         return cls(preset, seed, method, ms, attack, ats, preset.model_dump_json())
 
     def build(self):
@@ -313,7 +314,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
     except HarnessError as err:
         raise HarnessError(f"{at('preset')}: {err}") from None
     try:
-        base = presets.apply_overrides(base, _strings(spec.overrides))
+        base = apply_overrides(base, _strings(spec.overrides))
     except HarnessError as err:
         raise HarnessError(f"{at('overrides')}: {err}") from None
     seeds = spec.seeds or [base.train.seed]
@@ -321,7 +322,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
         raise HarnessError(f"{at('seeds')}: a seed is listed twice")
     for seed in seeds:  # each checked as train.seed, as --set train.seed=... would be
         try:
-            presets.apply_overrides(base, {"train.seed": str(seed)})
+            apply_overrides(base, {"train.seed": str(seed)})
         except HarnessError as err:
             raise HarnessError(f"{at('seeds')}: {err}") from None
     planned = sum(len(g.prompts) * len(g.decodings) * len(seeds) * sum(map(len, g.methods.values()))
@@ -337,7 +338,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
     waiting: list[str] = []
     for group_name, group in spec.groups.items():
         try:
-            preset = presets.apply_overrides(base, _strings(group.overrides))
+            preset = apply_overrides(base, _strings(group.overrides))
         except HarnessError as err:
             raise HarnessError(f"{at('groups', group_name, 'overrides')}: {err}") from None
         if not group.attacks:
@@ -345,14 +346,14 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
         asked = []
         for k, prompts in enumerate(group.prompts):
             try:
-                asked.append(presets.apply_overrides(preset, presets.prompts_overrides(prompts)))
+                asked.append(apply_overrides(preset, prompts_overrides(prompts)))
             except HarnessError as err:
                 raise HarnessError(f"{at('groups', group_name, 'prompts', k)}: {err}") from None
         decoded = []
         for k, decoding in enumerate(group.decodings):
             try:
-                overrides = presets.decode_overrides(_strings(decoding))
-                decoded += [presets.apply_overrides(preset, overrides) for preset in asked]
+                overrides = decode_overrides(_strings(decoding))
+                decoded += [apply_overrides(preset, overrides) for preset in asked]
             except HarnessError as err:
                 raise HarnessError(f"{at('groups', group_name, 'decodings', k)}: {err}") from None
         for preset, seed in itertools.product(decoded, seeds):
@@ -404,7 +405,7 @@ def with_choice(g: Grid, chosen: dict[str, dict]) -> Grid:
     return expand(g.spec, g.source, g.lines, chosen)
 
 
-def _sweep(spec: GridSpec, base: presets.Preset, seeds: list[int], at) -> tuple[Cell, ...]:
+def _sweep(spec: GridSpec, base: Preset, seeds: list[int], at) -> tuple[Cell, ...]:
     """The calibration's cells (``Calibration``): each swept value of each method, unaltered, for every seed; one
     setting per method and at least two values, each a valid setting of the method."""
     if spec.calibration is None:
@@ -474,7 +475,7 @@ def _thawed(settings: tuple) -> dict:
     return {k: thaw(v) for k, v in settings}
 
 
-def _plugin(kind: str, preset: presets.Preset, name: str, settings: Any, where: str):
+def _plugin(kind: str, preset: Preset, name: str, settings: Any, where: str):
     """The validated plugin ``name`` with ``settings`` over the preset's; errors name the spec's line."""
     from harness.config.registry import attacks, methods
 

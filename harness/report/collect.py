@@ -27,7 +27,7 @@ import pandas as pd
 from harness.cell import metrics
 from harness.cell.scoring import BASE_CATEGORY
 from harness.config.errors import HarnessError
-from harness.config.presets import decoding_label, documents_prompts, plain_sampling, prompts_label
+from harness.config.settings import decoding_label, documents_prompts, plain_sampling, prompts_label
 from harness.store import kinds
 from harness.store.files import read_jsonl
 from harness.store.stages import Store
@@ -211,7 +211,7 @@ def preset_settings(preset_name: str, stored: dict, name: str | None) -> dict:
     """The preset's settings for method ``name``: as the run's spec records them, or, for a method added after the
     first stored results (``Preset.hashed`` leaves its settings out of the spec, to keep hashes), as the named preset
     gives them (none for a preset this installation does not know)."""
-    from harness.config.presets import HASHED_METHOD_DEFAULTS
+    from harness.config.settings import HASHED_METHOD_DEFAULTS
 
     methods = stored.get("methods", {})
     if name is None or name in methods or name in HASHED_METHOD_DEFAULTS:

@@ -39,7 +39,7 @@ def test_llama_1b_distillation_step_in_bf16(checkpointing, green_table):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.config.presets import TrainSettings
+    from harness.config.settings import TrainSettings
     from methods.distill import logit_distill
     from methods.kgw import GreenLists, watermark_logits
 

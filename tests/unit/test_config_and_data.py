@@ -6,8 +6,9 @@ import pytest
 
 from harness.assets import data
 from harness.config.errors import HarnessError
-from harness.config.presets import PRESETS, TINY, DataSource, apply_overrides
+from harness.config.presets import PRESETS, TINY
 from harness.config.registry import attacks, methods
+from harness.config.settings import DataSource, apply_overrides
 
 
 def test_overrides_validate_and_nest():

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from harness.compute.generation import GumbelPerPrompt, sample
-from harness.config import presets
 from harness.config.errors import HarnessError
-from harness.config.presets import TINY, EvalSettings
+from harness.config.presets import TINY
+from harness.config.settings import EvalSettings, apply_overrides, decode_overrides
 
 # EvalSettings' fields before decoding settings existed: a plain run's specs hold exactly these, so no hash moves.
 PLAIN_EVAL = {"num_prompts", "prompt_tokens", "new_tokens", "temperature", "seed", "batch_size", "ppl_batch_size",
@@ -29,7 +29,7 @@ DECODINGS = [
 
 
 def decoded(**items: str) -> EvalSettings:
-    return presets.apply_overrides(TINY, presets.decode_overrides(items)).eval
+    return apply_overrides(TINY, decode_overrides(items)).eval
 
 
 def test_plain_sampling_is_recorded_as_it_always_was():

@@ -75,7 +75,7 @@ def test_fsdp1_training_is_refused_before_any_step(monkeypatch):
 
     from harness.compute.training import loss_step, train
     from harness.config.errors import HarnessError
-    from harness.config.presets import TrainSettings
+    from harness.config.settings import TrainSettings
 
     class FSDPAccelerator:
         distributed_type = DistributedType.FSDP

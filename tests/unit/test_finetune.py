@@ -173,7 +173,8 @@ def test_the_evaluations_own_texts_are_refused(random_llamas, tmp_path, small_pr
     """A dataset that holds the evaluation's documents (the same file, a folder around it, the same hub split) is one
     line before any work; another file is not."""
     from harness.cell.checks import check_held_out
-    from harness.config.presets import TINY, apply_overrides
+    from harness.config.presets import TINY
+    from harness.config.settings import apply_overrides
 
     base, _ = random_llamas
     preset = small_preset(tmp_path, base)

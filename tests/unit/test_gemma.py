@@ -201,8 +201,9 @@ def test_detect_across_families_is_refused_in_one_line(cli, tmp_path):
     """A Gemma suspect with a SmolLM2 key, and the reverse: one line, the tokenizers differ (each key trained one step
     of Gu-KGW on its family's base)."""
     from harness.cell.pipeline import Pipeline
-    from harness.config.presets import apply_overrides, get_preset
+    from harness.config.presets import get_preset
     from harness.config.registry import methods
+    from harness.config.settings import apply_overrides
     from harness.store.stages import Store
 
     store = Store(tmp_path / "runs")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.compute.generation import GumbelPerPrompt, hash32, hash32_int32, sample
-from harness.config.presets import EvalSettings
+from harness.config.settings import EvalSettings
 
 
 @pytest.mark.parametrize(("seed", "step", "temperature"), [(0, 0, 1.0), (1, 7, 0.7), (42, 199, 1.3)])

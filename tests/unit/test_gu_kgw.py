@@ -4,8 +4,8 @@ import json
 
 import torch
 
-from harness.config.presets import TrainSettings
 from harness.config.registry import methods
+from harness.config.settings import TrainSettings
 from harness.contract.method import TrainContext
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. A watermark is a hidden signal in text."] * 40

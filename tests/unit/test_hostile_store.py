@@ -38,7 +38,8 @@ def hostile(tmp_path, fake_run):
         runs.append(fake_run(store, method, {}, "slerp", {"t": 0.5}, auc - 0.25))
     runs.append(fake_run(store, "gu-kgw", {"delta": 1.0}, "none", {}, 0.83))  # not main: the other configurations
     # sampled with top-p 0.9: the decoding table and its section of the report
-    from harness.config.presets import TINY, apply_overrides
+    from harness.config.presets import TINY
+    from harness.config.settings import apply_overrides
 
     runs.append(fake_run(store, "gu-kgw", {}, "none", {}, 0.9, preset=apply_overrides(TINY, {"eval.top_p": "0.9"})))
     labels = {"gu-kgw": f"KGW{IMG}", "pro": f"PRO{SCRIPT}"}

@@ -111,6 +111,19 @@ def test_the_two_plugin_families_never_import_each_other():
     assert _modules("methods") and _modules("attacks")  # the walk saw both families
 
 
+def test_the_contract_takes_settings_types_not_the_presets():
+    """A plugin's contract names the settings it is given (``harness.config.settings``), never the presets' data
+    (tiny, smol, ...): a plugin written from outside depends on the types, not on this repository's presets."""
+    reading = {
+        (name, target)
+        for name, file in _modules("harness/contract").items()
+        for target in _imports(name, file)
+        if target == "harness.config.presets" or target.startswith("harness.config.presets.")
+    }
+    assert not reading, sorted(reading)
+    assert "harness.contract.method" in _modules("harness/contract")  # the walk saw the contract
+
+
 def test_the_repository_has_no_import_circle():
     modules = _modules("harness", *PLUGINS)
     graph = {name: {t for t in _imports(name, file) if t in modules and t != name} for name, file in modules.items()}

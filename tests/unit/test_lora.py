@@ -282,7 +282,8 @@ def test_the_preset_defaults_move_no_stored_run():
     """The presets' LoRA defaults came after their runs were stored: the preset as runs store (and hash) it leaves
     them out, and holds the fine-tuning defaults as before."""
     from harness.cell.scoring import preset_settings
-    from harness.config.presets import HASHED_ATTACK_DEFAULTS, HASHED_METHOD_DEFAULTS, PRESETS, TINY
+    from harness.config.presets import PRESETS, TINY
+    from harness.config.settings import HASHED_ATTACK_DEFAULTS, HASHED_METHOD_DEFAULTS
 
     stored = preset_settings(TINY)["attacks"]
     assert "lora" in TINY.attacks and "lora" not in stored and stored["finetune"] == TINY.attacks["finetune"]

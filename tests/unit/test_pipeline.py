@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from harness.cell.pipeline import Pipeline
-from harness.config.presets import TINY, apply_overrides
+from harness.config.presets import TINY
 from harness.config.registry import attacks, methods
+from harness.config.settings import apply_overrides
 from harness.store.files import read_jsonl
 from harness.store.stages import Store
 

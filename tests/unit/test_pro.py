@@ -10,8 +10,8 @@ import torch
 from harness.assets.encoder import Embedder, is_sentence_encoder
 from harness.assets.models import resolve
 from harness.config.errors import HarnessError
-from harness.config.presets import TrainSettings
 from harness.config.registry import methods
+from harness.config.settings import TrainSettings
 from harness.contract.method import TrainContext
 from methods.pro import PRO, PROParams
 from methods.pro_policy import (

@@ -12,9 +12,9 @@ import json
 import pytest
 
 from harness.assets import chat, data
-from harness.config import presets
 from harness.config.errors import HarnessError
-from harness.config.presets import PAPER, TINY, DataSource
+from harness.config.presets import PAPER, TINY
+from harness.config.settings import DataSource, apply_overrides
 
 # The preset's fields before code and chat data existed: every run's spec holds exactly these, so no hash moves.
 PLAIN_PRESET = {"name", "base_model", "oracle_model", "train_data", "eval_data", "train", "eval", "methods", "attacks",
@@ -22,7 +22,7 @@ PLAIN_PRESET = {"name", "base_model", "oracle_model", "train_data", "eval_data",
 
 
 def asked(**items: str):
-    return presets.apply_overrides(TINY, {f"eval.{k}": v for k, v in items.items()})
+    return apply_overrides(TINY, {f"eval.{k}": v for k, v in items.items()})
 
 
 def test_the_documents_are_asked_as_they_always_were():
@@ -101,7 +101,7 @@ def test_prompts_of_different_lengths_get_in_a_batch_what_they_get_alone(random_
 
     from harness.assets import models
     from harness.compute.generation import sample
-    from harness.config.presets import EvalSettings
+    from harness.config.settings import EvalSettings
 
     model = models.load_causal_lm(str(random_llamas[0]), "cpu")
     gen = torch.Generator().manual_seed(0)
@@ -127,22 +127,22 @@ def test_prompts_of_different_lengths_get_in_a_batch_what_they_get_alone(random_
 )
 def test_bad_prompts_settings_are_one_line(overrides, says):
     with pytest.raises(HarnessError) as err:
-        presets.apply_overrides(TINY, {k: str(v) for k, v in overrides.items()})
+        apply_overrides(TINY, {k: str(v) for k, v in overrides.items()})
     assert says in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 def test_a_preset_without_code_or_chat_data_names_the_setting(tmp_path):
     for kind in ("code", "chat"):
-        preset = presets.apply_overrides(PAPER, {"eval.prompts": kind})
+        preset = apply_overrides(PAPER, {"eval.prompts": kind})
         with pytest.raises(HarnessError, match=f"preset paper has no {kind}_data for --prompts {kind}: give one with "
                                                f"--set {kind}_data.path="):  # fmt: skip
             preset.eval_source()
     own = tmp_path / "code.jsonl"
     own.write_text(json.dumps({"text": "def f():\n    return 1\n"}) + "\n")
-    preset = presets.apply_overrides(PAPER, {"eval.prompts": "code", "code_data.path": str(own)})
+    preset = apply_overrides(PAPER, {"eval.prompts": "code", "code_data.path": str(own)})
     assert (
         preset.eval_source().path == str(own)
-        and preset.hashed() == presets.apply_overrides(PAPER, {"eval.prompts": "code"}).hashed()
+        and preset.hashed() == apply_overrides(PAPER, {"eval.prompts": "code"}).hashed()
     )  # fmt: skip  (the data a run reads is its generation's to record)
 
 
@@ -204,8 +204,8 @@ def test_runs_of_other_prompts_share_the_setup_and_only_the_prompts_table_reads_
     from harness.store.stages import Store
 
     store = Store(tmp_path / "runs")
-    code, top_p = asked(prompts="code"), presets.apply_overrides(TINY, {"eval.top_p": "0.9"})
-    chat_top_p = presets.apply_overrides(TINY, {"eval.prompts": "chat", "eval.top_p": "0.9"})
+    code, top_p = asked(prompts="code"), apply_overrides(TINY, {"eval.top_p": "0.9"})
+    chat_top_p = apply_overrides(TINY, {"eval.prompts": "chat", "eval.top_p": "0.9"})
     for preset, auc, prompts in ((TINY, 0.9, 0), (code, 0.7, 1), (top_p, 0.8, 0), (chat_top_p, 0.75, 2)):
         for method in ("gu-kgw", "pro"):
             fake_run(store, method, {}, "base", {}, 0.5, preset=preset, prompts=prompts)

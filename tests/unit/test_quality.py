@@ -9,7 +9,8 @@ import pytest
 from harness.cell.quality import ngram_share, text_quality
 from harness.cli.main import main
 from harness.config.gate import QualityGate
-from harness.config.presets import TINY, apply_overrides
+from harness.config.presets import TINY
+from harness.config.settings import apply_overrides
 from harness.report import collect, frames
 from harness.store.stages import Store
 

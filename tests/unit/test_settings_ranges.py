@@ -8,8 +8,9 @@ import pytest
 
 from harness.config.errors import HarnessError
 from harness.config.params import takes_numbers
-from harness.config.presets import TINY, EvalSettings, TrainSettings
+from harness.config.presets import TINY
 from harness.config.registry import attacks, methods
+from harness.config.settings import EvalSettings, TrainSettings
 
 # Settings that take a negative number on purpose; any other must refuse -1 (give it ``ge``/``gt`` or a validator).
 SIGNED = {

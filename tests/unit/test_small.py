@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.assets import data, small
-from harness.config.presets import DataSource
+from harness.config.settings import DataSource
 from harness.store import files
 
 

@@ -7,8 +7,9 @@ import pytest
 
 from harness.cli.main import main
 from harness.config.errors import HarnessError
-from harness.config.presets import TINY, apply_overrides
+from harness.config.presets import TINY
 from harness.config.registry import methods
+from harness.config.settings import apply_overrides
 from harness.report import collect, frames, latex, tables
 from harness.store.stages import Store
 from methods.pro import PRO
