@@ -213,7 +213,7 @@ class PRO(WatermarkMethod):
         """With FPL off in effect (``fpl`` false, or alpha or beta 0) training never reads FPL's settings: such
         configurations (the ablation's alpha = 0 and beta = 0, and ``fpl=false``) train one bit-identical student,
         once."""
-        params = self.params.model_dump()
+        params = self.hashed_params()
         params.pop("score", None)  # detection only: every score reads the same student
         if not self.params.fpl_on:
             params.update(dict.fromkeys(FPL_SETTINGS), fpl=False)

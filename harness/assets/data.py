@@ -209,6 +209,14 @@ def fingerprint(src: DataSource) -> str:
     return f"hub:{src.path}:{src.name}:{src.split}"
 
 
+def hashed_path(src: DataSource) -> str:
+    """How a stage's spec names the data of ``src``: bundled data and a hub id as written; a local file or folder by
+    what it holds (``local:<fingerprint>``), as ``models.hashed_ref`` names a local model."""
+    if src.path in BUILTIN_DATA or not Path(src.path).expanduser().exists():
+        return src.path
+    return f"local:{fingerprint(src)}"
+
+
 def token_stream(tokenizer, texts: Iterable[str], max_tokens: int | None = None, chunk: int = 256) -> list[int]:
     """Documents tokenized and joined, each followed by EOS (the usual pre-training packing), stopping once
     ``max_tokens`` are collected so that a large dataset is read only as far as training needs."""

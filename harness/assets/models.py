@@ -340,6 +340,15 @@ def fingerprint(path_or_id: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def hashed_ref(ref: str) -> str:
+    """How a stage's spec names the model ``ref``: a built-in, a package's model or a hub id as written; a local folder
+    or GGUF file by what it holds (``local:<fingerprint>``), so that one model at two paths (in two stores, on two
+    machines, a relative path from another folder) keys the same stages, and two models at one path do not."""
+    if ref.startswith(("builtin:", "package:")) or not Path(ref).expanduser().exists():
+        return ref
+    return f"local:{fingerprint(resolve(ref))}"
+
+
 def config_errors() -> tuple[type[Exception], ...]:
     """What transformers raises for a model's files it cannot read: besides OSError and ValueError, a RecursionError
     (JSON nested too deeply) and huggingface_hub's StrictDataclassError (a config field of the wrong type,

@@ -141,14 +141,16 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
     @staticmethod
     def refs(plugin, spec: dict) -> dict[str, str]:
         """Add the plugin's other models and datasets, with content fingerprints, to ``spec`` (what they hold is part
-        of what the stage means: PRO's E, a paraphraser, calibration data); return the models resolved to folders."""
+        of what the stage means: PRO's E, a paraphraser, calibration data), local ones named by content, not by path
+        (``Plugin.hashed_params``); return the models resolved to folders."""
         refs = plugin.model_refs()
         resolved = {name: models.resolve(ref) for name, ref in refs.items()}
         if resolved:
-            spec["models"] = {n: {"ref": refs[n], "fingerprint": models.fingerprint(p)} for n, p in resolved.items()}
+            spec["models"] = {n: {"ref": models.hashed_ref(refs[n]), "fingerprint": models.fingerprint(p)}
+                              for n, p in resolved.items()}  # fmt: skip
         sources = plugin.data_refs()
         if sources:
-            spec["data"] = {name: source_spec(src) for name, src in sources.items()}
+            spec["data"] = {name: {**source_spec(src), "path": data.hashed_path(src)} for name, src in sources.items()}
         return resolved
 
     @staticmethod
@@ -178,7 +180,7 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             "stage": kinds.ATTACK,
             "attack": attack.name,
             "attack_version": attack.version,
-            "params": attack.params.model_dump(),
+            "params": attack.hashed_params(),
             "input": model_id,
             "base_model": self.base["fingerprint"],
         }
@@ -227,7 +229,7 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             "stage": kinds.TEXT_ATTACK,
             "attack": attack.name,
             "attack_version": attack.version,
-            "params": attack.params.model_dump(),
+            "params": attack.hashed_params(),
             "input": generated.key,
             "similarity_model": {
                 "ref": textsim.SIMILARITY_MODEL,
@@ -342,7 +344,7 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         """``CellStages.decode``: the attack's row of the unaltered model (or of the base), and its continuations with
         the attack's processors after its watermark's."""
         out, stage = unaltered
-        spec = {"attack": attack.name, "attack_version": attack.version, "params": attack.params.model_dump(),
+        spec = {"attack": attack.name, "attack_version": attack.version, "params": attack.hashed_params(),
                 "base_model": self.base["fingerprint"]}  # fmt: skip
         if reads:
             spec["reads"] = reads

@@ -52,7 +52,7 @@ def method_info(method) -> dict:
     return {
         "name": method.name,
         "label": method.label,
-        "params": method.params.model_dump(),
+        "params": method.hashed_params(),
         "config_label": method.config_label(),
     }
 
@@ -66,7 +66,7 @@ def attack_info(attack, config_label: str | None = None, control: bool = False) 
         "name": attack.name,
         "category": attack.category,
         "label": attack.table_label(),
-        "params": attack.params.model_dump(),
+        "params": attack.hashed_params(),
         "config_label": attack.config_label() if config_label is None else config_label,
         **({"control": True} if control else {}),
     }

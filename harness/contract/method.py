@@ -252,7 +252,7 @@ class WatermarkMethod(Plugin, ABC):
     def train_params(self) -> dict:
         """The settings that decide the trained student, hashed into its train stage: two configurations that train
         the same student share one stage (the runs keep every setting). All of them unless a method says otherwise."""
-        return self.params.model_dump()
+        return self.hashed_params()
 
     def draw_key(self, out: Path, base_model: str) -> None:
         """Write into ``out`` the detection key ``train`` would write on ``base_model`` (``key.json`` and the files it

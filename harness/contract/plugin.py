@@ -43,6 +43,17 @@ class Plugin:
         into the stage hashes."""
         return {}
 
+    def hashed_params(self) -> dict:
+        """The settings as stage specs hold them (and hash them): ``params`` with each local model or data the plugin
+        reads (``model_refs``, ``data_refs``) named by what it holds (``local:<fingerprint>``) rather than by its path,
+        so that the plugin on the same files keys the same stages from any folder or store. Built-ins, packages' models
+        and hub ids stay as written (every stage stored before this keeps its hash)."""
+        from harness.assets import data, models
+
+        local = {ref: models.hashed_ref(ref) for ref in self.model_refs().values()}
+        local |= {src.path: data.hashed_path(src) for src in self.data_refs().values()}
+        return _named_by_content(self.params.model_dump(), {k: v for k, v in local.items() if k != v})
+
     def validate(self, base_model: str | None = None) -> None:
         """Deeper checks of the settings against the machine and the base model (e.g. that a model is the right kind,
         that a key covers the base model's vocabulary), run before any work; raise ``HarnessError`` with one line.
@@ -142,3 +153,15 @@ class Ablation:
 
     def __post_init__(self) -> None:
         check_table_names(f"ablation '{self.file}'", "layout", (self.layout,), ABLATION_LAYOUTS)
+
+
+def _named_by_content(value, local: dict[str, str]):
+    """``value`` (a settings dump) with every string that is a key of ``local``, alone or as an item of a
+    comma-separated list, replaced by its value."""
+    if isinstance(value, dict):
+        return {k: _named_by_content(v, local) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_named_by_content(v, local) for v in value]
+    if isinstance(value, str) and local:
+        return ",".join(local.get(part, part) for part in value.split(",")) if "," in value else local.get(value, value)
+    return value

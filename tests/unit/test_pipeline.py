@@ -302,3 +302,33 @@ def test_an_attack_writes_its_outputs_inside_its_stage(random_llamas, tmp_path):
     assert [out.path.relative_to(tmp_path / "runs").parts[-2:] for out in pipe.attack(nested, trained)] == [
         ("checkpoints", "step-9"), ("checkpoints", "step-18")
     ]  # fmt: skip
+
+
+def test_what_an_attack_reads_keys_its_runs_by_content_not_by_path(random_llamas, small_preset, tmp_path):
+    """A local model or dataset an attack reads (a merge's donor, a fine-tune's data) is named in the stage specs by
+    what it holds: the same attack on the same files keys the same runs from two stores however the files are placed
+    (copied into each store's folder), and other content at the same path keys other runs."""
+    import shutil
+
+    marked, base = random_llamas
+    preset = small_preset(tmp_path, base)
+    data = tmp_path / "instruct.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Say {i}.", "response": f"{i} " * 6}) + "\n" for i in range(40)))
+
+    def keys(folder: Path, donor_from: Path = marked) -> list[str]:
+        if not folder.exists():
+            shutil.copytree(donor_from, folder / "donor")
+            shutil.copy(data, folder / "instruct.jsonl")
+        method, pipe = methods.build("gu-kgw", {}), Pipeline(preset, Store(folder / "runs"), "cpu", plan=True)
+        merge = attacks.build("merge", {"donors": str(folder / "donor"), "method": "ties"})
+        tune = attacks.build("finetune", {"dataset": str(folder / "instruct.jsonl"), "steps": "1"})
+        return [c.run.key for attack in (merge, tune) for c in pipe.run(method, attack)]
+
+    one, two = keys(tmp_path / "one"), keys(tmp_path / "two")
+    assert one == two and len(set(one)) == 4  # (base, unaltered, merged; base, unaltered, fine-tuned)
+    (tmp_path / "one" / "instruct.jsonl").write_text(data.read_text().replace("Say 1.", "Say one."))
+    other = keys(tmp_path / "one")
+    assert other[:3] == one[:3] and other[-1] != one[-1]  # the fine-tune reads other data at the same path
+    shutil.rmtree(tmp_path / "two")
+    swapped = keys(tmp_path / "two", donor_from=base)  # another donor at the same path
+    assert swapped[2] != one[2]
