@@ -461,3 +461,43 @@ def _small_preset(folder, base, texts=None, **settings):
 def small_preset():
     """``small_preset(folder, base, texts=None, **settings)``: see ``_small_preset``."""
     return _small_preset
+
+
+INSTRUCT_PAIRS = [
+    ("Add two numbers.", "def add(a, b):\n    return a + b"),
+    ("Reverse a list.", "def rev(xs):\n    return xs[::-1]"),
+    ("Count the words of a text.", "def words(text):\n    return len(text.split())"),
+] * 10
+
+
+def _instruct_file(folder: Path) -> Path:
+    """``INSTRUCT_PAIRS`` written to ``folder/instruct.jsonl``, a ``{"prompt", "response"}`` line each: a local
+    instruction dataset for the fine-tuning attacks (full fine-tuning, LoRA); returns its path."""
+    path = folder / "instruct.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in INSTRUCT_PAIRS))
+    return path
+
+
+@pytest.fixture(scope="session")
+def instruct_pairs():
+    """``INSTRUCT_PAIRS``: the (prompt, response) pairs of ``instruct_file``, for a test's own corpus of them."""
+    return INSTRUCT_PAIRS
+
+
+@pytest.fixture(scope="session")
+def instruct_file():
+    """``instruct_file(folder)``: see ``_instruct_file``."""
+    return _instruct_file
+
+
+def _saved_weights(folder: Path) -> dict:
+    """The tensors of the model saved in ``folder`` (its one ``model.safetensors``), by name."""
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.fixture(scope="session")
+def saved_weights():
+    """``saved_weights(folder)``: see ``_saved_weights``."""
+    return _saved_weights

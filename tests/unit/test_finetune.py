@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from harness.assets.models import load_causal_lm
 from harness.cell.pipeline import Pipeline
@@ -14,24 +13,8 @@ from harness.config.registry import attacks, methods
 from harness.contract.attack import AttackContext
 from harness.store.stages import Store
 
-PAIRS = [
-    ("Add two numbers.", "def add(a, b):\n    return a + b"),
-    ("Reverse a list.", "def rev(xs):\n    return xs[::-1]"),
-    ("Count the words of a text.", "def words(text):\n    return len(text.split())"),
-] * 10
 
-
-def instruct_file(tmp_path):
-    path = tmp_path / "instruct.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in PAIRS))
-    return path
-
-
-def weights(folder):
-    return load_file(folder / "model.safetensors")
-
-
-def test_checkpoints_at_each_step_from_one_run(random_llamas, tmp_path):
+def test_checkpoints_at_each_step_from_one_run(random_llamas, tmp_path, instruct_file, saved_weights):
     marked, _ = random_llamas
     data = instruct_file(tmp_path)
     settings = {"dataset": str(data), "steps": "4,2", "lr": "1e-2", "batch_size": "2", "seq_len": "64"}
@@ -43,7 +26,8 @@ def test_checkpoints_at_each_step_from_one_run(random_llamas, tmp_path):
     report = attack.apply(marked, out, AttackContext(str(marked), "cpu"))
     assert report["steps"] == 4 and len(report["losses"]) == 4
     assert report["dataset"]["fingerprint"] and report["versions"]["transformers"]
-    before, two, four = weights(marked), weights(out / "checkpoints/step-2"), weights(out / "checkpoints/step-4")
+    before = saved_weights(marked)
+    two, four = saved_weights(out / "checkpoints/step-2"), saved_weights(out / "checkpoints/step-4")
     name = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(before[name], two[name]) and not torch.equal(two[name], four[name])
     model = load_causal_lm(str(out / "checkpoints/step-4"), "cpu")
@@ -53,14 +37,14 @@ def test_checkpoints_at_each_step_from_one_run(random_llamas, tmp_path):
     alone = tmp_path / "alone"
     alone.mkdir()
     attacks.build("finetune", {**settings, "steps": "2"}).apply(marked, alone, AttackContext(str(marked), "cpu"))
-    assert all(torch.equal(v, weights(alone / "checkpoints/step-2")[k]) for k, v in two.items())
+    assert all(torch.equal(v, saved_weights(alone / "checkpoints/step-2")[k]) for k, v in two.items())
 
 
-def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset):
+def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset, instruct_pairs, instruct_file):
     base, _ = random_llamas
     settings = {"train.steps": "2", "train.batch_size": "2", "train.seq_len": "16", "eval.num_prompts": "4",
                 "eval.prompt_tokens": "4", "eval.new_tokens": "6", "eval.batch_size": "2"}  # fmt: skip
-    preset = small_preset(tmp_path, base, [f"{p} {r}" for p, r in PAIRS], **settings)
+    preset = small_preset(tmp_path, base, [f"{p} {r}" for p, r in instruct_pairs], **settings)
     attack = attacks.build(
         "finetune", {"dataset": str(instruct_file(tmp_path)), "steps": "1,3", "batch_size": "2", "seq_len": "64"}
     )
@@ -118,7 +102,7 @@ def test_a_chat_model_is_fine_tuned_through_its_chat_template(random_llamas):
 # --- scrubbing: fine-tuning on plain human text of the evaluation's domain, never its own texts ----------------------
 
 
-def test_a_plain_text_dataset_is_trained_on_every_token(random_llamas, tmp_path):
+def test_a_plain_text_dataset_is_trained_on_every_token(random_llamas, tmp_path, instruct_pairs, saved_weights):
     """A local file of plain text (``text_field``) gives each document's tokens in windows of seq_len that overlap by
     one token, all trained on; the checkpoints move as with instruction pairs."""
     from attacks.finetune import example_stream, text_windows
@@ -126,7 +110,7 @@ def test_a_plain_text_dataset_is_trained_on_every_token(random_llamas, tmp_path)
 
     marked, _ = random_llamas
     tokenizer = load_tokenizer(str(marked))
-    text = " ".join(f"{p} {r}" for p, r in PAIRS[:3])
+    text = " ".join(f"{p} {r}" for p, r in instruct_pairs[:3])
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     windows = text_windows(tokenizer, text, 16)
     assert all(head == 0 and len(w) <= 16 for w, head in windows)
@@ -135,7 +119,7 @@ def test_a_plain_text_dataset_is_trained_on_every_token(random_llamas, tmp_path)
     assert windows[0][0] + [t for w, _ in windows[1:] for t in w[1:]] == [*bos, *ids, tokenizer.eos_token_id]
     assert len(windows) > 1 and all(len(w) == 16 for w, _ in windows[:-1])
     path = tmp_path / "human.jsonl"
-    path.write_text("".join(json.dumps({"body": f"{p} {r}"}) + "\n" for p, r in PAIRS))
+    path.write_text("".join(json.dumps({"body": f"{p} {r}"}) + "\n" for p, r in instruct_pairs))
     attack = attacks.build("finetune", {"dataset": str(path), "text_field": "body", "steps": "2", "lr": "1e-2",
                                         "batch_size": "2", "seq_len": "16"})  # fmt: skip
     assert attack.table_label() == "human (scrub)" and attack.data_refs()["finetune"].text_field == "body"
@@ -147,7 +131,7 @@ def test_a_plain_text_dataset_is_trained_on_every_token(random_llamas, tmp_path)
     report = attack.apply(marked, out, AttackContext(str(marked), "cpu"))
     assert report["loss_on"] == "every token" and report["format"].startswith("plain text")
     name = "model.layers.0.mlp.up_proj.weight"
-    assert not torch.equal(weights(marked)[name], weights(out / "checkpoints/step-2")[name])
+    assert not torch.equal(saved_weights(marked)[name], saved_weights(out / "checkpoints/step-2")[name])
 
 
 def test_the_named_human_text_sets_are_held_out_from_what_evaluations_read():
@@ -169,7 +153,7 @@ def test_the_named_human_text_sets_are_held_out_from_what_evaluations_read():
     assert train and heldout and not train & heldout
 
 
-def test_the_evaluations_own_texts_are_refused(random_llamas, tmp_path, small_preset):
+def test_the_evaluations_own_texts_are_refused(random_llamas, tmp_path, small_preset, instruct_file):
     """A dataset that holds the evaluation's documents (the same file, a folder around it, the same hub split) is one
     line before any work; another file is not."""
     from harness.cell.checks import check_held_out
@@ -200,7 +184,7 @@ def test_the_evaluations_own_texts_are_refused(random_llamas, tmp_path, small_pr
         ({"prompt_field": "q"}, None),
     ],
 )
-def test_bad_plain_text_settings_are_one_line(tmp_path, settings, message):
+def test_bad_plain_text_settings_are_one_line(tmp_path, settings, message, instruct_file):
     path = instruct_file(tmp_path)
     if message is None:  # a local file with text_field and a pair field
         settings, message = {"dataset": str(path), "text_field": "prompt", **settings}, "give one or the other"
@@ -217,9 +201,9 @@ def test_the_finetune_record_keeps_its_shape():
     assert "text_field" in attacks.build("finetune", {"dataset": "/tmp", "text_field": "t"}).params.model_dump()
 
 
-def test_the_cli_refuses_the_evaluations_own_texts(cli, tmp_path):
+def test_the_cli_refuses_the_evaluations_own_texts(cli, tmp_path, instruct_pairs):
     corpus = tmp_path / "eval.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"{p} {r}"}) + "\n" for p, r in PAIRS))
+    corpus.write_text("".join(json.dumps({"text": f"{p} {r}"}) + "\n" for p, r in instruct_pairs))
     for dry in ([], ["--dry-run"]):
         args = [
             "--attack-arg",

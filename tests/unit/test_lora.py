@@ -8,33 +8,17 @@ import re
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from attacks import lora
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks
 from harness.contract.attack import AttackContext
 
-PAIRS = [
-    ("Add two numbers.", "def add(a, b):\n    return a + b"),
-    ("Reverse a list.", "def rev(xs):\n    return xs[::-1]"),
-    ("Count the words of a text.", "def words(text):\n    return len(text.split())"),
-] * 10
 TARGETS = ("q_proj", "v_proj", "down_proj")
 
 
-def instruct_file(tmp_path):
-    path = tmp_path / "instruct.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in PAIRS))
-    return path
-
-
-def weights(folder):
-    return load_file(folder / "model.safetensors")
-
-
-def settings(tmp_path, **more):
-    return {"dataset": str(instruct_file(tmp_path)), "steps": "2,4", "lr": "5e-2", "batch_size": "2", "seq_len": "64",
+def settings(dataset, **more):
+    return {"dataset": str(dataset), "steps": "2,4", "lr": "5e-2", "batch_size": "2", "seq_len": "64",
             "rank": "3", "alpha": "6", "dropout": "0.1", "target_modules": ",".join(TARGETS), **more}  # fmt: skip
 
 
@@ -67,15 +51,18 @@ def check_release(before: dict, after: dict, rank: int) -> None:
         assert torch.linalg.matrix_rank(delta, rtol=1e-6) <= rank, name
 
 
-def test_only_the_adapters_train_and_each_checkpoint_is_them_merged(random_llamas, tmp_path, monkeypatch):
+def test_only_the_adapters_train_and_each_checkpoint_is_them_merged(
+    random_llamas, tmp_path, monkeypatch, instruct_file, saved_weights
+):
     marked, _ = random_llamas
     seen = spy_on_training(monkeypatch)
-    attack = attacks.build("lora", settings(tmp_path))
+    data = instruct_file(tmp_path)
+    attack = attacks.build("lora", settings(data))
     assert [sub for _, sub in attack.outputs()] == ["checkpoints/step-2", "checkpoints/step-4"]
     out = tmp_path / "lora"
     out.mkdir()
     report = attack.apply(marked, out, AttackContext(str(marked), "cpu"))
-    before = weights(marked)
+    before = saved_weights(marked)
 
     # Training: the adapters alone had gradients and moved; every base weight is as it was loaded.
     model, adapters = seen["model"], 0
@@ -95,7 +82,7 @@ def test_only_the_adapters_train_and_each_checkpoint_is_them_merged(random_llama
     assert report["versions"]["peft"] and len(report["losses"]) == 4
 
     # Each checkpoint: the targeted weights moved, by rank <= 3; nothing else changed.
-    two, four = weights(out / "checkpoints/step-2"), weights(out / "checkpoints/step-4")
+    two, four = saved_weights(out / "checkpoints/step-2"), saved_weights(out / "checkpoints/step-4")
     check_release(before, two, 3)
     check_release(before, four, 3)
     name = "model.layers.0.mlp.down_proj.weight"
@@ -109,11 +96,11 @@ def test_only_the_adapters_train_and_each_checkpoint_is_them_merged(random_llama
     # nothing from the training's generator).
     alone = tmp_path / "alone"
     alone.mkdir()
-    attacks.build("lora", settings(tmp_path, steps="2")).apply(marked, alone, AttackContext(str(marked), "cpu"))
-    assert all(torch.equal(v, weights(alone / "checkpoints/step-2")[k]) for k, v in two.items())
+    attacks.build("lora", settings(data, steps="2")).apply(marked, alone, AttackContext(str(marked), "cpu"))
+    assert all(torch.equal(v, saved_weights(alone / "checkpoints/step-2")[k]) for k, v in two.items())
 
 
-def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset):
+def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset, instruct_pairs, instruct_file):
     from harness.cell.pipeline import Pipeline
     from harness.config.registry import methods
     from harness.store.stages import Store
@@ -121,8 +108,8 @@ def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset):
     base, _ = random_llamas
     overrides = {"train.steps": "2", "train.batch_size": "2", "train.seq_len": "16", "eval.num_prompts": "4",
                  "eval.prompt_tokens": "4", "eval.new_tokens": "6", "eval.batch_size": "2"}  # fmt: skip
-    preset = small_preset(tmp_path, base, [f"{p} {r}" for p, r in PAIRS], **overrides)
-    attack = attacks.build("lora", settings(tmp_path, steps="1,3"), preset)
+    preset = small_preset(tmp_path, base, [f"{p} {r}" for p, r in instruct_pairs], **overrides)
+    attack = attacks.build("lora", settings(instruct_file(tmp_path), steps="1,3"), preset)
     cells = Pipeline(preset, Store(tmp_path / "runs"), "cpu").run(methods.build("gu-kgw", {}), attack)
     assert [c.row for c in cells][2:] == ["instruct, LoRA r=3 s=1", "instruct, LoRA r=3 s=3"]
     assert len(list((tmp_path / "runs" / "stages" / "attack").iterdir())) == 1  # trained once
@@ -130,7 +117,9 @@ def test_each_checkpoint_is_a_row(random_llamas, tmp_path, small_preset):
     assert "adapters merged in" in manifest["report"]["evaluated"]
 
 
-def test_qlora_trains_on_4_bits_and_merges_into_the_float_weights(random_llamas, tmp_path, monkeypatch):
+def test_qlora_trains_on_4_bits_and_merges_into_the_float_weights(
+    random_llamas, tmp_path, monkeypatch, instruct_file, saved_weights
+):
     """Where bitsandbytes' 4-bit runs (here: its CPU backend), the adapters train on an NF4 copy of the base and
     merge into the float32 input weights: outside the targeted layers every tensor is the input's, bit for bit."""
     marked, _ = random_llamas
@@ -141,7 +130,7 @@ def test_qlora_trains_on_4_bits_and_merges_into_the_float_weights(random_llamas,
     seen = spy_on_training(monkeypatch)
     out = tmp_path / "qlora"
     out.mkdir()
-    report = attacks.build("lora", settings(tmp_path, steps="2", qlora="true")).apply(
+    report = attacks.build("lora", settings(instruct_file(tmp_path), steps="2", qlora="true")).apply(
         marked, out, AttackContext(str(marked), "cpu")
     )
     import bitsandbytes
@@ -150,7 +139,7 @@ def test_qlora_trains_on_4_bits_and_merges_into_the_float_weights(random_llamas,
         seen["model"].base_model.model.model.layers[0].self_attn.q_proj.base_layer, bitsandbytes.nn.Linear4bit
     )
     assert "NF4" in report["adapters"]["base"] and report["versions"]["bitsandbytes"]
-    check_release(weights(marked), weights(out / "checkpoints/step-2"), 3)
+    check_release(saved_weights(marked), saved_weights(out / "checkpoints/step-2"), 3)
     assert "quantization_config" not in json.loads((out / "checkpoints/step-2" / "config.json").read_text())
 
 
