@@ -438,6 +438,66 @@ def runs_by_row():
     return _runs_by_row
 
 
+def _unattacked_metrics(root, **eval_settings) -> dict:
+    """``{row: metrics}`` of Gu-KGW's unwatermarked base and unaltered runs in ``root`` whose evaluation settings are
+    ``eval_settings`` for each one named (``top_p=0.9``, ``prompts="code"``; None: not set, which a run's spec leaves
+    out), so that one test's runs are told from those of the others that decode or ask otherwise."""
+
+    def at(spec: dict) -> bool:
+        stored = spec["config"]["preset"]["eval"]
+        return all(stored.get(name) == value for name, value in eval_settings.items())
+
+    return {row: m for row, (_, m) in _runs_by_row(root, "none", where=at).items()}
+
+
+@pytest.fixture(scope="session")
+def unattacked_metrics():
+    """``unattacked_metrics(root, **eval_settings)``: see ``_unattacked_metrics``."""
+    return _unattacked_metrics
+
+
+def _check_stated_rate(runs: dict, what: str) -> None:
+    """Of ``unattacked_metrics``' rows (``what``: which runs, for the messages): the unwatermarked base's texts flagged
+    at the threshold that flags 1% of the human texts are within the binomial tail of 1% (one-sided, 0.1%), and the
+    unaltered model's AUC is above the base's by more than 0.1."""
+    from scipy.stats import binom
+
+    base, unaltered = runs["Unwatermarked base"], runs["Unaltered"]
+    assert base["tpr@0.01"] * base["n_pos"] <= binom.ppf(0.999, base["n_pos"], 0.01), (what, base["tpr@0.01"])
+    assert unaltered["auc"] > base["auc"] + 0.1, (what, unaltered["auc"], base["auc"])
+
+
+@pytest.fixture(scope="session")
+def check_stated_rate():
+    """``check_stated_rate(runs, what)``: see ``_check_stated_rate``."""
+    return _check_stated_rate
+
+
+@pytest.fixture(scope="session")
+def gu_kgw_key(shared_store, harness) -> str:
+    """The Gu-KGW key of the smoke tests' shared store (its train stage's hash), trained by ``harness run --method
+    gu-kgw`` where no other test has stored it yet."""
+    out = harness("run", "--method", "gu-kgw", "--results", str(shared_store), timeout=3600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    specs = [json.loads(p.read_text()) for p in shared_store.glob("*/spec.json")]
+    return next(s["detector"]["key_from"] for s in specs if s["detector"]["method"] == "gu-kgw")
+
+
+@pytest.fixture(scope="session")
+def audit_tiny_base(shared_store, harness, gu_kgw_key):
+    """``audit_tiny_base(*args)``: the JSON report of ``harness detect`` with the shared store's Gu-KGW key on 60 texts
+    of the unwatermarked tiny base, sampled or asked as ``args`` say (``"--decode", "top_p=0.9"``)."""
+    from harness.assets.models import resolve
+
+    def audit(*args: str) -> dict:
+        out = harness("detect", "--results", str(shared_store), "--key", gu_kgw_key, "--model",
+                      resolve("builtin:tiny-lm"), *args, "--num-texts", "60", "--json", timeout=1800)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout)
+
+    return audit
+
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog and runs into the forest to find more food.",
     "Return the number of items in the list, or raise an error if it is empty; lists are ordered.",

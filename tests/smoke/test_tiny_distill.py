@@ -23,22 +23,19 @@ def test_a_distilled_student_is_scored_with_the_owners_key(shared_store, harness
     assert base["auc"] - 0.1 < student["auc"] <= unaltered["auc_ci95"][1] + 1e-9, (student["auc"], base, unaltered)
 
 
-def test_a_student_of_the_unwatermarked_base_is_not_convicted(shared_store, harness, tmp_path):
+def test_a_student_of_the_unwatermarked_base_is_not_convicted(shared_store, harness, tmp_path, gu_kgw_key):
     from harness.assets.models import resolve
     from harness.config.presets import TINY
     from harness.config.registry import attacks
     from harness.contract.attack import AttackContext
 
-    out = harness("run", "--method", "gu-kgw", "--results", str(shared_store), timeout=3600)  # (the key's training)
-    assert out.returncode == 0, out.stderr[-3000:]
-    specs = [json.loads(p.read_text()) for p in shared_store.glob("*/spec.json")]
-    key = next(s["detector"]["key_from"] for s in specs if s["detector"]["method"] == "gu-kgw")
     base = resolve("builtin:tiny-lm")
     attack = attacks.build("distill", {"texts": str(TEXTS)}, TINY)
     stage = tmp_path / "distilled"
     stage.mkdir()
     attack.apply(base, stage, AttackContext(base_model=base, device="cpu"))
-    out = harness("detect", "--results", str(shared_store), "--key", key, "--model", str(stage / f"students/n-{TEXTS}"),
+    student = stage / f"students/n-{TEXTS}"
+    out = harness("detect", "--results", str(shared_store), "--key", gu_kgw_key, "--model", str(student),
                   "--num-texts", "100", "--json", timeout=1800)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     decision = json.loads(out.stdout)["decision"]
