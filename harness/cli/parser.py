@@ -77,28 +77,81 @@ def add_device(parser, help: str) -> None:  # noqa: A002 (argparse's own name)
     parser.add_argument("--device", help=help)
 
 
-def build_parser() -> Parser:
-    from harness.config.presets import PRESETS
-    from harness.config.registry import attacks, methods
+def add_overrides(parser, help: str) -> None:  # noqa: A002 (argparse's own name)
+    """``--set SECTION.KEY=VALUE``: the preset settings a command's user overrides, repeatable."""
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides", help=help)
 
+
+def add_method_args(parser, help: str) -> None:  # noqa: A002 (argparse's own name)
+    """``--method-arg KEY=VALUE``: settings of the watermark method, repeatable."""
+    parser.add_argument("--method-arg", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def add_allow_pickle(parser, help: str) -> None:  # noqa: A002 (argparse's own name)
+    """The opt-in of the commands that load models to weights stored as pickles."""
+    parser.add_argument("--allow-pickle", action="store_true", help=help)
+
+
+def build_parser() -> Parser:
+    """``harness [-v] COMMAND ...``: each command's options come from its ``add_*_command``, in the order ``--help``
+    lists the commands."""
     parser = Parser(prog="harness", description=DOC)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    add_list_command(commands)
+    add_run_command(commands)
+    add_grid_command(commands)
+    add_tables_command(commands)
+    add_detect_command(commands)
+    add_report_command(commands)
+    add_export_command(commands)
+    add_rescore_command(commands)
+    add_doctor_command(commands)
+    return parser
 
-    sub.add_parser(
+
+def add_list_command(commands) -> None:
+    commands.add_parser(
         "list",
         help="list watermark methods, attacks and presets",
         description="List methods, attacks "
         "and presets with their settings; names marked 'planned' are not implemented yet.",
     )
 
-    run = sub.add_parser(
+
+def add_run_command(commands) -> None:
+    from harness.config.presets import PRESETS
+    from harness.config.registry import methods
+
+    run = commands.add_parser(
         "run",
         help="train (or reuse) a watermarked model, attack it, and print detection and quality metrics",
         description="Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model with "
         "the method's detector. Every stage is stored and reused on the next identical command.",
     )
     run.add_argument("--method", required=True, help=f"watermark method: {', '.join(methods.names())}")
+    add_attack_chain(run)
+    add_method_args(run, "method setting over the preset's, repeatable, e.g. --method-arg k=1")
+    run.add_argument("--preset", default="tiny", help=f"settings preset (default tiny): {', '.join(PRESETS)}")
+    run.add_argument("--base-model", help="base model: a local folder or a Hugging Face id (overrides the preset)")
+    run.add_argument("--oracle-model", help="perplexity oracle: a local folder or a Hugging Face id")
+    add_overrides(run, "override a preset setting, repeatable, e.g. --set train.steps=50")
+    add_decode(run)
+    add_prompts(run)
+    add_results(run)
+    run.add_argument(
+        "--dry-run", action="store_true", help="check the inputs and list the runs, stored or to compute; run nothing"
+    )
+    add_device(run, "torch device: cpu, cuda or cuda:N (default: $HARNESS_DEVICE, else cuda if available, else cpu)")
+    add_allow_pickle(
+        run, "also load models whose weights are pickles (pytorch_model.bin), which can run code: only ones you trust"
+    )
+
+
+def add_attack_chain(run) -> None:
+    """``run``'s attack, its settings, and the attacks chained after it (``ThenLink``)."""
+    from harness.config.registry import attacks
+
     run.add_argument("--attack", default="none", help=f"attack (default none): {', '.join(attacks.names())}")
     run.add_argument(
         "--attack-arg",
@@ -123,38 +176,10 @@ def build_parser() -> Parser:
         dest="then",
         help="a setting of the latest --then attack, repeatable",
     )
-    run.add_argument(
-        "--method-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="method setting over the preset's, repeatable, e.g. --method-arg k=1",
-    )
-    run.add_argument("--preset", default="tiny", help=f"settings preset (default tiny): {', '.join(PRESETS)}")
-    run.add_argument("--base-model", help="base model: a local folder or a Hugging Face id (overrides the preset)")
-    run.add_argument("--oracle-model", help="perplexity oracle: a local folder or a Hugging Face id")
-    run.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        dest="overrides",
-        help="override a preset setting, repeatable, e.g. --set train.steps=50",
-    )
-    add_decode(run)
-    add_prompts(run)
-    add_results(run)
-    run.add_argument(
-        "--dry-run", action="store_true", help="check the inputs and list the runs, stored or to compute; run nothing"
-    )
-    add_device(run, "torch device: cpu, cuda or cuda:N (default: $HARNESS_DEVICE, else cuda if available, else cpu)")
-    run.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="also load models whose weights are pickles (pytorch_model.bin), which can run code: only ones you trust",
-    )
 
-    grid = sub.add_parser(
+
+def add_grid_command(commands) -> None:
+    grid = commands.add_parser(
         "grid",
         help="run every cell of a grid spec (YAML) through the run store",
         description="Expand a grid spec (see grids/tiny.yaml) into method x attack cells, validate all of it, and run "
@@ -168,6 +193,13 @@ def build_parser() -> Parser:
         "--group", action="append", metavar="NAME", help="run only this group of the spec (repeat for several)"
     )
     grid.add_argument("--shard", metavar="I/N", help="run shard I of N (1 <= I <= N <= 10,000): whole trainings each")
+    add_executor_options(grid)
+    add_device(grid, "torch device for inline cells (default as for 'harness run')")
+    add_allow_pickle(grid, "as for 'harness run'")
+
+
+def add_executor_options(grid) -> None:
+    """Where ``grid`` runs its cells (here, or as submitit jobs) and what each job is given."""
     grid.add_argument(
         "--executor",
         default="inline",
@@ -182,10 +214,10 @@ def build_parser() -> Parser:
     grid.add_argument("--mem-gb", type=int, help="memory per job (GB)")
     grid.add_argument("--time-min", type=int, help="time limit per job in minutes (default 240)")
     grid.add_argument("--max-parallel", type=int, help="Slurm jobs running at once")
-    add_device(grid, "torch device for inline cells (default as for 'harness run')")
-    grid.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")
 
-    tables = sub.add_parser(
+
+def add_tables_command(commands) -> None:
+    tables = commands.add_parser(
         "tables",
         help="rebuild every table (CSV + LaTeX) and figure (PNG + PDF) of the paper from stored runs",
         description="Read every finished run in the store; load no model. A cell that is not stored is shown as "
@@ -196,7 +228,9 @@ def build_parser() -> Parser:
     tables.add_argument("--ci", action="store_true", help="add the bootstrap 95%% interval of each AUC as columns")
     tables.add_argument("--no-figures", action="store_true", help="tables only")
 
-    detect = sub.add_parser(
+
+def add_detect_command(commands) -> None:
+    detect = commands.add_parser(
         "detect",
         help="audit a suspect model (or a file of texts) against a stored watermark key: per-text scores and one "
         "decision",
@@ -204,15 +238,9 @@ def build_parser() -> Parser:
         "continue the evaluation prompts of the key's setup; texts come from a file. The decision is one p-value for "
         "all texts (the scheme's pooled test, or a calibration against human texts where it has none).",
     )
-    detect.add_argument("--key", help="the trained watermark: its train stage's hash (or a unique prefix) or folder")
-    detect.add_argument("--method", help="or: the method whose stored training with these settings holds the key")
-    detect.add_argument("--method-arg", action="append", default=[], metavar="KEY=VALUE", help="with --method")
-    suspect = detect.add_mutually_exclusive_group(required=True)
-    suspect.add_argument("--model", help="the suspect model: a local folder, a .gguf file or a Hugging Face id")
-    suspect.add_argument("--texts", type=Path, help="texts to score: .txt (one per line) or .jsonl ('text' field)")
+    add_key_and_suspect(detect)
     detect.add_argument("--preset", help="the setup (prompts, lengths; default: that of the key's stored runs)")
-    detect.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", dest="overrides",
-                        help="override a setting of the setup, as for 'harness run'")  # fmt: skip
+    add_overrides(detect, "override a setting of the setup, as for 'harness run'")
     add_decode(detect)
     add_prompts(detect)
     detect.add_argument("--num-texts", type=int, help="texts to generate (and human texts to calibrate against)")
@@ -221,9 +249,22 @@ def build_parser() -> Parser:
     detect.add_argument("--show", type=count, default=20, help="texts shown in the table (default 20)")
     add_results(detect)
     add_device(detect, "torch device (default as for 'harness run')")
-    detect.add_argument("--allow-pickle", action="store_true", help="as for 'harness run'")
+    add_allow_pickle(detect, "as for 'harness run'")
 
-    report = sub.add_parser(
+
+def add_key_and_suspect(detect) -> None:
+    """Which watermark key ``detect`` tests (its training, or the method that finds it) and what it tests: a model or
+    a file of texts, exactly one."""
+    detect.add_argument("--key", help="the trained watermark: its train stage's hash (or a unique prefix) or folder")
+    detect.add_argument("--method", help="or: the method whose stored training with these settings holds the key")
+    add_method_args(detect, "with --method")
+    suspect = detect.add_mutually_exclusive_group(required=True)
+    suspect.add_argument("--model", help="the suspect model: a local folder, a .gguf file or a Hugging Face id")
+    suspect.add_argument("--texts", type=Path, help="texts to score: .txt (one per line) or .jsonl ('text' field)")
+
+
+def add_report_command(commands) -> None:
+    report = commands.add_parser(
         "report",
         help="one self-contained HTML page of the store: heatmap, figures, tokens to detect, attribution, every run",
         description="Read every finished run in the store (no model loads) and write one HTML file that opens from "
@@ -232,7 +273,9 @@ def build_parser() -> Parser:
     add_results(report)
     report.add_argument("--out", type=Path, default=Path("results/report.html"), help="the HTML file to write")
 
-    export = sub.add_parser(
+
+def add_export_command(commands) -> None:
+    export = commands.add_parser(
         "export",
         help="copy a store's runs and attribution results, without their generated texts, into another store",
         description="Copy every finished run and attribution stage that verifies into DEST, leaving out the "
@@ -244,7 +287,9 @@ def build_parser() -> Parser:
     export.add_argument("--keep-texts", action="store_true", help="copy generations.jsonl too")
     export.add_argument("--grid", type=Path, help="only the runs this grid spec makes (its sweep and its cells)")
 
-    rescore = sub.add_parser(
+
+def add_rescore_command(commands) -> None:
+    rescore = commands.add_parser(
         "rescore",
         help="recompute stored runs' metrics from their per-text scores after the metric code changed",
         description="Bring every run whose metrics were computed by older metric code up to date from its stored "
@@ -259,9 +304,10 @@ def build_parser() -> Parser:
     )
     add_device(rescore, "torch device for --prefix-scores (default as for 'harness run')")
 
-    sub.add_parser(
+
+def add_doctor_command(commands) -> None:
+    commands.add_parser(
         "doctor",
         help="show which optional backends work on this machine (CUDA, quantization, merging, embeddings)",
         description="One table: each optional backend, whether it works here, and why not.",
     )
-    return parser
