@@ -151,6 +151,9 @@ class Chain(Attack):
     def rewrites_texts(self) -> bool:
         return any(link.rewrites_texts() for link in self.links)
 
+    def refuses(self, method) -> str | None:
+        return next((why for link in self.links if (why := link.refuses(method))), None)
+
     def validate(self, base_model: str | None = None) -> None:
         for link in self.links:
             link.validate(base_model)

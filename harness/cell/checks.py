@@ -9,7 +9,7 @@ from harness.compute import training
 from harness.config.errors import HarnessError
 from harness.config.settings import Preset
 from harness.contract.attack import Attack
-from harness.contract.method import WatermarkMethod
+from harness.contract.method import WatermarkMethod, refusal
 from harness.store import files
 
 
@@ -23,7 +23,7 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     asked = preset.eval_source()  # (the code or chat data where eval.prompts says; one line where the preset has none)
     for method in (p for p in plugins if isinstance(p, WatermarkMethod)):
         for attack in (p for p in plugins if isinstance(p, Attack)):
-            refused = method.refuses(attack)  # (a decoding-time watermark under a model attack)
+            refused = refusal(method, attack)  # (a decoding-time watermark under a model attack)
             if refused:
                 raise HarnessError(refused)
         refused = method.refuses_decoding(preset.eval.decoding())  # (settings that could not act on its texts)

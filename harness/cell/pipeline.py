@@ -20,9 +20,9 @@ from harness.compute import distributed, imports, memory
 from harness.compute.generation import SAMPLER, sample, sample_plainly
 from harness.config.errors import HarnessError
 from harness.config.registry import attacks
-from harness.config.settings import Preset
+from harness.config.settings import EvalSettings, Preset
 from harness.contract.attack import MODEL, AttackContext, Output, TextAttack
-from harness.contract.method import TrainContext
+from harness.contract.method import TrainContext, refusal
 from harness.store import files, kinds
 from harness.store.stages import EditedStage, Stage, Store
 
@@ -52,7 +52,7 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         self.store = store
         self.device = device or models.default_device()
         self.plan = plan
-        self._samplers: dict[str, tuple] = {}  # generate stage -> the decoding-time watermark it was sampled with
+        self._samplers: dict[str, tuple] = {}  # model id -> the decoding-time watermark it is sampled with
 
     def build_stage(self, stage: Stage, what: str, fn, collective: bool = False) -> bool:
         """Build ``stage`` or reuse it (returns whether it was reused); when planning, only say whether it is stored.
@@ -263,6 +263,11 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         """The base model's tokenizer: prompts, decoding, and the detectors' re-tokenization of text."""
         return models.load_tokenizer(self.base["path"])
 
+    @property
+    def evaluation(self) -> EvalSettings:
+        """``CellStages.evaluation``: the settings the cell's texts are drawn and scored under."""
+        return self.preset.eval
+
     @cached_property
     def prompts(self) -> list[dict]:
         """Evaluation prompts and human continuations; ``run`` reads them before training, so bad evaluation data
@@ -284,19 +289,15 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         name: str,
         watermark: tuple | None = None,
         decoding_with: tuple | None = None,
+        seed: int | None = None,
     ) -> Stage:
         """The model's continuations of the evaluation prompts. ``watermark``: a decoding-time watermark's ``(spec,
-        tokenizer -> logits processors)``, applied by the sampler; ``decoding_with``: an attack's ``(spec, tokenizer
-        -> logits processors)`` after the watermark's (``decode``); each recorded in the spec only where given."""
-        e = self.preset.eval
-        spec = {
-            "stage": kinds.GENERATE,
-            "model": model_id,
-            "eval_data": source_spec(self.preset.eval_source()),  # (the code or chat data where eval.prompts says)
-            "eval": e.model_dump(exclude={"ppl_batch_size", "score_on"}),  # neither changes the texts
-            "tokenizer": self.base["fingerprint"],
-            "sampler": SAMPLER,
-        }
+        tokenizer -> logits processors)``, applied by the sampler, and from then on to every draw of that model;
+        ``decoding_with``: an attack's ``(spec, tokenizer -> logits processors)`` after the watermark's (``decode``);
+        each recorded in the spec only where given. ``seed``: another draw than the evaluation's (``eval.seed``)."""
+        e = self.evaluation if seed is None else self.evaluation.model_copy(update={"seed": seed})
+        watermark = watermark or self._samplers.get(model_id)
+        spec = {**self._texts_spec(model_id, e), "sampler": SAMPLER}
         if watermark is not None:
             spec["watermark"] = watermark[0]
         if decoding_with is not None:
@@ -305,7 +306,7 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             spec["order"] = PENALTY_FIRST
         stage = self.store.stage(kinds.GENERATE, spec)
         if watermark is not None:
-            self._samplers[stage.key] = watermark  # (what ``decode`` samples the same model with)
+            self._samplers[model_id] = watermark  # (what ``decode``, ``query`` and other draws sample the model with)
 
         def build(out: Path) -> dict:
             prompts = self.prompts
@@ -321,29 +322,53 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
                 ),
                 prompt_ids,
             )
-            rows = [
-                {
-                    "i": i,
-                    "prompt_ids": p["prompt_ids"],
-                    "completion_ids": c,
-                    "human_ids": p["human_ids"],
-                    "prompt": tokenizer.decode(p["prompt_ids"], skip_special_tokens=True),
-                    "completion": tokenizer.decode(c, skip_special_tokens=True),
-                    "human": tokenizer.decode(p["human_ids"], skip_special_tokens=True),
-                }
-                for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
-            ]
-            files.write_jsonl(out / "generations.jsonl", rows)
-            return {"device": self.device, "texts": len(rows), "batch_size": used.get("batch_size")}
+            texts = _write_texts(out, tokenizer, prompts, completions)
+            return {"device": self.device, "texts": texts, "batch_size": used.get("batch_size")}
 
         self.build_stage(stage, f"generation from {name}", build, collective=True)
         return stage
+
+    def _texts_spec(self, model_id: str, e: EvalSettings) -> dict:
+        """What keys the continuations of the evaluation prompts by ``model_id`` drawn under ``e``."""
+        return {
+            "stage": kinds.GENERATE,
+            "model": model_id,
+            "eval_data": source_spec(self.preset.eval_source()),  # (the code or chat data where eval.prompts says)
+            "eval": e.model_dump(exclude={"ppl_batch_size", "score_on"}),  # neither changes the texts
+            "tokenizer": self.base["fingerprint"],
+        }
+
+    def texts(self, attack, unaltered: tuple[Output, Stage], reads: dict, make) -> tuple[Output, Stage]:
+        """``CellStages.texts``: the attack's row of the unaltered model, with continuations the attack makes itself
+        from the stages ``reads`` names."""
+        out, _ = unaltered
+        spec = self._texts_spec(out.model_id, self.evaluation)
+        spec["made_by"] = {"attack": attack.name, "attack_version": attack.version, "params": attack.hashed_params(),
+                           "reads": reads}  # fmt: skip
+        self.refs(attack, spec["made_by"])
+        stage = self.store.stage(kinds.GENERATE, spec)
+        row = Output(attack_row(attack), attack.config_label(), out.path, out.model_id, None)
+
+        def build(folder: Path) -> dict:
+            prompts = self.prompts
+            completions = make(prompts)
+            if len(completions) != len(prompts) or not all(
+                isinstance(c, list) and all(isinstance(i, int) for i in c) for c in completions
+            ):
+                raise RuntimeError(
+                    f"attack {attack.name} made {len(completions)} continuations for {len(prompts)} prompts: one list "
+                    "of token ids per prompt, in the prompts' order"
+                )
+            return {"texts": _write_texts(folder, self.tokenizer, prompts, completions)}
+
+        self.build_stage(stage, f"texts of {attack.name}", build)
+        return row, stage
 
     def decode(self, attack, unaltered: tuple[Output, Stage], processors, from_base: bool = False,
                reads: dict | None = None):  # fmt: skip
         """``CellStages.decode``: the attack's row of the unaltered model (or of the base), and its continuations with
         the attack's processors after its watermark's."""
-        out, stage = unaltered
+        out, _ = unaltered
         spec = {"attack": attack.name, "attack_version": attack.version, "params": attack.hashed_params(),
                 "base_model": self.base["fingerprint"]}  # fmt: skip
         if reads:
@@ -352,19 +377,18 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         if from_base:
             out = Output("", "", Path(self.base["path"]), f"base:{self.base['fingerprint']}", None)
         row = Output(attack_row(attack), attack.config_label(), out.path, out.model_id, None)
-        watermark = None if from_base else self._samplers.get(stage.key)
-        return row, self.generate(out.path, out.model_id, row.row, watermark,
+        return row, self.generate(out.path, out.model_id, row.row, None,
                                   (spec, lambda tokenizer: processors(tokenizer, ctx)))  # fmt: skip
 
     def query(self, unaltered: tuple[Output, Stage], prompts, new_tokens: int, seed: int, desc: str,
               from_base: bool = False):  # fmt: skip
         """``CellStages.query``: the unaltered model (or the base) sampled on an attacker's prompts, its watermark's
         processors included."""
-        out, stage = unaltered
+        out, _ = unaltered
         path = self.base["path"] if from_base else str(out.path)
         tokenizer = models.load_tokenizer(path)
         model = models.load_causal_lm(path, self.device)
-        watermark = None if from_base else self._samplers.get(stage.key)
+        watermark = None if from_base else self._samplers.get(out.model_id)
         processors = tuple(watermark[1](tokenizer)) if watermark is not None else ()
         return sample_plainly(model, prompts, new_tokens, seed, tokenizer.eos_token_id, desc, processors)
 
@@ -410,7 +434,7 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
     def run(self, method, attack) -> list[ScoredRun]:
         """Evaluate the unwatermarked base, the unaltered watermarked model and the attacked model (one table)."""
         none = attacks.build("none", {})
-        refused = method.refuses(attack)
+        refused = refusal(method, attack)
         if refused:
             raise HarnessError(refused)
         if not self.plan:
@@ -489,3 +513,22 @@ def training_settings(preset: Preset, method) -> dict:
 
 def source_spec(src) -> dict:
     return {**src.model_dump(), "fingerprint": data.fingerprint(src)}
+
+
+def _write_texts(folder: Path, tokenizer, prompts: list[dict], completions: list[list[int]]) -> int:
+    """Write the continuations ``completions`` of the evaluation ``prompts`` (token ids, with their human
+    continuations) and their decoded texts as a stage's ``generations.jsonl``; return how many."""
+    rows = [
+        {
+            "i": i,
+            "prompt_ids": p["prompt_ids"],
+            "completion_ids": c,
+            "human_ids": p["human_ids"],
+            "prompt": tokenizer.decode(p["prompt_ids"], skip_special_tokens=True),
+            "completion": tokenizer.decode(c, skip_special_tokens=True),
+            "human": tokenizer.decode(p["human_ids"], skip_special_tokens=True),
+        }
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True))
+    ]
+    files.write_jsonl(folder / "generations.jsonl", rows)
+    return len(rows)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import Field, model_validator
 
 from harness.config.params import Params
-from harness.config.settings import DataSource
+from harness.config.settings import DataSource, EvalSettings
 from harness.contract.plugin import ATTACK_TABLES, Plugin, Sweep, check_table_names
 from harness.store.stages import Stage
 
@@ -53,9 +53,33 @@ class CellStages(Protocol):
         """The texts of ``unaltered`` (an output and its generate stage) rewritten by ``attack``."""
         ...
 
-    def generate(self, model_path: str | Path, model_id: str, name: str) -> Stage:
+    @property
+    def evaluation(self) -> EvalSettings:
+        """The settings the cell's texts are drawn and scored under (``eval``: its decoding, ``new_tokens``, ``seed``,
+        the prompts' kind), read-only."""
+        ...
+
+    @property
+    def prompts(self) -> list[dict]:
+        """The evaluation prompts, in order: each a dict with ``prompt_ids`` (what the models continue) and
+        ``human_ids`` (the human continuation, the negatives), token ids of the base tokenizer."""
+        ...
+
+    def generate(self, model_path: str | Path, model_id: str, name: str, *, seed: int | None = None) -> Stage:
         """The continuations of the evaluation prompts written by the model in ``model_path`` (``model_id`` keys the
-        stage; ``name`` is the row it is for)."""
+        stage; ``name`` is the row it is for), as the model is sampled (a decoding-time watermark's processors
+        included). ``seed``: another draw per prompt than the evaluation's (``evaluation.seed``): N seeds, N samples
+        of each prompt, each a stage of its own."""
+        ...
+
+    def texts(
+        self, attack: Attack, unaltered: tuple[Output, Stage], reads: dict, make: Callable[[list[dict]], list]
+    ) -> tuple[Output, Stage]:
+        """``attack``'s row (the unaltered model's output under the attack's row name and config label) with
+        continuations the attack makes itself: ``make(prompts)`` (``prompts`` as above) returns one list of token ids
+        per prompt, in order (the best of several draws, a selection, a mixture). Stored as generations are, and keyed
+        by the model, the attack's settings and ``reads``, which must name every stage ``make`` reads (their keys), or
+        two attacks reading different stages would share one stage's texts."""
         ...
 
     def decode(
@@ -143,6 +167,12 @@ class Attack(Plugin):
         owner = f"attack class {cls.__module__}.{cls.__qualname__}"
         check_table_names(owner, "table", cls.tables, ATTACK_TABLES)
 
+    def refuses(self, method) -> str | None:
+        """Why this attack cannot act on ``method`` (a ``WatermarkMethod``; None: it can), said before any training,
+        as the method says why it refuses an attack (``WatermarkMethod.refuses``): an attack built on a scheme's keys
+        or on sampling several texts may have nothing to act on for another."""
+        return None
+
     def edits_weights(self) -> bool:
         """Whether the attack changes the model (a model attack but ``none``), rather than what it wrote."""
         return isinstance(self, ModelAttack) and not self.identity
@@ -162,7 +192,7 @@ class Attack(Plugin):
 
     def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
         """The ``(output, generations)`` pairs this attack adds to a cell beside the unaltered model, made through
-        ``pipeline`` (``CellStages``: ``attack``, ``attack_texts``, ``generate``, ``decode``) from
+        ``pipeline`` (``CellStages``: ``attack``, ``attack_texts``, ``generate``, ``decode``, ``texts``, ...) from
         ``trained`` (the watermarked model's train stage) and ``unaltered`` (the unaltered model's output and
         generations). The pipeline asks the attack rather than branching on its kind: model and text attacks say
         theirs below; a new kind of attack implements this alone."""

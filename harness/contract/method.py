@@ -266,3 +266,8 @@ class WatermarkMethod(Plugin, ABC):
         """The detector for the key that ``train`` wrote into ``key_dir`` (detection needs no watermarked model;
         ``tokenizer`` is the base model's, for schemes that read text; ``ctx`` for schemes that need more, such as a
         reference distribution)."""
+
+
+def refusal(method: WatermarkMethod, attack) -> str | None:
+    """Why ``method`` cannot be evaluated under ``attack``, said by either of them (None: it can)."""
+    return method.refuses(attack) or attack.refuses(method)

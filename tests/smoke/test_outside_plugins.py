@@ -34,6 +34,7 @@ untrained-kgw = outside_plugins:Untrained
 noise = outside_plugins:Noise
 truncate = outside_plugins:Truncate
 noise-sweep = outside_plugins:NoiseSweep
+best-of-n = outside_plugins:BestOfN
 """
 
 
@@ -58,9 +59,9 @@ def outside(tmp_path_factory, random_llamas, script):
              "train_data.path": str(corpus), "eval_data.path": str(corpus)}  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
 
-    def run(*args: str) -> subprocess.CompletedProcess:
+    def run(*args: str, code: int = 0) -> subprocess.CompletedProcess:
         out = subprocess.run([script("harness"), *args], capture_output=True, text=True, env=env, timeout=900)
-        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.returncode == code, out.stderr[-3000:]
         return out
 
     return run, root, {**paths, **SETTINGS}
@@ -69,24 +70,27 @@ def outside(tmp_path_factory, random_llamas, script):
 def test_outside_plugins_run_and_fill_the_tables(outside):
     run, root, settings = outside
     listed = {line.split()[0] for line in run("list").stdout.splitlines()[1:] if line.strip()}
-    assert {"unigram", "untrained-kgw", "noise", "truncate", "noise-sweep"} <= listed
+    assert {"unigram", "untrained-kgw", "noise", "truncate", "noise-sweep", "best-of-n"} <= listed
     store = root / "runs"
     sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
     out = run("run", "--method", "unigram", "--attack", "truncate", "--attack-arg", "keep=0.5", *sets,
               "--results", str(store))  # fmt: skip
     assert "Truncation keep=0.5" in out.stdout
+    # An outside attack refuses a method before any training (``Attack.refuses``), in one line.
+    out = run("run", "--method", "kth-decoding", "--attack", "best-of-n", *sets, "--results", str(store), code=2)
+    assert "every draw is the same text" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     spec = root / "grid.yaml"
     overrides = "".join(f"  {k}: {v}\n" for k, v in settings.items())
     groups = (
         "groups:\n  g:\n    methods: {unigram: [{}], gu-kgw: [{}], untrained-kgw: [{}]}\n"
         "    attacks: {none: [{}], noise: [{sigma: 0.05}], truncate: [{keep: 0.5}],\n"
-        "              noise-sweep: [{sigmas: [0.02, 0.05]}],\n"
+        "              noise-sweep: [{sigmas: [0.02, 0.05]}], best-of-n: [{n: 2}],\n"
         # a chain of the outside attacks: the model attack, then the text attack on what that model wrote
         "              chain: [{links: [{attack: noise, settings: {sigma: 0.05}}, {attack: truncate}]}]}\n"
     )
     spec.write_text(f"preset: tiny\noverrides:\n{overrides}{groups}")
     out = run("grid", str(spec), "--results", str(store))
-    assert "15 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
+    assert "18 cells:" in out.stdout and "0 failed" in out.stdout, out.stdout
     tables = root / "tables"
     run("tables", "--results", str(store), "--out", str(tables))
     with open(tables / "tiny" / "robustness.csv") as fh:
@@ -102,6 +106,12 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     assert not [cell for r in swept for cell in r[3:] if cell == "missing"], swept
     # its sigma = 0.05 model is the noise attack's own stage, asked for again: the two rows read the same AUC
     assert swept[1][3:] == noise[0][3:], (swept, noise)
+    # The attack that draws several samples per prompt: its row, from a stage of its own keyed by the draws it read.
+    best = [r for r in rows if r[0] == "Sampling"]
+    assert [r[1:3] for r in best] == [["Best of N", "N=2"]] and "missing" not in best[0][3:], best
+    made = [s for s in (json.loads(p.read_text()) for p in store.glob("stages/generate/*/spec.json")) if "made_by" in s]
+    assert {s["made_by"]["attack"] for s in made} == {"best-of-n"} and all(len(s["made_by"]["reads"]["draws"]) == 2
+                                                                            for s in made)  # fmt: skip
     assert not [r for r in rows if r[0] == "Editing"]  # a text attack has a table of its own, not these rows
     chained = [r for r in rows if r[0] == "Chains"]
     assert [r[1:3] for r in chained] == [["Gaussian noise → Truncation", "sigma=0.05 → keep=0.5"]], chained

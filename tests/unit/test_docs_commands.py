@@ -2,9 +2,9 @@
 READMEs) and in the grid specs' header comments parses with the CLI's own parser: a renamed or misspelt option in the
 documentation fails the suite.
 
-Command lines are those of fenced code blocks (a line, or a part of one between ``&&``, that starts with ``harness``
-or ``.../bin/harness`` after any ``VAR=value`` assignments; its ``#`` comment dropped) and a grid spec's comment
-lines that start with ``harness``. Mentions in running text (```harness run```) name a command, not a line."""
+Command lines are those of fenced shell code blocks (a line, or a part of one between ``&&``, that starts with
+``harness`` or ``.../bin/harness`` after any ``VAR=value`` assignments; its ``#`` comment dropped) and a grid spec's
+comment lines that start with ``harness``. Mentions in running text (```harness run```) name a command, not a line."""
 
 from __future__ import annotations
 
@@ -18,17 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = ["README.md", "benchmarks/README.md", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/**/*.md"))]
 DOCUMENTS += sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("results/reference/*/README.md"))
 ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
+SHELL_FENCES = ("", "sh", "bash", "console")  # the fences that hold command lines (not python, toml, yaml)
 
 
 def command_lines(text: str) -> list[tuple[int, list[str]]]:
     """``(line number, arguments after 'harness')`` of each harness command line in ``text``'s fenced code blocks."""
-    found, fenced = [], False
+    found, fenced, shell = [], False, False
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if stripped.startswith("```"):
             fenced = not fenced
+            shell = fenced and stripped[3:].strip() in SHELL_FENCES
             continue
-        if not fenced:
+        if not shell:
             continue
         for part in stripped.split("&&"):  # (the README's lines: make a venv && install && .venv/bin/harness ...)
             words = shlex.split(part, comments=True)

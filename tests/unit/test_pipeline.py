@@ -332,3 +332,39 @@ def test_what_an_attack_reads_keys_its_runs_by_content_not_by_path(random_llamas
     shutil.rmtree(tmp_path / "two")
     swapped = keys(tmp_path / "two", donor_from=base)  # another donor at the same path
     assert swapped[2] != one[2]
+
+
+def test_an_attack_draws_other_samples_of_a_model_as_it_is_sampled(random_llamas, small_preset, tmp_path):
+    """``CellStages.generate(seed=...)``: another draw per prompt is another stage, with the evaluation's settings but
+    its seed, and a decoding-time watermark's processors stay in it (the unaltered model is sampled with its key)."""
+    from harness.cell.pipeline import model_of
+
+    _, base = random_llamas
+    pipe = Pipeline(small_preset(tmp_path, base), Store(tmp_path / "runs"), "cpu", plan=True)
+    method = methods.build("kgw-decoding", {})
+    unaltered = pipe.run(method, attacks.build("none", {}))[1]
+    path, model_id = model_of(pipe.train(method))
+    draw = pipe.generate(path, model_id, "draw", seed=pipe.evaluation.seed + 1)
+    again = pipe.generate(path, model_id, "draw")
+    assert draw.spec["eval"]["seed"] == pipe.evaluation.seed + 1 and draw.key != again.key
+    assert again.spec == unaltered.run.spec["upstream"]["generate"]
+    assert draw.spec["watermark"]["method"] == "kgw-decoding"
+
+
+def test_texts_an_attack_makes_are_one_list_of_ids_per_prompt(random_llamas, small_preset, tmp_path):
+    """``CellStages.texts``: what the attack makes is stored as generations are, keyed by what it read; a wrong
+    number of continuations is the attack's error, named, and nothing is stored."""
+    from harness.contract.attack import Output
+
+    _, base = random_llamas
+    few = {"eval.num_prompts": "4", "eval.prompt_tokens": "4", "eval.new_tokens": "8"}
+    pipe = Pipeline(small_preset(tmp_path, base, **few), Store(tmp_path / "runs"), "cpu")
+    attack = attacks.build("typo", {})
+    unaltered = (Output("Unaltered", "", Path(base), "model:x", None), None)
+    row, stage = pipe.texts(attack, unaltered, {"draws": ["a"]}, lambda prompts: [[5, 6, 7] for _ in prompts])
+    rows = read_jsonl(stage.path / "generations.jsonl")
+    assert len(rows) == len(pipe.prompts) and rows[0]["completion_ids"] == [5, 6, 7] and row.model_id == "model:x"
+    assert stage.spec["made_by"]["reads"] == {"draws": ["a"]}
+    with pytest.raises(RuntimeError, match="made 1 continuations for"):
+        pipe.texts(attack, unaltered, {"draws": ["b"]}, lambda prompts: [[5]])
+    assert len(list((tmp_path / "runs" / "stages" / "generate").glob("*/DONE"))) == 1

@@ -1,11 +1,14 @@
 """Plugins written outside the harness, as a third party would: one module, registered only through the entry-point
 groups ``harness.methods`` and ``harness.attacks`` (tests/smoke/test_outside_plugins.py installs it in a folder of its
 own). Two methods (one that trains nothing), a model attack of a category the harness has never seen, a text attack,
-and an attack of a kind the harness does not define (neither a model nor a text attack), written against the
-contract's ``CellStages`` alone. It imports ``harness.contract`` and the floors below it, as a built-in plugin does."""
+and two attacks of a kind the harness does not define (neither a model nor a text attack: a sweep of noised models,
+and the best of several samples per prompt), written against the contract's ``CellStages`` alone. It imports
+``harness.contract`` and the floors below it, as a built-in plugin does."""
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +26,8 @@ from harness.contract.attack import (
     Output,
     TextAttack,
 )
-from harness.contract.method import TrainContext, save_trained
+from harness.contract.method import DetectContext, Detector, TrainContext, WatermarkMethod, read_key, save_trained
+from harness.store.files import read_jsonl
 from harness.store.stages import Stage
 from methods.gu_kgw import GuKGW, GuKGWParams
 
@@ -38,23 +42,72 @@ class Unigram(GuKGW):
     Params = UnigramParams
 
 
-class Untrained(GuKGW):
-    """A method that trains nothing: its released model is the base as it is, beside a KGW key (a control, whose key
-    finds nothing to detect). To the pipeline a training-free method (GaussMark's keyed noise, say) is this: a train
-    stage that writes a model and a key without an optimiser step."""
+class UntrainedParams(Params):
+    gamma: float = Field(0.25, gt=0, lt=1)  # the share of the vocabulary on the green list
+    seed: int = 0  # the key: which tokens are green
+
+
+class GreenShare(Detector):
+    """A unigram green list's detector: each text's green share among its distinct tokens against gamma, a one-sided
+    binomial test (a repeated token is one draw of the key, so it counts once), and the same over all texts. The score
+    over each prefix of a text (``prefix_scores``) puts the method in the tokens-to-detect table."""
+
+    def __init__(self, green: set[int], gamma: float):
+        self.green, self.gamma = green, gamma
+
+    def _z(self, hits: int, n: int) -> float:
+        return (hits - self.gamma * n) / math.sqrt(max(n, 1) * self.gamma * (1 - self.gamma))
+
+    def _p(self, hits: int, n: int) -> float:
+        from scipy.stats import binom
+
+        return float(binom.sf(hits - 1, n, self.gamma)) if n else 1.0
+
+    def score(self, sequences: list[list[int]], prompts: list[list[int]] | None = None) -> list[dict]:
+        found = []
+        for ids in sequences:
+            seen, hits, prefix = set(), 0, []
+            for token in ids:
+                if token not in seen:
+                    seen.add(token)
+                    hits += token in self.green
+                prefix.append(self._z(hits, len(seen)))
+            found.append({"score": self._z(hits, len(seen)), "p_value": self._p(hits, len(seen)),
+                          "prefix_scores": prefix})  # fmt: skip
+        return found
+
+    def pool(self, sequences: list[list[int]], scores: list[dict]) -> dict:
+        tokens = {token for ids in sequences for token in ids}
+        hits = len(tokens & self.green)
+        return {"p_value": self._p(hits, len(tokens)), "statistic": hits, "test": "binomial, distinct tokens",
+                "tokens": len(tokens)}  # fmt: skip
+
+
+class Untrained(WatermarkMethod):
+    """A method that trains nothing, from the contract alone: its released model is the base as it is, beside a key
+    of its own (a unigram green list drawn from a seed) that its own detector reads (a control: the key finds nothing
+    to detect). To the pipeline a training-free method (GaussMark's keyed noise, say) is this: a train stage that
+    writes a model and a key without an optimiser step."""
 
     name = "untrained-kgw"
     label = "Untrained KGW"
+    Params = UntrainedParams
+    detector_has_null = True  # (``pool`` is a test with its own null: ``harness detect`` decides by it)
+
+    def config_label(self) -> str:
+        return f"gamma={self.params.gamma:g}, seed={self.params.seed}"
 
     def train(self, ctx: TrainContext, out: Path) -> dict:
         tokenizer = models.load_tokenizer(ctx.base_model)
-        key = {
-            "method": self.name,
-            "detector": self.key(tokenizer, self.params.detector_drop_special).to_dict(),
-            "ignore_repeated_ngrams": self.params.ignore_repeated_ngrams,
-        }
+        key = {"method": self.name, "gamma": self.params.gamma, "seed": self.params.seed, "vocab": len(tokenizer)}
         save_trained(out, models.load_trainable(ctx.base_model, ctx.device), tokenizer, key)
         return {"steps": 0}
+
+    def detector(self, key_dir: Path, tokenizer, ctx: DetectContext | None = None) -> Detector:
+        key = read_key(key_dir)
+        vocab = list(range(key["vocab"]))
+        green = set(random.Random(key["seed"]).sample(vocab, round(key["gamma"] * len(vocab))))
+        return GreenShare(green, key["gamma"])
 
 
 class NoiseParams(Params):
@@ -131,3 +184,41 @@ class NoiseSweep(Attack):
                 named = replace(out, row=f"{self.table_label()} {label}", config_label=label)
                 rows.append((named, pipeline.generate(named.path, named.model_id, named.row)))
         return rows
+
+
+class BestOfNParams(Params):
+    n: int = Field(3, ge=2, le=16)  # samples drawn per prompt
+
+
+class BestOfN(Attack):
+    """A kind of attack of its own that samples the watermarked model several times per prompt and keeps, for each
+    prompt, the draw with the most distinct tokens: its N draws are ``CellStages.generate`` with N other seeds, and
+    what it keeps is a stage of its own (``CellStages.texts``), keyed by the draws it read."""
+
+    name = "best-of-n"
+    category = "Sampling"
+    label = "Best of N"
+    Params = BestOfNParams
+
+    def config_label(self) -> str:
+        return f"N={self.params.n}"
+
+    def refuses(self, method) -> str | None:
+        # A method whose texts no sampling setting moves (kth- and aar-decoding choose each token from their key)
+        # writes the same text at every seed: N draws would be one.
+        if method.refuses_decoding({"temperature": 2.0}) is not None:
+            return f"{self.name}: {method.name} chooses each token from its key, so every draw is the same text"
+        return None
+
+    def evaluated(self, pipeline: CellStages, trained: Stage, unaltered: tuple[Output, Stage]) -> Evaluated:
+        out, _ = unaltered
+        first = pipeline.evaluation.seed + 1  # (the evaluation's own draw is the unaltered row)
+        draws = [pipeline.generate(out.path, out.model_id, f"{self.label} draw {i + 1}", seed=first + i)
+                 for i in range(self.params.n)]  # fmt: skip
+
+        def most_varied(prompts: list[dict]) -> list[list[int]]:
+            drawn = [read_jsonl(stage.path / "generations.jsonl") for stage in draws]
+            return [max((rows[i]["completion_ids"] for rows in drawn), key=lambda ids: len(set(ids)))
+                    for i in range(len(prompts))]  # fmt: skip
+
+        return [pipeline.texts(self, unaltered, {"draws": [stage.key for stage in draws]}, most_varied)]
