@@ -11,7 +11,7 @@ from typing import ClassVar, Protocol
 
 from harness.config.errors import HarnessError
 from harness.config.settings import DataSource, TrainSettings
-from harness.contract.plugin import Ablation, Plugin
+from harness.contract.plugin import Ablation, Column, Plugin
 
 
 class MethodStages(Protocol):
@@ -190,6 +190,8 @@ class WatermarkMethod(Plugin, ABC):
     # tab:ft_steps compares the featured method with the best other one at every fine-tuning step.
     featured: ClassVar[bool] = False
     ablations: ClassVar[tuple[Ablation, ...]] = ()  # tables of its configurations that differ in one setting alone
+    # Columns of its own in runs.csv: the mean over each run's generated texts of a field its detector writes.
+    columns: ClassVar[tuple[Column, ...]] = ()
     # Whether its detector's ``pool`` is a test with a null distribution of its own (KGW, KTH); False: ``harness
     # detect`` calibrates the scores against the unwatermarked base model's own continuations instead.
     detector_has_null: ClassVar[bool] = False

@@ -137,6 +137,20 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class Column:
+    """A column a method adds to ``runs.csv`` (``WatermarkMethod.columns``), named ``<method>.<field>``: for each of
+    its runs, the mean over the generated texts of a number its detector writes into every text's scores
+    (``Detector.score``'s dicts, kept in the run's ``scores.jsonl``, so exported runs give it too)."""
+
+    field: str
+    description: str = ""  # what the number is, for the reader of runs.csv (``harness tables`` logs it)
+
+    def __post_init__(self) -> None:
+        if not self.field.isidentifier():
+            raise TypeError(f"a Column's field is a name of the detector's output, not {self.field!r}")
+
+
+@dataclass(frozen=True)
 class Ablation:
     """A table of one method's configurations that differ from its main one (the preset's) in one of ``settings``
     alone, laid out as one of ``ABLATION_LAYOUTS`` (a horizontal one has the AUC ``under`` an attack with given

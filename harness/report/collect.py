@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from harness.cell import metrics
@@ -88,8 +89,27 @@ def collect(store: Store) -> pd.DataFrame:
     df["main_method"] = _main_settings(df)
     df = against_base(df, store)
     df["calibrated"] = calibrated(df, store)
+    df = plugin_columns(df, store)
     order = ["setup", "method", "method_config", "category", "attack", "prompts", "decoding", "run"]
     return df.sort_values(order).reset_index(drop=True)
+
+
+def plugin_columns(df: pd.DataFrame, store: Store) -> pd.DataFrame:
+    """The columns methods declare (``WatermarkMethod.columns``), ``<method>.<field>``: for each run of the method,
+    the mean of the field over its generated texts (empty where no text has it); no column for a method that declares
+    none, so a store of other methods' runs gives the runs.csv it always did."""
+    for name in sorted(df["method_name"].dropna().unique()):
+        mine = df["method_name"] == name
+        for column in getattr(plugin_class("method", name), "columns", ()):
+            log.info("runs.csv: %s.%s: %s", name, column.field, column.description or "(declared by the method)")
+            means, named = [], f"{name}.{column.field}"
+            for run in df.loc[mine, "run"]:
+                values = [s[column.field] for s in scores(store, run) if s.get("label") == 1 and
+                          isinstance(s.get(column.field), int | float)]  # fmt: skip
+                means.append(float(np.mean(values)) if values else np.nan)
+            df[named] = df[named] if named in df else np.nan
+            df.loc[mine, named] = means
+    return df
 
 
 def calibrated(df: pd.DataFrame, store: Store) -> pd.Series:

@@ -121,7 +121,12 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     assert own[("keep=0.5", "AUC")].notna().all()
     tex = (tables / "tiny" / "truncate.tex").read_text()
     assert "AUC under truncation of each text" in tex and "Truncation (keep=0.5)" in tex
-    # The method that trains nothing: its rows in tokens to detect and the report, and its key in harness detect.
+    # The method that trains nothing: its column of its own in runs.csv, its rows in tokens to detect and the report,
+    # and its key in harness detect.
+    runs = pd.read_csv(tables / "runs.csv", na_values=["missing"])  # (how the tables write an empty cell)
+    green = runs.loc[runs["method_name"] == "untrained-kgw", "untrained-kgw.green"]
+    assert len(green) and green.notna().all() and (green > 0).all(), green
+    assert runs.loc[runs["method_name"] != "untrained-kgw", "untrained-kgw.green"].isna().all()
     tokens = pd.read_csv(tables / "tiny" / "tokens_to_detect.csv")
     assert "Untrained KGW" in set(tokens["method"]), tokens["method"].unique()
     page = root / "report.html"

@@ -27,6 +27,7 @@ from harness.contract.attack import (
     TextAttack,
 )
 from harness.contract.method import DetectContext, Detector, TrainContext, WatermarkMethod, read_key, save_trained
+from harness.contract.plugin import Column
 from harness.store.files import read_jsonl
 from harness.store.stages import Stage
 from methods.gu_kgw import GuKGW, GuKGWParams
@@ -72,7 +73,7 @@ class GreenShare(Detector):
                     seen.add(token)
                     hits += token in self.green
                 prefix.append(self._z(hits, len(seen)))
-            found.append({"score": self._z(hits, len(seen)), "p_value": self._p(hits, len(seen)),
+            found.append({"score": self._z(hits, len(seen)), "p_value": self._p(hits, len(seen)), "green": hits,
                           "prefix_scores": prefix})  # fmt: skip
         return found
 
@@ -93,6 +94,7 @@ class Untrained(WatermarkMethod):
     label = "Untrained KGW"
     Params = UntrainedParams
     detector_has_null = True  # (``pool`` is a test with its own null: ``harness detect`` decides by it)
+    columns = (Column("green", "distinct green tokens per generated text"),)  # runs.csv: untrained-kgw.green
 
     def config_label(self) -> str:
         return f"gamma={self.params.gamma:g}, seed={self.params.seed}"
