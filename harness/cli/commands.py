@@ -404,12 +404,12 @@ def grid_runs(path: Path, results: Path) -> set[str]:
     from harness.store.stages import Store
 
     spec = grid.load(path)
-    cells, keys = list(spec.sweep), set()
+    keys: set[str] = set()
     if spec.sweep:  # its calibration stages too: the matched tables read them
-        keys |= {stage.key for stage in (calibration.stages(spec, results, build=False) or {}).values()}
-        chosen = calibration.stored_choice(spec, results)
-        spec = grid.with_choice(spec, chosen) if chosen is not None else None
-    cells += list(spec.cells) if spec is not None else []
+        found, keys = calibration.stored(spec, results)
+        keys |= {stage.key for stage in (found or {}).values()}
+        spec = grid.with_choice(spec, calibration.chosen_settings(found)) if found is not None else None
+    cells = list(spec.cells) if spec is not None else []
     store = Store(results)
     return keys | {c.run.key for cell in cells for c in Pipeline(cell.preset, store, plan=True).run(*cell.build())}
 

@@ -29,17 +29,36 @@ def stages(grid: Grid, results: Path, device: str | None = None, build: bool = T
     """Method -> its calibration stage, made here from the sweep's stored runs where not stored yet: one line naming
     a sweep cell that has not run, or a method none of whose swept values meets the rule. ``build=False`` (a dry
     run's view) builds nothing and returns None unless every run and stage is stored."""
+    return _stages(grid, Store(results), device, build, {})
+
+
+def stored(grid: Grid, results: Path) -> tuple[dict[str, Stage] | None, set[str]]:
+    """What ``harness export --grid`` copies of the calibration, building nothing: its stages as
+    ``stages(build=False)`` finds them (None unless all are stored), and the hashes of every run its sweep cells
+    make, each cell planned once (the stages' own planning, then the cells it did not reach)."""
+    from harness.cell.pipeline import Pipeline
+
+    store, planned = Store(results), {}
+    found = _stages(grid, store, None, False, planned)
+    for cell in grid.sweep:
+        if cell not in planned:
+            planned[cell] = Pipeline(cell.preset, store, plan=True).run(*cell.build())
+    return found, {c.run.key for done in planned.values() for c in done}
+
+
+def _stages(grid: Grid, store: Store, device: str | None, build: bool, planned: dict) -> dict[str, Stage] | None:
+    """``stages``, with each sweep cell's planned runs also kept in ``planned`` (cell -> its runs)."""
     from harness.cell.pipeline import Pipeline
     from harness.store.files import read_jsonl
 
-    store, rule = Store(results), grid.spec.calibration
+    rule = grid.spec.calibration
     out: dict[str, Stage] = {}
     for method, settings in rule.sweep.items():
         ((setting, values),) = settings.items()
         cells = [c for c in grid.sweep if c.method == method]
         measured = []
         for cell in cells:
-            done = Pipeline(cell.preset, store, device, plan=True).run(*cell.build())
+            done = planned[cell] = Pipeline(cell.preset, store, device, plan=True).run(*cell.build())
             if not all(c.reused for c in done):
                 if not build:
                     return None

@@ -175,3 +175,48 @@ def test_export_of_a_grid_copies_its_runs_alone(random_llamas, tmp_path, small_p
     copied = {p.parent.name for p in (tmp_path / "out").glob("*/DONE")}
     assert copied == kept and len(kept) == 2 and other and not copied & other
     assert "exported 2 runs" in out.stdout
+
+
+def test_export_of_a_calibrated_grid_copies_its_sweep_choice_and_cells(random_llamas, tmp_path, small_preset, cli):
+    """``--grid`` with a calibration section: before the choice is stored, the sweep's stored runs alone (the count
+    names the rest); once the grid has run, its sweep's runs, its calibration stage and its chosen cells' runs, and
+    no other run of the store."""
+    from harness.cell.pipeline import Pipeline
+    from harness.config.registry import attacks, methods
+    from harness.grid import spec as grid
+    from harness.store import kinds
+
+    base, _ = random_llamas
+    settings = {"eval.num_prompts": "3", "eval.prompt_tokens": "4", "eval.new_tokens": "6", "eval.batch_size": "3",
+                "quality_gate.ppl_ratio": "[0.01, 100]", "quality_gate.rep3_floor": "0.99"}  # fmt: skip
+    small_preset(tmp_path, base)  # (writes the corpus)
+    overrides = {"base_model": str(base), "oracle_model": str(base), "train_data.path": str(tmp_path / "corpus.jsonl"),
+                 "eval_data.path": str(tmp_path / "corpus.jsonl"), **settings}  # fmt: skip
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(json.dumps({
+        "preset": "tiny", "overrides": overrides,
+        "calibration": {"ppl_ratio_max": 50, "sweep": {"kgw-decoding": {"delta": [1, 4]}}},
+        "groups": {"matched": {"methods": {"kgw-decoding": ["calibrated"]}, "attacks": {"lowercase": [{}]}}},
+    }))  # fmt: skip
+    g = grid.load(spec)
+    store = Store(tmp_path / "runs")
+    pipe = Pipeline(g.sweep[0].preset, store, "cpu")
+    first = {c.run.key for c in pipe.run(*g.sweep[0].build())}
+    other = {c.run.key for c in pipe.run(methods.build("kgw-decoding", {"delta": 2}), attacks.build("none", {}))}
+    other -= first
+
+    def exported(folder) -> tuple[set[str], str]:
+        out = cli("export", "--grid", str(spec), "--results", str(store.root), str(tmp_path / folder))
+        assert out.returncode == 0, out.stderr
+        return {stage.key for stage in Store(tmp_path / folder).finished()}, out.stdout
+
+    copied, said = exported("partial")  # one sweep cell of two stored: no choice yet
+    assert copied == first and len(first) == 2 and other
+    assert "exported 2 runs" in said and "! 2 of the grid's 4 runs are not stored" in said
+
+    assert cli("grid", str(spec), "--results", str(store.root)).returncode == 0
+    calibrations = {s.key for s in store.finished() if s.kind == kinds.CALIBRATION}
+    stored = {p.name for p in store.runs()} | calibrations
+    copied, said = exported("whole")
+    assert copied == stored - other and first < copied and len(calibrations) == 1 and calibrations < copied
+    assert f"exported {len(copied)} runs" in said and "not stored" not in said
