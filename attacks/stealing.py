@@ -101,30 +101,65 @@ def estimate_boosts(watermarked: list[list[int]], reference: list[list[int]], vo
 
 class StolenBoosts:
     """A logits processor adding ``scale * s(c, t)`` to the scores of the tokens ``t`` estimated after the last token
-    ``c`` of each row."""
+    ``c`` of each row (``along``: after every token of a sequence but its last, in one pass)."""
 
     def __init__(self, estimate: dict, scale: float):
         import numpy as np
         import torch
 
-        contexts = np.asarray(estimate["contexts"])
-        self.starts = {int(c): i for i, c in reversed(list(enumerate(contexts)))}
-        self.ends = {int(c): i + 1 for i, c in enumerate(contexts)}
+        contexts = np.asarray(estimate["contexts"], np.int64)
+        # Each context's pairs are the slice from its first to its last entry (the estimate is sorted by context).
+        keys, first = np.unique(contexts, return_index=True)
+        last = len(contexts) - 1 - np.unique(contexts[::-1], return_index=True)[1]
+        self.slices = tuple(torch.as_tensor(a, dtype=torch.long) for a in (keys, first, last + 1))
         self.tokens = torch.as_tensor(np.asarray(estimate["tokens"]), dtype=torch.long)
         self.values = torch.as_tensor(np.asarray(estimate["scores"]), dtype=torch.float32) * scale
+        self._on: dict = {}  # device -> the tables there
 
     def __call__(self, input_ids, scores):
+        import torch
+
         if not len(self.tokens):
             return scores
-        out = scores.clone()
-        for row, context in enumerate(input_ids[:, -1].tolist()):
-            start = self.starts.get(context)
-            if start is None:
-                continue
-            tokens, values = self.tokens[start : self.ends[context]], self.values[start : self.ends[context]]
-            inside = tokens < out.shape[-1]
-            out[row, tokens[inside].to(out.device)] += values[inside].to(out.device, out.dtype)
+        out = scores.clone(memory_format=torch.contiguous_format)
+        self._add(out, torch.arange(len(out), device=out.device), input_ids[:, -1])
         return out
+
+    def along(self, ids, scores):
+        """``scores`` (batch, positions, vocabulary) with the boosts after each position's token ``ids[:, t]`` added
+        to its scores, the last position's left as they are: a copy, the processor applied to every prefix at once."""
+        import torch
+
+        out = scores.clone(memory_format=torch.contiguous_format)
+        batch, length = ids.shape
+        if not len(self.tokens) or length < 2:
+            return out
+        rows = torch.arange(batch, device=out.device)[:, None] * length + torch.arange(length - 1, device=out.device)
+        self._add(out, rows.reshape(-1), ids[:, :-1].reshape(-1))
+        return out
+
+    def _add(self, out, rows, contexts) -> None:
+        """Add to each row ``rows[i]`` of ``out`` (contiguous, rows of the vocabulary) the boosts after
+        ``contexts[i]``: those of its tokens inside the vocabulary, a context never estimated none."""
+        import torch
+
+        if out.device not in self._on:
+            self._on[out.device] = tuple(t.to(out.device) for t in (*self.slices, self.tokens, self.values))
+        keys, first, end, tokens, values = self._on[out.device]
+        contexts = contexts.to(out.device, torch.long).contiguous()
+        at = torch.searchsorted(keys, contexts).clamp(max=len(keys) - 1)
+        hit = keys[at] == contexts
+        rows, at = rows[hit], at[hit]
+        counts = end[at] - first[at]
+        total = int(counts.sum())
+        # One entry per (row, boosted token), rows in order: the k-th of a row's is its context's first entry + k.
+        before = torch.cumsum(counts, 0) - counts  # the row's first place among all entries
+        entries = torch.arange(total, device=out.device)
+        entries += torch.repeat_interleave(first[at] - before, counts, output_size=total)
+        rows, tokens = torch.repeat_interleave(rows, counts, output_size=total), tokens[entries]
+        inside = tokens < out.shape[-1]
+        flat = out.view(-1)  # (an estimate's pairs are distinct: one float32 addition per boosted score, as before)
+        flat[rows[inside] * out.shape[-1] + tokens[inside]] += values[entries[inside]].to(out.dtype)
 
 
 class Stealing(Attack):
@@ -331,9 +366,7 @@ def scrub_by_finetuning(model_dir, estimate_dir, out_dir, p: FineTuneScrubParams
         ids, labels, attention = batch.unbind(1)
         with torch.no_grad():
             logits = teacher.to(ids.device)(input_ids=ids, attention_mask=attention).logits.float()
-            target = logits.clone()
-            for t in range(ids.shape[1] - 1):  # the boosts after each position's token, taken off the teacher's
-                target[:, t] = boosts(ids[:, : t + 1], target[:, t])
+            target = boosts.along(ids, logits)  # the boosts after each position's token, taken off the teacher's
             target = torch.log_softmax(target, dim=-1)
         log_p = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float(), dim=-1)
         trained = (labels[:, 1:] != -100).unsqueeze(-1)  # position t predicts token t + 1: the completion's

@@ -171,3 +171,99 @@ def test_spoofs_of_two_watermarks_are_two_stages(random_llamas, tmp_path, small_
         (row,) = [c for c in pipe.run(methods.build("kgw-decoding", {"delta": delta}), spoof) if "spoof" in c.row]
         generated.add(row.run.spec["upstream"]["generate"]["decoding_with"]["reads"]["estimate"])
     assert len(generated) == 2 and len(list((store.root / "stages" / "steal").iterdir())) == 2
+
+
+class LoopBoosts:
+    """The processor as it was written, a row at a time: the reference ``StolenBoosts`` must match."""
+
+    def __init__(self, estimate: dict, scale: float):
+        import torch
+
+        contexts = np.asarray(estimate["contexts"])
+        self.starts = {int(c): i for i, c in reversed(list(enumerate(contexts)))}
+        self.ends = {int(c): i + 1 for i, c in enumerate(contexts)}
+        self.tokens = torch.as_tensor(np.asarray(estimate["tokens"]), dtype=torch.long)
+        self.values = torch.as_tensor(np.asarray(estimate["scores"]), dtype=torch.float32) * scale
+
+    def __call__(self, input_ids, scores):
+        if not len(self.tokens):
+            return scores
+        out = scores.clone()
+        for row, context in enumerate(input_ids[:, -1].tolist()):
+            start = self.starts.get(context)
+            if start is None:
+                continue
+            tokens, values = self.tokens[start : self.ends[context]], self.values[start : self.ends[context]]
+            inside = tokens < out.shape[-1]
+            out[row, tokens[inside].to(out.device)] += values[inside].to(out.device, out.dtype)
+        return out
+
+
+def loop_target(boosts, ids, logits):
+    """The fine-tuning scrub's target as it was built: the processor applied at each position but the last."""
+    target = logits.clone()
+    for t in range(ids.shape[1] - 1):
+        target[:, t] = boosts(ids[:, : t + 1], target[:, t])
+    return target
+
+
+def random_estimate(rng, vocab: int, texts: int = 60) -> dict:
+    """An estimate as the attack makes one (sorted by context, one entry per pair), from random texts over a skewed
+    vocabulary so that contexts have several boosted tokens."""
+    from attacks.stealing import estimate_boosts
+
+    p = rng.dirichlet(np.full(vocab, 0.3))
+    marked = [rng.choice(vocab, size=20, p=p).tolist() for _ in range(texts)]
+    reference = [rng.choice(vocab, size=20).tolist() for _ in range(texts)]
+    return estimate_boosts(marked, reference, vocab, min_count=1)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 2), (3, 1), (4, 7), (5, 16), (2, 33)])
+@pytest.mark.parametrize("width", [0, 5])  # logits as wide as the estimate's vocabulary, or wider
+def test_the_target_of_every_position_is_the_processor_at_each_prefix(shape, width):
+    """``StolenBoosts.along`` (every position at once) and its processor call give, bit for bit, what the processor
+    written a row at a time gave at each prefix: the same single float32 addition per boosted score. The ids include
+    contexts never estimated (ids past the estimate's vocabulary, and padding), the first position of each sequence,
+    and the last (never boosted); some estimated tokens lie past narrower logits (left out)."""
+    import torch
+
+    from attacks.stealing import StolenBoosts
+
+    rng = np.random.default_rng(shape[0] * 100 + shape[1] + width)
+    vocab = 40
+    estimate = random_estimate(rng, vocab)
+    assert len(estimate["scores"]) > 20 and len(set(estimate["contexts"].tolist())) > 5
+    batch, length = shape
+    ids = torch.as_tensor(rng.integers(0, vocab + 10, size=shape), dtype=torch.long)  # 10 ids never estimated
+    ids[0, length // 2 :] = 0  # padding (id 0: estimated or not, it is boosted as any id, as before)
+    ids[-1, 0] = int(np.bincount(estimate["contexts"]).argmax())  # a sequence's start, on an estimated context
+    for logits_width in (vocab + width, vocab - 8):
+        logits = torch.as_tensor(rng.normal(size=(batch, length, logits_width)), dtype=torch.float32)
+        for scale in (-4.0, 2.5):
+            new, old = StolenBoosts(estimate, scale), LoopBoosts(estimate, scale)
+            target = new.along(ids, logits)
+            assert torch.equal(target, loop_target(old, ids, logits))
+            assert torch.equal(target[:, -1], logits[:, -1]) and (length == 1 or not torch.equal(target, logits))
+            for t in range(length):
+                prefix = ids[:, : t + 1]
+                assert torch.equal(new(prefix, logits[:, t]), old(prefix, logits[:, t]))
+            half = logits[:, -1].to(torch.bfloat16)  # a processor's scores in the model's dtype
+            assert torch.equal(new(ids, half), old(ids, half))
+
+
+def test_a_target_with_no_estimate_or_no_estimated_context_is_the_teacher():
+    import torch
+
+    from attacks.stealing import StolenBoosts
+
+    logits = torch.randn(3, 6, 12)
+    ids = torch.randint(0, 12, (3, 6))
+    for none in (ids[:, :0], ids[:, :1]):  # no position, one: nothing boosted
+        some = {"contexts": np.arange(12), "tokens": np.arange(12), "scores": np.ones(12, np.float32)}  # every id
+        assert torch.equal(StolenBoosts(some, 1.0).along(none, logits[:, : none.shape[1]]), logits[:, : none.shape[1]])
+    empty = {"contexts": np.zeros(0, np.int64), "tokens": np.zeros(0, np.int64), "scores": np.zeros(0, np.float32)}
+    elsewhere = {"contexts": np.array([50, 50, 51]), "tokens": np.array([1, 2, 3]), "scores": np.ones(3, np.float32)}
+    for estimate in (empty, elsewhere):
+        target = StolenBoosts(estimate, -4.0).along(ids, logits)
+        assert torch.equal(target, logits) and torch.equal(target, loop_target(LoopBoosts(estimate, -4.0), ids, logits))
+        assert target.data_ptr() != logits.data_ptr()  # a copy, as before
