@@ -30,7 +30,10 @@ def cmd_list() -> None:
                 print(f"  {name:14s} cannot be used: {printable(str(err))}")
                 continue
             fields = cls.Params.model_fields.items()
-            settings = ", ".join(f"{k}=(required)" if f.is_required() else f"{k}={f.default!r}" for k, f in fields)
+            settings = ", ".join(
+                f"{k}=(required)" if f.is_required() else f"{k}={f.get_default(call_default_factory=True)!r}"
+                for k, f in fields
+            )  # (a default_factory's value, not pydantic's placeholder)
             settings = settings or "-"
             needs = ", ".join([f"pip extra [{e}]" for e in cls.requires.values()] + ["CUDA"] * cls.needs_cuda)
             print(f"  {name:14s} {settings}" + (f"   (needs {needs})" if needs else ""))

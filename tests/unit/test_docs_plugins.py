@@ -45,3 +45,22 @@ def test_the_page_shows_a_plugin_of_every_kind():
         if isinstance(base, ast.Name)
     }
     assert {"WatermarkMethod", "Detector", "ModelAttack", "TextAttack", "Attack"} <= bases, bases
+
+
+def test_the_page_copied_block_after_block_is_a_module_of_every_plugin_it_registers():
+    """What a reader who copies the page's blocks in order into ``outside_plugins.py`` gets: a module that defines
+    each class its pyproject.toml registers, of the kind its group says."""
+    import types
+
+    from harness.contract.attack import Attack
+    from harness.contract.method import WatermarkMethod
+
+    module = types.ModuleType("outside_plugins_from_the_page")
+    exec(compile("\n\n\n".join(_blocks("python")), "outside_plugins.py", "exec"), module.__dict__)  # noqa: S102
+    (toml,) = _blocks("toml")
+    kinds = {"harness.methods": WatermarkMethod, "harness.attacks": Attack}
+    for group, entries in tomllib.loads(toml)["project"]["entry-points"].items():
+        for name, target in entries.items():
+            cls = getattr(module, target.split(":")[1])
+            assert issubclass(cls, kinds[group]) and cls.name == name, (group, name, target)
+            cls(cls.Params())  # its settings' defaults build
