@@ -60,6 +60,23 @@ def test_model_attacks_are_refused_before_any_work(cli, tmp_path, attack):
     assert methods.build("gu-kgw", {}).refuses(attacks.build("slerp", {})) is None
 
 
+def test_an_attack_may_refuse_a_method_before_any_work_and_a_chain_asks_its_links(monkeypatch):
+    """``Attack.refuses(method)``, the attack's side of ``WatermarkMethod.refuses``: the checks every run and grid
+    make before any work ask both, and a chain refuses what one of its links refuses."""
+    from harness.cell.checks import check_inputs
+    from harness.config.errors import HarnessError
+    from harness.config.presets import TINY
+
+    typo = type(attacks.build("typo", {}))
+    monkeypatch.setattr(typo, "refuses", lambda self, method: f"typo cannot act on {method.name}")
+    method = methods.build("gu-kgw", {})
+    with pytest.raises(HarnessError, match="typo cannot act on gu-kgw"):
+        check_inputs(TINY, (method, attacks.build("typo", {})), build=False)
+    chain = attacks.build("chain", {"links": [{"attack": "slerp"}, {"attack": "typo"}]})
+    assert chain.refuses(method) == "typo cannot act on gu-kgw"
+    assert attacks.build("slerp", {}).refuses(method) is None
+
+
 @pytest.mark.parametrize(
     "name, settings",
     [
