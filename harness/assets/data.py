@@ -209,12 +209,13 @@ def fingerprint(src: DataSource) -> str:
     return f"hub:{src.path}:{src.name}:{src.split}"
 
 
-def hashed_path(src: DataSource) -> str:
+def hashed_path(src: DataSource, known: str | None = None) -> str:
     """How a stage's spec names the data of ``src``: bundled data and a hub id as written; a local file or folder by
-    what it holds (``local:<fingerprint>``), as ``models.hashed_ref`` names a local model."""
+    what it holds (``local:<fingerprint>``; ``known``: its fingerprint, where the caller has it), as
+    ``models.hashed_ref`` names a local model."""
     if src.path in BUILTIN_DATA or not Path(src.path).expanduser().exists():
         return src.path
-    return f"local:{fingerprint(src)}"
+    return f"local:{known or fingerprint(src)}"
 
 
 def token_stream(tokenizer, texts: Iterable[str], max_tokens: int | None = None, chunk: int = 256) -> list[int]:

@@ -340,13 +340,14 @@ def fingerprint(path_or_id: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def hashed_ref(ref: str) -> str:
+def hashed_ref(ref: str, known: str | None = None) -> str:
     """How a stage's spec names the model ``ref``: a built-in, a package's model or a hub id as written; a local folder
-    or GGUF file by what it holds (``local:<fingerprint>``), so that one model at two paths (in two stores, on two
-    machines, a relative path from another folder) keys the same stages, and two models at one path do not."""
+    or GGUF file by what it holds (``local:<fingerprint>``; ``known``: its fingerprint, where the caller has it), so
+    that one model at two paths (in two stores, on two machines, a relative path from another folder) keys the same
+    stages, and two models at one path do not."""
     if ref.startswith(("builtin:", "package:")) or not Path(ref).expanduser().exists():
         return ref
-    return f"local:{fingerprint(resolve(ref))}"
+    return f"local:{known or fingerprint(resolve(ref))}"
 
 
 def config_errors() -> tuple[type[Exception], ...]:

@@ -146,11 +146,11 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         refs = plugin.model_refs()
         resolved = {name: models.resolve(ref) for name, ref in refs.items()}
         if resolved:
-            spec["models"] = {n: {"ref": models.hashed_ref(refs[n]), "fingerprint": models.fingerprint(p)}
-                              for n, p in resolved.items()}  # fmt: skip
+            found = {n: models.fingerprint(p) for n, p in resolved.items()}
+            spec["models"] = {n: {"ref": models.hashed_ref(refs[n], fp), "fingerprint": fp} for n, fp in found.items()}
         sources = plugin.data_refs()
         if sources:
-            spec["data"] = {name: {**source_spec(src), "path": data.hashed_path(src)} for name, src in sources.items()}
+            spec["data"] = {name: source_spec(src, by_content=True) for name, src in sources.items()}
         return resolved
 
     @staticmethod
@@ -511,8 +511,11 @@ def training_settings(preset: Preset, method) -> dict:
     }
 
 
-def source_spec(src) -> dict:
-    return {**src.model_dump(), "fingerprint": data.fingerprint(src)}
+def source_spec(src, by_content: bool = False) -> dict:
+    """The data ``src`` as a stage's spec holds it, with its fingerprint; ``by_content``: a local file or folder named
+    by that fingerprint, not its path (a plugin's data, ``Plugin.hashed_params``)."""
+    found = data.fingerprint(src)
+    return {**src.model_dump(), "fingerprint": found} | ({"path": data.hashed_path(src, found)} if by_content else {})
 
 
 def _write_texts(folder: Path, tokenizer, prompts: list[dict], completions: list[list[int]]) -> int:

@@ -52,7 +52,8 @@ class Plugin:
 
         local = {ref: models.hashed_ref(ref) for ref in self.model_refs().values()}
         local |= {src.path: data.hashed_path(src) for src in self.data_refs().values()}
-        return _named_by_content(self.params.model_dump(), {k: v for k, v in local.items() if k != v})
+        local = {k: v for k, v in local.items() if k != v}
+        return _named_by_content(self.params.model_dump(), local) if local else self.params.model_dump()
 
     def validate(self, base_model: str | None = None) -> None:
         """Deeper checks of the settings against the machine and the base model (e.g. that a model is the right kind,
@@ -176,6 +177,6 @@ def _named_by_content(value, local: dict[str, str]):
         return {k: _named_by_content(v, local) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_named_by_content(v, local) for v in value]
-    if isinstance(value, str) and local:
-        return ",".join(local.get(part, part) for part in value.split(",")) if "," in value else local.get(value, value)
+    if isinstance(value, str):
+        return ",".join(local.get(part, part) for part in value.split(","))
     return value

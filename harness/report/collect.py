@@ -99,16 +99,17 @@ def plugin_columns(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     the mean of the field over its generated texts (empty where no text has it); no column for a method that declares
     none, so a store of other methods' runs gives the runs.csv it always did."""
     for name in sorted(df["method_name"].dropna().unique()):
-        mine = df["method_name"] == name
-        for column in getattr(plugin_class("method", name), "columns", ()):
+        columns = getattr(plugin_class("method", name), "columns", ())
+        if not columns:
+            continue
+        for column in columns:
             log.info("runs.csv: %s.%s: %s", name, column.field, column.description or "(declared by the method)")
-            means, named = [], f"{name}.{column.field}"
-            for run in df.loc[mine, "run"]:
-                values = [s[column.field] for s in scores(store, run) if s.get("label") == 1 and
-                          isinstance(s.get(column.field), int | float)]  # fmt: skip
-                means.append(float(np.mean(values)) if values else np.nan)
-            df[named] = df[named] if named in df else np.nan
-            df.loc[mine, named] = means
+            df[f"{name}.{column.field}"] = np.nan
+        for i in df.index[df["method_name"] == name]:
+            generated = [s for s in scores(store, df.at[i, "run"]) if s.get("label") == 1]  # (read once per run)
+            for column in columns:
+                values = [s[column.field] for s in generated if isinstance(s.get(column.field), int | float)]
+                df.at[i, f"{name}.{column.field}"] = float(np.mean(values)) if values else np.nan
     return df
 
 
