@@ -57,6 +57,12 @@ class ChainParams(Params):
         if not 2 <= len(links) <= MAX_LINKS:
             raise ValueError(f"a chain has 2 to {MAX_LINKS} links, not {len(links)}")
         built = [build_link(link, i + 1) for i, link in enumerate(links)]
+        for i, attack in enumerate(built):
+            if not attack.chain_link:
+                raise ValueError(
+                    f"link {i + 1} ({links[i].attack}) is not an attack a chain can hold: it makes its rows through "
+                    "stages of its own; a chain holds model attacks, and a text attack as its last link"
+                )
         for i, attack in enumerate(built[:-1]):
             if isinstance(attack, TextAttack):
                 raise ValueError(

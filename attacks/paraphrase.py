@@ -111,6 +111,7 @@ class Dipper(TextAttack):
         ]
         prefixes = [" ".join(prompt.split()) for prompt in prompts]
         outputs: list[list[str]] = [[] for _ in texts]
+        processors = self.processors(ctx)
         device = torch.device(ctx.device)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(p.seed)
@@ -120,21 +121,28 @@ class Dipper(TextAttack):
                 for start in range(0, len(todo), p.batch_size):
                     batch = todo[start : start + p.batch_size]
                     inputs = [dipper_input(p.lexical, p.order, prefixes[i], windows[i][j]) for i in batch]
-                    for i, out in zip(batch, self.generate(model, tokenizer, inputs), strict=True):
+                    for i, out in zip(batch, self.generate(model, tokenizer, inputs, processors), strict=True):
                         outputs[i].append(out)
                         prefixes[i] = f"{prefixes[i]} {out}".strip()
         # A text with no sentences (empty or blank) has nothing to paraphrase and stays as it is.
         return [" ".join(" ".join(o).split()) if w else t for t, w, o in zip(texts, windows, outputs, strict=True)]
 
-    def generate(self, model, tokenizer, inputs: list[str]) -> list[str]:
-        """One batch of DIPPER inputs -> their sampled outputs. ``top_k=0`` is the reference's ``top_k=None``:
-        nucleus sampling alone (None would fall back to the generation config's top-k of 50)."""
+    def processors(self, ctx: AttackContext) -> list:
+        """Logits processors the paraphraser's decoding adds, before its nucleus sampling (DIPPER: none)."""
+        return []
+
+    def generate(self, model, tokenizer, inputs: list[str], processors: list = ()) -> list[str]:
+        """One batch of DIPPER inputs -> their sampled outputs (``processors``: see ``processors``). ``top_k=0`` is the
+        reference's ``top_k=None``: nucleus sampling alone (None would fall back to the generation config's top-k of
+        50)."""
         import torch
+        from transformers import LogitsProcessorList
 
         enc = tokenizer(inputs, return_tensors="pt", padding=True).to(model.device)
+        more = {"logits_processor": LogitsProcessorList(processors)} if processors else {}
         with torch.no_grad():
             ids = model.generate(
-                **enc, do_sample=True, top_p=self.params.top_p, top_k=0, max_length=self.params.max_length
+                **enc, do_sample=True, top_p=self.params.top_p, top_k=0, max_length=self.params.max_length, **more
             )
         return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
 

@@ -1,8 +1,9 @@
 """Watermark stealing (Jovanovic et al., ICML 2024, "Watermark Stealing in Large Language Models"), brought to
 watermarks in the weights: an attacker who knows a watermark is there queries the watermarked model, learns from its
 texts which next tokens it favours beyond a reference, and then scrubs (decodes the watermarked model with those
-boosts taken off) or spoofs (decodes an unwatermarked model with them added, so that the owner's detector flags text
-the owner's model never wrote). The key is never read.
+boosts taken off, fine-tunes it away from them, or paraphrases its texts with them taken off) or spoofs (decodes an
+unwatermarked model with them added, so that the owner's detector flags text the owner's model never wrote). The key
+is never read.
 
 The estimate (a stage of its own, ``steal``, shared by every attack that reads it with the same settings): the
 watermarked model continues ``texts`` prompts of the attacker's own (the first ``prompt_tokens`` tokens of documents
@@ -33,6 +34,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from attacks.paraphrase import Dipper, DipperParams
 from harness.config.errors import HarnessError
 from harness.config.params import Params
 from harness.config.settings import MAX_PROMPTS
@@ -199,8 +201,10 @@ class Stealing(Attack):
         reference = {"base": "", "human": ", human reference"}.get(p.reference, f", reference {p.reference}")
         return f"N={p.texts}, strength={p.strength:g}{reference}"
 
-    def steal(self, pipeline, unaltered) -> dict:
-        """The estimate (a stage: built once for the watermarked model, its sampler and these settings)."""
+    def steal(self, pipeline, unaltered, counted_in: str | None = None) -> dict:
+        """The estimate (a stage: built once for the watermarked model, its sampler and these settings), counted in the
+        base's tokens, or in those of the tokenizer ``counted_in`` (a model reference: both sides' texts decoded and
+        re-tokenized by it, for a rewriter of another vocabulary)."""
         import numpy as np
 
         from harness.assets import data, models
@@ -209,10 +213,14 @@ class Stealing(Attack):
         out, generated = unaltered
         spec = {"version": self.version, "model": out.model_id, "settings": p.estimate_spec(),
                 "prompts": {**source(p).model_dump(), "fingerprint": data.fingerprint(source(p))}}  # fmt: skip
-        if self.model_refs():  # a reference model of the attacker's: its content keys the estimate
+        if p.reference not in ("base", "human"):  # a reference model of the attacker's: its content keys the estimate
             spec["reference"] = {"ref": p.reference, "fingerprint": models.fingerprint(models.resolve(p.reference))}
         if "watermark" in generated.spec:  # a decoding-time watermark's sampler is what the attacker queries
             spec["watermark"] = generated.spec["watermark"]
+        if counted_in is not None:  # (only then: every estimate in the base's tokens keeps its hash)
+            counter = models.resolve(counted_in)
+            found = models.fingerprint(counter)
+            spec["counted_in"] = {"ref": models.hashed_ref(counted_in, found), "fingerprint": found}
 
         def build(folder) -> dict:
             tokenizer = models.load_tokenizer(str(out.path))
@@ -225,7 +233,7 @@ class Stealing(Attack):
             marked = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the watermarked model's texts")
             if p.reference == "human":
                 reference = [r["human_ids"] for r in records]
-            elif self.model_refs():
+            elif p.reference not in ("base", "human"):
                 from harness.compute.generation import sample_plainly
 
                 model = models.load_causal_lm(models.resolve(p.reference), models.default_device())
@@ -235,13 +243,20 @@ class Stealing(Attack):
             else:
                 reference = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the base's texts",
                                            from_base=True)  # fmt: skip
-            found = estimate_boosts(marked, reference, len(tokenizer), p.min_count)
+            vocab = len(tokenizer)
+            if counted_in is not None:
+                other = models.load_tokenizer(counter)
+                marked_, reference = (retokenized(tokenizer, other, texts) for texts in (marked, reference))
+                vocab = len(other)
+            else:
+                marked_ = marked
+            found = estimate_boosts(marked_, reference, vocab, p.min_count)
             np.savez(folder / ESTIMATE, **found)
             from harness.store import files
 
             files.write_jsonl(folder / QUERIES, [{"prompt_ids": a, "completion_ids": b}
                                                  for a, b in zip(prompts, marked, strict=True)])  # fmt: skip
-            tokens = {"watermarked_tokens": sum(map(len, marked)), "reference_tokens": sum(map(len, reference))}
+            tokens = {"watermarked_tokens": sum(map(len, marked_)), "reference_tokens": sum(map(len, reference))}
             return {"pairs": len(found["scores"]), "contexts": len(set(found["contexts"].tolist())), **tokens}
 
         folder = pipeline.aux_stage(KIND, spec, build, f"stolen estimate (N={p.texts})")
@@ -277,6 +292,59 @@ class Spoof(Stealing):
     tables: ClassVar[tuple[str, ...]] = ("robustness", "flagged")
     version = "1"
     sign, from_base = 1, True
+
+
+class ParaphraseScrubParams(StealParams, DipperParams):
+    """The estimate's settings (``strength``: what the paraphraser's decoding takes off, times the estimated boost)
+    and DIPPER's (``seed`` draws both the attacker's queries and the paraphrases)."""
+
+    def estimate_spec(self) -> dict:
+        """What the estimate depends on: the stealing settings alone (its tokens are the paraphraser's, which the
+        estimate's spec names), so that the paraphrase settings share one estimate."""
+        return self.model_dump(include=set(StealParams.model_fields) - {"strength"})
+
+
+class ParaphraseScrub(Stealing, Dipper):
+    """Scrubbing by paraphrase, Jovanovic et al.'s scrub: DIPPER rewrites the watermarked model's texts with the boosts
+    stolen from its texts taken off its decoding, so that the rewrite keeps the meaning and leaves the tokens the
+    model favours. The paraphraser writes in its own vocabulary, so the estimate is counted in its tokens (both
+    sides' texts re-tokenized by its tokenizer: a stage of its own beside the base-token estimate) and its decoder's
+    previous token is the context. Unlike the decoding scrub, the watermarked model writes nothing here: a
+    decoding-time watermark's sampler cannot put back the green tokens taken off. Strength 0 is DIPPER with the same
+    settings. A text attack whose rows go in tab:robustness under "Adaptive"; it reads an estimate, so no chain holds
+    it."""
+
+    name = "steal-paraphrase"
+    label = "Stolen scrub (paraphrase)"
+    description = "paraphrasing the watermarked model's texts with the boosts stolen from them taken off"
+    sweep = Sweep("strength (logits taken off x the stolen boost)", "Scrubbing by paraphrase with a stolen estimate",
+                  setting="strength")  # fmt: skip
+    tables: ClassVar[tuple[str, ...]] = ("robustness",)
+    chain_link: ClassVar[bool] = False
+    version = "1"
+    sign, from_base = -1, False
+    Params = ParaphraseScrubParams
+
+    def model_refs(self) -> dict[str, str]:
+        return {**Dipper.model_refs(self), **Stealing.model_refs(self)}
+
+    def config_label(self) -> str:
+        return f"{Stealing.config_label(self)}, {Dipper.config_label(self)}"
+
+    def evaluated(self, pipeline, trained, unaltered) -> Evaluated:
+        found = self.steal(pipeline, unaltered, counted_in=self.params.tokenizer or self.params.model)
+        return [pipeline.attack_texts(self, unaltered, reads={"estimate": found["folder"]})]
+
+    def processors(self, ctx: AttackContext) -> list:
+        if not ctx.reads or "estimate" not in ctx.reads:
+            raise HarnessError(f"attack {self.name} rewrites with a stolen estimate, and its context names none")
+        return [StolenBoosts(load_estimate(ctx.reads["estimate"]), self.sign * self.params.strength)]
+
+
+def retokenized(tokenizer, other, texts: list[list[int]]) -> list[list[int]]:
+    """Token-id ``texts`` of ``tokenizer`` as ``other`` tokenizes their text."""
+    decoded = tokenizer.batch_decode(texts, skip_special_tokens=True)
+    return other(decoded, add_special_tokens=False)["input_ids"] if decoded else []
 
 
 def load_estimate(folder) -> dict:

@@ -189,6 +189,30 @@ def other_tokenizer_llama(tmp_path_factory):
     return make_random_llama(tmp_path_factory.mktemp("oracle"), 3, tokenizer)
 
 
+PARAPHRASER_TEXTS = ["The cat sat on the mat.", "It was warm there!", "Why did it leave?", "Nobody knows.", "The end."]
+
+
+@pytest.fixture(scope="session")
+def random_t5(tmp_path_factory):
+    """A tiny random T5 with a tokenizer of the tiny paraphraser's kind, saved as a model folder: a paraphraser."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from harness.assets.tiny_paraphraser import build_tokenizer
+
+    folder = tmp_path_factory.mktemp("t5")
+    tokenizer = build_tokenizer([" ".join(PARAPHRASER_TEXTS)] * 20 + ["Prompt one. Prompt two. Lexical order."] * 5)
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    T5ForConditionalGeneration(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 ROW_TEXTS = 300  # the random texts each configuration's detector scores, the rows fake runs draw from
 
 

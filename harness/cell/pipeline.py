@@ -219,11 +219,13 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
             for label, sub in attack.outputs()
         ]
 
-    def attack_texts(self, attack: TextAttack, unaltered: tuple[Output, Stage]) -> tuple[Output, Stage]:
+    def attack_texts(self, attack: TextAttack, unaltered: tuple[Output, Stage],
+                     reads: dict[str, Path] | None = None) -> tuple[Output, Stage]:  # fmt: skip
         """The unaltered model's generations (``unaltered``: its output and generate stage) with their completions
         rewritten by ``attack`` (re-tokenized with the base tokenizer); the human negatives stay as they are. Each row
         records how much was rewritten (unigram overlap with the original) and how much meaning was kept (cosine
-        similarity of sentence embeddings)."""
+        similarity of sentence embeddings). ``reads``: the stages the rewriting reads besides the texts (name ->
+        folder), keyed into the stage by their keys and given to the attack as ``ctx.reads``."""
         unaltered_out, generated = unaltered
         spec = {
             "stage": kinds.TEXT_ATTACK,
@@ -236,12 +238,15 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
                 "fingerprint": models.fingerprint(self.similarity_model),
             },
         }
+        if reads:  # (only where given: every other rewrite keeps its hash)
+            spec["reads"] = {name: Path(folder).name for name, folder in reads.items()}
         extra = self.refs(attack, spec)
         stage = self.store.stage(kinds.TEXT_ATTACK, spec)
 
         def build(out: Path) -> dict:
             gens = files.read_jsonl(generated.path / "generations.jsonl")
-            ctx = AttackContext(self.base["path"], self.device, extra, prompts=[g["prompt"] for g in gens])
+            ctx = AttackContext(self.base["path"], self.device, extra, prompts=[g["prompt"] for g in gens],
+                                reads=reads)  # fmt: skip
             rows, report = rewrites.rewrite(attack, gens, ctx, self.tokenizer, self.similarity_model)
             files.write_jsonl(out / "generations.jsonl", rows)
             return report

@@ -13,11 +13,13 @@ FT_SHARES = (0.06, 0.12, 0.18, 0.24, 0.30)
 
 def adaptive_attacks(donors: str, corpus: str) -> dict:
     """The adaptive attackers' settings of a preset with built donors: WASH over the donors (other fine-tunes of the
-    base), and the stealing attacks' prompts from the corpus's train split, texts as long as the evaluation's."""
+    base), and the stealing attacks' prompts from the corpus's train split, texts as long as the evaluation's (the
+    paraphrasing scrub with the preset's DIPPER, the paraphraser built here)."""
     prompts = {"dataset": corpus, "prompt_tokens": 32, "new_tokens": 64}
     return {
         "wash": {"models": donors},
         **{name: dict(prompts) for name in ("steal-scrub", "steal-spoof", "steal-finetune")},
+        "steal-paraphrase": {**prompts, **TINY_PARAPHRASER},
     }
 
 

@@ -60,6 +60,7 @@ ATTACKS: dict[str, str] = {
     "steal-scrub": "attacks.stealing:Scrub",
     "steal-spoof": "attacks.stealing:Spoof",
     "steal-finetune": "attacks.stealing:FineTuneScrub",
+    "steal-paraphrase": "attacks.stealing:ParaphraseScrub",
 }
 
 

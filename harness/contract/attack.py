@@ -49,8 +49,13 @@ class CellStages(Protocol):
         output (a chain's next link), one per ``attack.outputs()``, all from one attack stage."""
         ...
 
-    def attack_texts(self, attack: TextAttack, unaltered: tuple[Output, Stage]) -> tuple[Output, Stage]:
-        """The texts of ``unaltered`` (an output and its generate stage) rewritten by ``attack``."""
+    def attack_texts(
+        self, attack: TextAttack, unaltered: tuple[Output, Stage], reads: dict[str, Path] | None = None
+    ) -> tuple[Output, Stage]:
+        """The texts of ``unaltered`` (an output and its generate stage) rewritten by ``attack``. ``reads``: the stages
+        the rewriting reads besides the texts (name -> folder, as ``aux_stage`` returns them: a stolen estimate), given
+        to ``attack.apply_texts`` as ``ctx.reads``; their keys key the rewrites, so that two attacks reading different
+        stages never share one stage's rewrites."""
         ...
 
     @property
@@ -134,12 +139,14 @@ Processors = Callable[[Any, "AttackContext"], list]
 @dataclass(frozen=True)
 class AttackContext:
     """What an attack may use besides the model: the unwatermarked base (for merging), the device, the attack's other
-    models resolved to folders or ids (``model_refs``), and, for text attacks, the prompt each text continues."""
+    models resolved to folders or ids (``model_refs``), and, for text attacks, the prompt each text continues and the
+    stages its rewriting reads (``CellStages.attack_texts``' ``reads``)."""
 
     base_model: str  # local folder or hub id of the unwatermarked base
     device: str
     models: dict[str, str] | None = None
     prompts: list[str] | None = None
+    reads: dict[str, Path] | None = None
 
 
 class Attack(Plugin):
@@ -160,6 +167,10 @@ class Attack(Plugin):
     # trained the same way on the base's own texts), and reads its rows against that control's texts
     # (``AUC_vs_control``): what survives the modification beyond what the modification itself does to the scores.
     controlled: ClassVar[bool] = False
+    # Whether a chain may hold it (attacks/chain.py): a model attack as any link, a text attack as the last. An attack
+    # of a kind of its own makes its rows through stages of its own (an estimate it reads, several draws), which a
+    # chain's links do not pass on.
+    chain_link: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Check the table names of every attack class as it is defined, built-in or an outside plugin's."""
@@ -206,6 +217,7 @@ class ModelAttack(Attack, ABC):
     # whole model, which one GPU may not hold), False if the main process builds it alone
     # (harness/compute/distributed.py).
     collective: ClassVar[bool] = False
+    chain_link: ClassVar[bool] = True
 
     @abstractmethod
     def apply(self, model_dir: Path, out_dir: Path, ctx: AttackContext) -> dict:
@@ -229,6 +241,7 @@ class TextAttack(Attack, ABC):
     in a table of its own (as DIPPER's tab:dipper), with how much the texts were rewritten and kept."""
 
     tables: ClassVar[tuple[str, ...]] = ("own",)
+    chain_link: ClassVar[bool] = True  # (as a chain's last link)
 
     @abstractmethod
     def apply_texts(self, texts: list[str], ctx: AttackContext) -> list[str]:

@@ -12,34 +12,13 @@ from harness.contract.attack import AttackContext
 SENTENCES = ["The cat sat on the mat.", "It was warm there!", "Why did it leave?", "Nobody knows.", "The end."]
 
 
-@pytest.fixture(scope="module")
-def random_t5(tmp_path_factory):
-    """A tiny random T5 with a tokenizer of the tiny paraphraser's kind, saved as a model folder."""
-    import torch
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    from harness.assets.tiny_paraphraser import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("t5")
-    tokenizer = build_tokenizer([" ".join(SENTENCES)] * 20 + ["Prompt one. Prompt two. Lexical order."] * 5)
-    torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    T5ForConditionalGeneration(config).save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def run_dipper(folder, texts, prompts, monkeypatch, **settings):
     """Run DIPPER on ``texts``, recording each generate call's inputs and outputs."""
     calls = []
     original = Dipper.generate
 
-    def recording(self, model, tokenizer, inputs):
-        outputs = original(self, model, tokenizer, inputs)
+    def recording(self, model, tokenizer, inputs, processors=()):
+        outputs = original(self, model, tokenizer, inputs, processors)
         calls.append((inputs, outputs))
         return outputs
 

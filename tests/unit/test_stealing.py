@@ -100,6 +100,75 @@ def test_scrubbing_by_fine_tuning_trains_a_model_of_its_own(random_llamas, tmp_p
         pipe.run(methods.build("kgw-decoding", {}), attacks.build("steal-finetune", settings))
 
 
+def test_scrubbing_by_paraphrase_counts_the_estimate_in_the_paraphrasers_tokens(random_llamas, random_t5, tmp_path,
+                                                                               small_preset, monkeypatch):  # fmt: skip
+    """steal-paraphrase: DIPPER (a random T5 of its own vocabulary here) rewrites the unaltered texts with the stolen
+    boosts taken off its decoding. Its estimate is a stage of its own, counted in the paraphraser's tokens, shared by
+    every strength; each rewrite stage is keyed by the estimate it read. At strength 0 the rewrites are DIPPER's with
+    the same settings, text for text; at strength 8 the paraphraser puts a tenth or less of the probability it put at
+    strength 0 on the tokens the estimate boosts after its decoder's previous token."""
+    import attacks.stealing as stealing
+    from harness.assets.models import load_tokenizer
+
+    steps: list = []  # each decoding step's contexts, and the paraphraser's distributions before and after
+    processor = stealing.StolenBoosts.__call__
+
+    def recording(self, input_ids, scores):
+        out = processor(self, input_ids, scores)
+        steps.append((input_ids[:, -1].tolist(), scores.float().softmax(-1), out.float().softmax(-1)))
+        return out
+
+    monkeypatch.setattr(stealing.StolenBoosts, "__call__", recording)
+    marked, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    pipe = Pipeline(small_preset(tmp_path, marked, **PRESET), store, "cpu")
+    method = methods.build("kgw-decoding", {"delta": "4"})
+    dipper = {"model": str(random_t5), "tokenizer": None, "max_length": "24", "sent_interval": "1"}
+    rows, recorded = {}, {}
+    for strength in ("0", "8"):
+        attack = attacks.build("steal-paraphrase", steal_settings(tmp_path / "corpus.jsonl", strength=strength,
+                                                                  **dipper))  # fmt: skip
+        steps.clear()
+        rows |= {c.row: c for c in pipe.run(method, attack)}
+        recorded[strength] = list(steps)
+    rows |= {c.row: c for c in pipe.run(method, attacks.build("dipper", dipper))}
+    (estimate,) = list((store.root / "stages" / "steal").iterdir())  # one, shared (no base-token one: none was asked)
+    assert "counted_in" in json.loads((estimate / "spec.json").read_text())
+    found = stealing.load_estimate(estimate)
+    assert len(found["scores"]) > 50 and int(found["tokens"].max()) < len(load_tokenizer(str(random_t5)))
+    stolen: dict[int, list[int]] = {}
+    for context, token in zip(found["contexts"].tolist(), found["tokens"].tolist(), strict=True):
+        stolen.setdefault(context, []).append(token)
+
+    def mass(strength: str) -> tuple[float, float]:
+        """The paraphraser's mean probability on the stolen tokens of each step's context, before and after."""
+        on = [(p[row, stolen.get(c, [])].sum().item(), q[row, stolen.get(c, [])].sum().item())
+              for contexts, p, q in recorded[strength] for row, c in enumerate(contexts)]  # fmt: skip
+        return sum(b for b, _ in on) / len(on), sum(a for _, a in on) / len(on)
+
+    def texts(row: str) -> list[str]:
+        return [g["completion"] for g in read_jsonl(rows[row].run.path / "generations.jsonl")]
+
+    plain, off = (texts(f"Stolen scrub (paraphrase) N=300, strength={s}, lex=60, order=0") for s in ("0", "8"))
+    assert plain == texts("DIPPER lex=60, order=0") and off != plain
+    (before, after), (before8, after8) = mass("0"), mass("8")
+    assert after == before > 0.002 and after8 < before8 / 10, (mass("0"), mass("8"))  # (0.0052; 0.0042 -> 0.0002)
+    reads = {rows[r].run.spec["upstream"]["generate"].get("reads", {}).get("estimate") for r in rows if "scrub" in r}
+    assert reads == {estimate.name}
+
+
+def test_a_chain_holds_no_attack_of_a_kind_of_its_own():
+    """A chain's links are model attacks and a text attack at the end: an attack that makes its rows through stages
+    of its own (stealing, several models' decoding) is refused in one line, not found broken after training."""
+    for links in (["hqq", "steal-scrub"], ["steal-paraphrase"], ["wash", "hqq"], ["hqq", "logit-merge"]):
+        settings = {"links": [{"attack": a, "settings": {"models": "x"} if a == "wash" else {}} for a in links]}
+        if len(links) == 1:
+            settings["links"].insert(0, {"attack": "hqq"})
+        with pytest.raises(HarnessError, match="not an attack a chain can hold"):
+            attacks.build("chain", settings)
+    attacks.build("chain", {"links": [{"attack": "hqq"}, {"attack": "dipper"}]})
+
+
 def test_estimate_counts_by_hand():
     """The boosts from the module's formula, counted by hand: after context 1 the watermarked texts write 2 and 3 half
     the time each; the reference writes 2 once and 3 twice in its 6 continuations of 1, smoothed toward its unigram
