@@ -14,9 +14,10 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import Field, model_validator
 
+from harness.config.errors import HarnessError
 from harness.config.params import Params
 from harness.config.settings import DataSource, EvalSettings
-from harness.contract.plugin import ATTACK_TABLES, Plugin, Sweep, check_table_names
+from harness.contract.plugin import ATTACK_TABLES, Plugin, SettingTable, Sweep, check_table_names
 from harness.store.stages import Stage
 
 MODEL = "model"  # the sub-folder of an attack stage that holds the (one) attacked model
@@ -159,6 +160,8 @@ class Attack(Plugin):
     # The tables its rows go in, by the names of ``harness.contract.plugin.ATTACK_TABLES`` (checked when the class is
     # defined: an unknown name is an error that lists the valid ones).
     tables: ClassVar[tuple[str, ...]] = ("robustness",)
+    # Tables of its own besides those: each a row per setting of the attack and the runs.csv columns it names.
+    setting_tables: ClassVar[tuple[SettingTable, ...]] = ()
     sweep: ClassVar[Sweep | None] = None  # a figure of AUC against its strength
     identity: ClassVar[bool] = False  # True only for ``none``: the pipeline then uses the input model as is
     # The uninformed attack others are read against (weight noise): the AUC-utility figure draws it as a curve.
@@ -177,6 +180,12 @@ class Attack(Plugin):
         super().__init_subclass__(**kwargs)
         owner = f"attack class {cls.__module__}.{cls.__qualname__}"
         check_table_names(owner, "table", cls.tables, ATTACK_TABLES)
+        declared = cls.setting_tables
+        if not isinstance(declared, tuple) or not all(isinstance(t, SettingTable) for t in declared):
+            raise HarnessError(f"{owner}: its setting_tables must be a tuple of SettingTable, not {declared!r:.80}")
+        names = [t.name for t in declared]
+        if len(set(names)) < len(names):
+            raise HarnessError(f"{owner}: two of its setting_tables share a name ({', '.join(names)})")
 
     def refuses(self, method) -> str | None:
         """Why this attack cannot act on ``method`` (a ``WatermarkMethod``; None: it can), said before any training,
@@ -302,7 +311,6 @@ def calibration_ids(tokenizer, params: CalibrationParams):
     import torch
 
     from harness.assets import data
-    from harness.config.errors import HarnessError
 
     n, length = params.calib_samples, params.calib_len
     stream = data.token_stream(tokenizer, data.iter_texts(params.calibration_source()), max_tokens=4 * n * length)

@@ -170,6 +170,37 @@ class Ablation:
         check_table_names(f"ablation '{self.file}'", "layout", (self.layout,), ABLATION_LAYOUTS)
 
 
+FIRST_ROWS = {  # what a ``SettingTable``'s first row may be
+    "unaltered": "the unaltered watermarked model's texts",
+    "base": "the unwatermarked base's own texts",
+    None: "no first row",
+}
+
+
+@dataclass(frozen=True)
+class SettingTable:
+    """A table an attack declares (``Attack.setting_tables``), written as ``<attack>_<name>`` in each setup that holds
+    the attack's runs: a row per setting of the attack (its config label) after the row ``first`` (``FIRST_ROWS``),
+    and for each method's main configuration each of ``values``, columns of ``runs.csv`` (a metric such as ``AUC``,
+    ``TPR@1%``, ``PPL_ratio``, or a method's own ``<method>.<field>``), means over seeds where several."""
+
+    name: str
+    caption: str
+    values: tuple[str, ...]
+    first: str | None = "unaltered"
+
+    def __post_init__(self) -> None:
+        owner = f"setting table {self.name!r}"
+        if not isinstance(self.name, str) or not self.name.replace("-", "_").isidentifier():
+            raise HarnessError(f"{owner}: its name is a plain name of letters, digits, '-' and '_' (its file's)")
+        if isinstance(self.values, str) or not self.values or not all(isinstance(v, str) for v in self.values):
+            raise HarnessError(f"{owner}: its values are a non-empty tuple of runs.csv column names, e.g. ('AUC',)")
+        if self.first not in FIRST_ROWS:
+            raise HarnessError(
+                f"{owner}: its first row is one of {', '.join(map(repr, FIRST_ROWS))}, not {self.first!r}"
+            )
+
+
 def _named_by_content(value, local: dict[str, str]):
     """``value`` (a settings dump) with every string that is a key of ``local``, alone or as an item of a
     comma-separated list, replaced by its value."""

@@ -12,8 +12,9 @@ import pandas as pd
 
 from harness.cell import metrics
 from harness.cell.scoring import BASE_ROW
+from harness.config.errors import HarnessError
 from harness.config.gate import DEGENERATE, OK, UNKNOWN
-from harness.contract.plugin import Ablation
+from harness.contract.plugin import Ablation, SettingTable
 from harness.report.collect import (
     DOCUMENTS,
     METRICS,
@@ -396,6 +397,31 @@ def per_setting(first: pd.DataFrame, label: str, part: pd.DataFrame, values: lis
     methods = sorted(means["method"].unique(), key=method_rank)
     return table.reindex(index=pd.Index(rows, name="setting"),
                          columns=[f"{m} {metric}" for m in methods for metric in values])  # fmt: skip
+
+
+def declared(df: pd.DataFrame, attack: str, spec: SettingTable) -> pd.DataFrame:
+    """A table ``attack`` declares (``SettingTable``): a row per setting of its runs after ``spec.first``'s row, and
+    per method's main configuration each of ``spec.values`` (means over seeds where several). A method's own column
+    (``<method>.<field>``) is missing where the method's runs have none; any other name must be a column of the runs."""
+    mains = main_runs(df)
+    part = mains[mains["attack_name"] == attack]
+    if part.empty:
+        return pd.DataFrame()
+    unknown = [v for v in spec.values if v not in part and "." not in v]
+    if unknown:
+        raise HarnessError(
+            f"attack {attack}'s table '{spec.name}' names {unknown[0]!r}, which is no column of runs.csv (a metric "
+            "such as AUC, TPR@1% or PPL_ratio, or a method's <method>.<field>)"
+        )
+    absent = {v: float("nan") for v in spec.values if v not in part}
+    if spec.first == "unaltered":
+        first, label = mains[unaltered(mains)], UNALTERED_TEXTS
+    elif spec.first == "base":
+        first, label = mains[base_rows(mains)], BASE_TEXTS
+    else:
+        first, label = mains.iloc[:0], ""
+    first = first[first["method"].isin(part["method"])].assign(attack_config=label, **absent)
+    return per_setting(first, label, part.assign(**absent), list(spec.values))
 
 
 FLAGGED_METRICS = ["TPR@1%", "TPR@5%", "AUC", "AUC_vs_base"]

@@ -185,6 +185,16 @@ def _attacks_joining(table: str, suffix: str = "") -> Callable[[Setup], list[tup
     return each
 
 
+def _declared(setup: Setup) -> list[tuple[str, tuple]]:
+    """``each`` of the tables attacks declare: ``(<attack>_<name>, (attack, its SettingTable))`` of each table each
+    attack of the setup declares (``Attack.setting_tables``)."""
+    found = []
+    for name in sorted(setup.part["attack_name"].dropna().unique()):
+        cls = plugin_class("attack", name)
+        found += [(f"{name}_{spec.name}", (name, spec)) for spec in getattr(cls, "setting_tables", ())]
+    return found
+
+
 def _flagged_caption(setup: Setup, attack: str) -> str:
     cls = plugin_class("attack", attack)
     return (
@@ -428,6 +438,17 @@ TABLES: tuple[Table, ...] = (
         section=Section(
             "Texts that should not be flagged (the spoofing table)", lambda table, _: html.frame(table), "tail"
         ),  # fmt: skip
+    ),
+    Table(
+        "declared",
+        "the tables attacks declare (not in the paper)",
+        "a table per SettingTable an attack declares (Attack.setting_tables), named <attack>_<name>: per setting of "
+        "the attack, after its first row, the runs.csv columns it names for each method's main configuration",
+        build=lambda setup, subject: frames.declared(setup.part, *subject),
+        latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Setting"]),
+        caption=lambda setup, subject: f"{subject[1].caption} ({setup.about}).",
+        each=_declared,
+        section=Section("Tables the attacks declare", lambda table, _: html.frame(table), "tail"),
     ),
     Table(
         "ft_steps",

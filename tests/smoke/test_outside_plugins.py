@@ -106,6 +106,13 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     assert not [cell for r in swept for cell in r[3:] if cell == "missing"], swept
     # its sigma = 0.05 model is the noise attack's own stage, asked for again: the two rows read the same AUC
     assert swept[1][3:] == noise[0][3:], (swept, noise)
+    # the table it declares (SettingTable): a row per scale after the unaltered model, three columns per method
+    by_scale = pd.read_csv(tables / "tiny" / "noise-sweep_by_scale.csv", index_col=0, na_values=["missing"])
+    assert list(by_scale.index) == ["unaltered", "sigma=0.02", "sigma=0.05"], by_scale
+    assert {"Gu-KGW AUC", "Unigram TPR@1%", "Untrained KGW PPL"} <= set(
+        by_scale.columns
+    ) and by_scale.notna().all().all()
+    assert "at each noise scale" in (tables / "tiny" / "noise-sweep_by_scale.tex").read_text()
     # The attack that draws several samples per prompt: its row, from a stage of its own keyed by the draws it read.
     best = [r for r in rows if r[0] == "Sampling"]
     assert [r[1:3] for r in best] == [["Best of N", "N=2"]] and "missing" not in best[0][3:], best
@@ -132,6 +139,7 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     page = root / "report.html"
     run("report", "--results", str(store), "--out", str(page))
     assert "Untrained KGW" in page.read_text() and "Perturbation sweeps" in page.read_text()
+    assert "Tables the attacks declare" in page.read_text()
     specs = [json.loads(p.read_text()) for p in store.glob("*/spec.json")]
     key = next(s["detector"]["key_from"] for s in specs if s["detector"]["method"] == "untrained-kgw")
     out = run("detect", "--results", str(store), "--key", key, "--model", settings["base_model"], "--json")

@@ -3,6 +3,7 @@ cells shown as missing, and no number carried over from another setup."""
 
 import re
 
+import pandas as pd
 import pytest
 
 from harness.cli.main import main
@@ -326,6 +327,61 @@ def test_an_outside_plugin_with_an_unknown_table_fails_where_it_is_loaded(tmp_pa
     for load in (registry.attacks.load, lambda name: collect.plugin_class("attack", name)):
         with pytest.raises(HarnessError, match=f"unknown table 'robustnes'; {VALID_TABLES}"):
             load("typo-tables")
+
+
+def test_an_attack_declares_a_table_of_its_own(store, tmp_path, monkeypatch):
+    """A SettingTable on an attack's class (here SLERP's) is written as <attack>_<name>: a row per setting after the
+    unaltered model's (or the base's), each named runs.csv column per method's main configuration, equal to the
+    runs' own numbers; a method's own column that its runs lack is missing; a name that is no column is one line."""
+    from attacks.merge import Slerp
+    from harness.contract.plugin import SettingTable
+
+    declared = (SettingTable("by_t", "AUC and TPR at each t", ("AUC", "TPR@1%", "gu-kgw.green")),
+                SettingTable("vs_base", "AUC from the base's own texts", ("AUC",), first="base"))  # fmt: skip
+    monkeypatch.setattr(Slerp, "setting_tables", declared)
+    out = tmp_path / "tables"
+    assert main(["tables", "--results", str(store.root), "--out", str(out)]) == 0
+    by_t = pd.read_csv(out / "tiny" / "slerp_by_t.csv", index_col=0, na_values=["missing"])
+    assert list(by_t.index) == ["unaltered", "t=0.5"]
+    assert [c for c in by_t.columns if c.endswith(" AUC")] == ["Gu-KTH AUC", "Gu-KGW AUC", "Gloaguen-KGW AUC"]
+    df = collect.collect(store)
+    mains = df[df["main"] & (df["method"] == "Gu-KGW")]
+    for row, attack in (("unaltered", "none"), ("t=0.5", "slerp")):
+        auc = mains.loc[mains["attack_name"] == attack, "AUC"].iloc[0]
+        assert by_t.loc[row, "Gu-KGW AUC"] == pytest.approx(auc, abs=1e-4)  # (as the CSV rounds it)
+    assert by_t["Gu-KGW gu-kgw.green"].isna().all()  # no method here writes that column
+    vs_base = pd.read_csv(out / "tiny" / "slerp_vs_base.csv", index_col=0)
+    assert list(vs_base.index) == ["the base's own texts", "t=0.5"]
+    assert "AUC and TPR at each t (" in (out / "tiny" / "slerp_by_t.tex").read_text()
+    monkeypatch.setattr(Slerp, "setting_tables", (SettingTable("typo", "c", ("AUCC",)),))
+    with pytest.raises(
+        HarnessError, match=r"attack slerp's table 'typo' names 'AUCC', which is no column of runs\.csv"
+    ):
+        frames.declared(df, "slerp", Slerp.setting_tables[0])
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [(lambda T: T("a b", "c", ("AUC",)), "its name is a plain name"),
+     (lambda T: T("t", "c", "AUC"), "its values are a non-empty tuple"),
+     (lambda T: T("t", "c", ()), "its values are a non-empty tuple"),
+     (lambda T: T("t", "c", ("AUC",), first="middle"), "its first row is one of 'unaltered', 'base', None")],
+)  # fmt: skip
+def test_a_bad_setting_table_is_one_line(make, message):
+    from harness.contract.attack import ModelAttack
+    from harness.contract.plugin import SettingTable
+
+    with pytest.raises(HarnessError, match=message):
+        make(SettingTable)
+    with pytest.raises(HarnessError, match=r"Twice: two of its setting_tables share a name \(t, t\)"):
+
+        class Twice(ModelAttack):
+            setting_tables = (SettingTable("t", "c", ("AUC",)), SettingTable("t", "d", ("PPL",)))
+
+    with pytest.raises(HarnessError, match="its setting_tables must be a tuple of SettingTable"):
+
+        class Bare(ModelAttack):
+            setting_tables = SettingTable("t", "c", ("AUC",))
 
 
 def test_a_method_added_later_is_its_presets_main_configuration():

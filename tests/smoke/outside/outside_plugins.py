@@ -27,7 +27,7 @@ from harness.contract.attack import (
     TextAttack,
 )
 from harness.contract.method import DetectContext, Detector, TrainContext, WatermarkMethod, read_key, save_trained
-from harness.contract.plugin import Column
+from harness.contract.plugin import Column, SettingTable
 from harness.store.files import read_jsonl
 from harness.store.stages import Stage
 from methods.gu_kgw import GuKGW, GuKGWParams
@@ -173,6 +173,11 @@ class NoiseSweep(Attack):
     category = "Perturbation sweeps"
     label = "Noise sweep"
     Params = NoiseSweepParams
+    # A table of its own besides tab:robustness (noise-sweep_by_scale): a row per scale, the unaltered model first.
+    setting_tables = (
+        SettingTable("by_scale", "Each method's AUC, TPR at 1% FPR and median PPL at each noise scale",
+                     values=("AUC", "TPR@1%", "PPL")),
+    )  # fmt: skip
 
     def config_label(self) -> str:
         return ", ".join(f"sigma={s:g}" for s in self.params.sigmas)
