@@ -10,8 +10,9 @@ watermarked model continues ``texts`` prompts of the attacker's own (the first `
 of ``dataset``'s train split, never the documents evaluations read), and a reference writes on the same prompts: the
 unwatermarked base (``reference=base``: what anyone holding the open base can do), the documents themselves
 (``reference=human``), or any unwatermarked model with the base's tokenizer (a model reference). For each context
-(the previous token, the context of every KGW scheme here with k = 1; a scheme with a longer context is estimated at
-its last token) and next token, with ``n_w`` and ``n_r`` the counts in the watermarked and the reference texts,
+(the ``context`` tokens before: the previous one by default, the context of the KGW schemes seeded by one token; two
+for a scheme seeded by two, Gu-KGW's k = 2) and next token, with ``n_w`` and ``n_r`` the counts in the watermarked and
+the reference texts,
 
     p_w(t | c) = n_w(c, t) / n_w(c),    p_r(t | c) = (n_r(c, t) + beta f_r(t)) / (n_r(c) + beta)
 
@@ -56,6 +57,10 @@ class StealParams(Params):
     min_count: int = Field(2, ge=1)  # n_w(c, t) below it: no boost estimated
     strength: float = Field(4.0, ge=0)  # what decoding adds or takes off, times the estimated boost (0 to 1)
     seed: int = 0
+    # The context's width: the previous token (1), or the previous two or three (a scheme whose green list is seeded
+    # by several tokens, Gu-KGW's k = 2). Each (context, token) pair is one 64-bit key: vocabulary^(width + 1) < 2^63.
+    context: int = Field(1, ge=1, le=3)
+    added_later: ClassVar[tuple[str, ...]] = ("context",)
 
     def estimate_spec(self) -> dict:
         """What the estimate depends on (not the strength, which only decoding reads)."""
@@ -70,45 +75,71 @@ def source(p: StealParams):
     return DATASETS[p.dataset].source if p.dataset in DATASETS else DataSource(path=p.dataset, text_field="text")
 
 
-def estimate_boosts(watermarked: list[list[int]], reference: list[list[int]], vocab: int, min_count: int) -> dict:
-    """The boosts ``s(c, t)`` (module docstring) from token-id texts: ``{"contexts", "tokens", "scores"}`` arrays of
-    every pair with a boost above 0, sorted by context then token."""
+def estimate_boosts(watermarked: list[list[int]], reference: list[list[int]], vocab: int, min_count: int,
+                    width: int = 1) -> dict:  # fmt: skip
+    """The boosts ``s(c, t)`` (module docstring) from token-id texts, each context ``c`` the ``width`` tokens before
+    ``t``: ``{"contexts", "tokens", "scores"}`` arrays of every pair with a boost above 0, sorted by context then token,
+    a context as one key (``context_keys``); with ``width`` and ``vocab`` where the width is above 1."""
     import numpy as np
 
+    if vocab ** (width + 1) >= 2**63:
+        raise HarnessError(
+            f"steal: a context of {width} tokens of a {vocab:,}-token vocabulary does not fit 64-bit keys"
+        )
+
     def pairs(texts):
-        prev = np.concatenate([np.asarray(t[:-1], np.int64) for t in texts if len(t) > 1] or [np.zeros(0, np.int64)])
-        nxt = np.concatenate([np.asarray(t[1:], np.int64) for t in texts if len(t) > 1] or [np.zeros(0, np.int64)])
-        keep = (prev < vocab) & (nxt < vocab)
-        return prev[keep] * vocab + nxt[keep]
+        """A key per position with ``width`` tokens before it, the context's key times the vocabulary plus the token,
+        every id inside the vocabulary."""
+        rows = [np.lib.stride_tricks.sliding_window_view(np.asarray(t, np.int64), width + 1)
+                for t in texts if len(t) > width]  # fmt: skip
+        windows = np.concatenate(rows) if rows else np.zeros((0, width + 1), np.int64)
+        return context_keys(windows[(windows < vocab).all(1)], vocab)
 
     w_keys, w_counts = np.unique(pairs(watermarked), return_counts=True)
     r_keys, r_counts = np.unique(pairs(reference), return_counts=True)
-    w_context = np.bincount(w_keys // vocab, weights=w_counts, minlength=vocab)
-    r_context = np.bincount(r_keys // vocab, weights=r_counts, minlength=vocab)
+    # Each context's count, summed over its pairs in key order (a context is a key, not an index: wider ones are many)
+    w_contexts, w_of = np.unique(w_keys // vocab, return_inverse=True)
+    r_contexts, r_of = np.unique(r_keys // vocab, return_inverse=True)
+    w_context = np.bincount(w_of.reshape(-1), weights=w_counts, minlength=len(w_contexts))
+    r_context = np.bincount(r_of.reshape(-1), weights=r_counts, minlength=len(r_contexts))
     unigram = np.bincount(r_keys % vocab, weights=r_counts, minlength=vocab) + 1.0
     unigram /= unigram.sum()
     seen = w_counts >= min_count
     keys, counts = w_keys[seen], w_counts[seen]
     ctx, tok = keys // vocab, keys % vocab
-    n_r = np.zeros(len(keys))
+    n_r, n_r_context = np.zeros(len(keys)), np.zeros(len(keys))
     if len(r_keys):
         at = np.minimum(np.searchsorted(r_keys, keys), len(r_keys) - 1)
         n_r = np.where(r_keys[at] == keys, r_counts[at], 0)
-    p_w = counts / w_context[ctx]
-    p_r = (n_r + BETA * unigram[tok]) / (r_context[ctx] + BETA)
+        at = np.minimum(np.searchsorted(r_contexts, ctx), len(r_contexts) - 1)
+        n_r_context = np.where(r_contexts[at] == ctx, r_context[at], 0.0)
+    p_w = counts / w_context[w_of.reshape(-1)[seen]]
+    p_r = (n_r + BETA * unigram[tok]) / (n_r_context + BETA)
     score = np.clip(np.log2(p_w / p_r), 0.0, 1.0)
     boosted = score > 0
-    return {"contexts": ctx[boosted], "tokens": tok[boosted], "scores": score[boosted].astype(np.float32)}
+    found = {"contexts": ctx[boosted], "tokens": tok[boosted], "scores": score[boosted].astype(np.float32)}
+    return found | ({"width": np.int64(width), "vocab": np.int64(vocab)} if width > 1 else {})
+
+
+def context_keys(windows, vocab: int):
+    """One key per row of ``windows`` (numpy or torch, ``(..., width)`` ids): its ids as the digits of a number in
+    base ``vocab``, the first the most significant (one id: itself)."""
+    key = windows[..., 0]
+    for j in range(1, windows.shape[-1]):
+        key = key * vocab + windows[..., j]
+    return key
 
 
 class StolenBoosts:
-    """A logits processor adding ``scale * s(c, t)`` to the scores of the tokens ``t`` estimated after the last token
-    ``c`` of each row (``along``: after every token of a sequence but its last, in one pass)."""
+    """A logits processor adding ``scale * s(c, t)`` to the scores of the tokens ``t`` estimated after the context
+    ``c`` of each row, its last token or tokens (``along``: after every position of a sequence but its last, in one
+    pass)."""
 
     def __init__(self, estimate: dict, scale: float):
         import numpy as np
         import torch
 
+        self.width, self.vocab = int(estimate.get("width", 1)), int(estimate.get("vocab", 0))
         contexts = np.asarray(estimate["contexts"], np.int64)
         # Each context's pairs are the slice from its first to its last entry (the estimate is sorted by context).
         keys, first = np.unique(contexts, return_index=True)
@@ -121,11 +152,22 @@ class StolenBoosts:
     def __call__(self, input_ids, scores):
         import torch
 
-        if not len(self.tokens):
+        if not len(self.tokens) or input_ids.shape[1] < self.width:
             return scores
         out = scores.clone(memory_format=torch.contiguous_format)
-        self._add(out, torch.arange(len(out), device=out.device), input_ids[:, -1])
+        self._add(out, torch.arange(len(out), device=out.device), self._keys(input_ids[:, -self.width :]))
         return out
+
+    def _keys(self, windows):
+        """The context key of each window of ``width`` ids (``context_keys``); -1, no context, where an id lies past
+        the estimate's vocabulary (its key would be another context's)."""
+        if self.width == 1:
+            return windows[..., 0]
+        import torch
+
+        windows = windows.long()
+        inside = (windows < self.vocab).all(-1)
+        return torch.where(inside, context_keys(windows, self.vocab), torch.full_like(inside, -1, dtype=torch.long))
 
     def along(self, ids, scores):
         """``scores`` (batch, positions, vocabulary) with the boosts after each position's token ``ids[:, t]`` added
@@ -134,10 +176,14 @@ class StolenBoosts:
 
         out = scores.clone(memory_format=torch.contiguous_format)
         batch, length = ids.shape
-        if not len(self.tokens) or length < 2:
+        width = self.width
+        if not len(self.tokens) or length < width + 1:
             return out
-        rows = torch.arange(batch, device=out.device)[:, None] * length + torch.arange(length - 1, device=out.device)
-        self._add(out, rows.reshape(-1), ids[:, :-1].reshape(-1))
+        # Position t (width - 1 .. length - 2) reads the window of ids that ends at it.
+        positions = torch.arange(width - 1, length - 1, device=out.device)
+        rows = torch.arange(batch, device=out.device)[:, None] * length + positions
+        windows = ids.unfold(1, width, 1)[:, : length - width]
+        self._add(out, rows.reshape(-1), self._keys(windows).reshape(-1))
         return out
 
     def _add(self, out, rows, contexts) -> None:
@@ -183,13 +229,25 @@ class Stealing(Attack):
     def model_refs(self) -> dict[str, str]:
         return {} if self.params.reference in ("base", "human") else {"reference": self.params.reference}
 
+    def counted_in(self) -> str | None:
+        """The model whose tokenizer the estimate is counted in (None: the base's)."""
+        return None
+
     def validate(self, base_model: str | None = None) -> None:
-        """A reference model reads the base's tokenizer: the estimate compares token ids."""
-        ref = self.params.reference
-        if base_model is None or ref in ("base", "human"):
-            return
+        """A reference model reads the base's tokenizer: the estimate compares token ids. A context of several tokens
+        keys each pair in 64 bits: vocabulary^(width + 1) below 2^63 (a 128,256-token vocabulary: two tokens)."""
         from harness.assets import models
 
+        ref, width = self.params.reference, self.params.context
+        counter = self.counted_in() or base_model
+        if width > 1 and counter is not None and (models.built(counter) or models.planned(counter)):
+            vocab = models.config(counter).vocab_size
+            if vocab ** (width + 1) >= 2**63:
+                widest = max(w for w in (1, 2, 3) if vocab ** (w + 1) < 2**63)
+                raise HarnessError(f"attack {self.name}: context={width} with a {vocab:,}-token vocabulary does not "
+                                   f"fit 64-bit keys; at most context={widest}")  # fmt: skip
+        if base_model is None or ref in ("base", "human"):
+            return
         models.check(ref)
         if models.built(base_model) and not models.planned(ref):
             from attacks.donor_merge import same_vocabulary
@@ -199,7 +257,8 @@ class Stealing(Attack):
     def config_label(self) -> str:
         p = self.params
         reference = {"base": "", "human": ", human reference"}.get(p.reference, f", reference {p.reference}")
-        return f"N={p.texts}, strength={p.strength:g}{reference}"
+        context = f", context={p.context}" if p.context > 1 else ""
+        return f"N={p.texts}, strength={p.strength:g}{context}{reference}"
 
     def steal(self, pipeline, unaltered, counted_in: str | None = None) -> dict:
         """The estimate (a stage: built once for the watermarked model, its sampler and these settings), counted in the
@@ -250,7 +309,7 @@ class Stealing(Attack):
                 vocab = len(other)
             else:
                 marked_ = marked
-            found = estimate_boosts(marked_, reference, vocab, p.min_count)
+            found = estimate_boosts(marked_, reference, vocab, p.min_count, p.context)
             np.savez(folder / ESTIMATE, **found)
             from harness.store import files
 
@@ -331,8 +390,11 @@ class ParaphraseScrub(Stealing, Dipper):
     def config_label(self) -> str:
         return f"{Stealing.config_label(self)}, {Dipper.config_label(self)}"
 
+    def counted_in(self) -> str:
+        return self.params.tokenizer or self.params.model
+
     def evaluated(self, pipeline, trained, unaltered) -> Evaluated:
-        found = self.steal(pipeline, unaltered, counted_in=self.params.tokenizer or self.params.model)
+        found = self.steal(pipeline, unaltered, counted_in=self.counted_in())
         return [pipeline.attack_texts(self, unaltered, reads={"estimate": found["folder"]})]
 
     def processors(self, ctx: AttackContext) -> list:
@@ -376,8 +438,7 @@ class FineTuneScrub(Stealing):
     Params = FineTuneScrubParams
 
     def config_label(self) -> str:
-        p = self.params
-        return f"N={p.texts}, strength={p.strength:g}, steps={p.steps}"
+        return f"{Stealing.config_label(self)}, steps={self.params.steps}"
 
     def edits_weights(self) -> bool:
         return True  # (a decoding-time watermark is not in the weights: its methods refuse this attack)
@@ -385,6 +446,7 @@ class FineTuneScrub(Stealing):
     def validate(self, base_model: str | None = None) -> None:
         from harness.compute.training import check_split
 
+        super().validate(base_model)  # (its reference model and context, as the other stealing attacks')
         check_split(self.params.batch_size, f"the fine-tuning scrub's batch_size ({self.params.batch_size})")
 
     def evaluated(self, pipeline, trained, unaltered) -> Evaluated:

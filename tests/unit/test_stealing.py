@@ -188,6 +188,93 @@ def test_estimate_counts_by_hand():
     assert got[(1, 3)] == pytest.approx(math.log2(0.5 / ((2 + 3 / 15) / 7)), abs=1e-6)  # 0.67
 
 
+def test_estimate_of_two_token_contexts_counts_by_hand():
+    """With context=2 each context is the two tokens before (here (1, 2) and (5, 2), which one token would merge as
+    context 2), keyed 1 * 8 + 2 = 10 and 5 * 8 + 2 = 42. After (1, 2) the watermarked texts write 3 two times in three;
+    the reference writes 3 twice in its four continuations of (1, 2), smoothed toward its unigram (f_r(3) = 3/13). After
+    (5, 2): 7 half the time, which the reference never writes there (f_r(7) = 1/13); 4 half the time, as often as the
+    reference does (no boost). A pair written once ((1, 2), 4) has no estimate."""
+    import math
+
+    from attacks.stealing import estimate_boosts
+
+    marked = [[1, 2, 3]] * 2 + [[1, 2, 4], [5, 2, 4], [5, 2, 4], [5, 2, 7], [5, 2, 7]]
+    reference = [[1, 2, 4]] * 2 + [[1, 2, 3]] * 2 + [[5, 2, 4]]
+    found = estimate_boosts(marked, reference, vocab=8, min_count=2, width=2)
+    got = dict(zip(zip(found["contexts"].tolist(), found["tokens"].tolist(), strict=True), found["scores"].tolist(),
+                   strict=True))  # fmt: skip
+    assert set(got) == {(10, 3), (42, 7)} and int(found["width"]) == 2 and int(found["vocab"]) == 8
+    assert got[(10, 3)] == pytest.approx(math.log2((2 / 3) / ((2 + 3 / 13) / 5)), abs=1e-6)  # 0.58
+    assert got[(42, 7)] == 1.0  # log2(0.5 / ((0 + 1/13) / 2)) = 3.7, clipped at 1
+    with pytest.raises(HarnessError, match="does not fit 64-bit keys"):
+        estimate_boosts(marked, reference, vocab=128_256, min_count=2, width=3)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 2), (2, 3), (4, 9)])
+def test_boosts_after_two_token_contexts_go_where_the_last_two_ids_say(shape):
+    """A context=2 estimate boosts a row's scores where its last two ids are an estimated context (an id past the
+    estimate's vocabulary is no context, not another's key), and ``along`` gives at each position what the processor
+    gives on the prefix that ends there, no position before the second boosted."""
+    import torch
+
+    from attacks.stealing import StolenBoosts, context_keys, estimate_boosts
+
+    rng = np.random.default_rng(shape[0] * 10 + shape[1])
+    vocab = 12
+    p = rng.dirichlet(np.full(vocab, 0.3))
+    marked = [rng.choice(vocab, size=30, p=p).tolist() for _ in range(40)]
+    estimate = estimate_boosts(marked, [rng.choice(vocab, size=30).tolist() for _ in range(40)], vocab, 1, width=2)
+    boosts = dict(zip(zip(estimate["contexts"].tolist(), estimate["tokens"].tolist(), strict=True),
+                      estimate["scores"].tolist(), strict=True))  # fmt: skip
+    assert len({c for c, _ in boosts}) > 5
+    batch, length = shape
+    ids = torch.as_tensor(rng.integers(0, vocab + 3, size=shape), dtype=torch.long)  # some ids past the vocabulary
+    logits = torch.as_tensor(rng.normal(size=(batch, length, vocab)), dtype=torch.float32)
+    processor = StolenBoosts(estimate, -2.0)
+    target = processor.along(ids, logits)
+    for t in range(length):
+        expected = logits[:, t].clone()
+        for row in range(batch):
+            window = ids[row, t - 1 : t + 1].tolist() if t >= 1 else []
+            if len(window) == 2 and max(window) < vocab:
+                for token in range(vocab):
+                    expected[row, token] += -2.0 * boosts.get((int(context_keys(np.array(window), vocab)), token), 0.0)
+        assert torch.allclose(processor(ids[:, : t + 1], logits[:, t]), expected, atol=1e-6, rtol=0)
+        if t < length - 1:
+            assert torch.equal(target[:, t], processor(ids[:, : t + 1], logits[:, t]))
+    assert torch.equal(target[:, -1], logits[:, -1])
+
+
+def test_a_two_token_scheme_is_stolen_with_two_token_contexts(random_llamas, tmp_path, small_preset):
+    """Decoding-time KGW seeded by two tokens (k = 2, lm-watermarking's simple_2): the estimate with context=2 holds
+    pairs green far more often than chance (0.25), and more often than the one-token estimate of the same texts."""
+    import torch
+
+    from attacks.stealing import load_estimate, recovered
+    from methods.kgw import GreenLists, KGWKey
+
+    marked, _ = random_llamas
+    store = Store(tmp_path / "runs")
+    pipe = Pipeline(small_preset(tmp_path, marked, **PRESET), store, "cpu")
+    method = methods.build("kgw-decoding", {"k": "2", "delta": "4"})
+    greens = GreenLists(KGWKey.from_dict(method.detection_key(pipe.tokenizer)["detector"]))
+    shares = {}
+    for width in ("1", "2"):
+        pipe.run(method, attacks.build("steal-scrub", steal_settings(tmp_path / "corpus.jsonl", texts="1000",
+                                                                     context=width)))  # fmt: skip
+        (stage,) = [s for s in (store.root / "stages" / "steal").iterdir() if s.name not in shares.values()]
+        estimate = load_estimate(stage)
+        vocab = int(estimate.get("vocab", len(pipe.tokenizer)))
+
+        def green(context: int, token: int, width=int(width), vocab=vocab) -> bool:
+            window = [context // vocab, context % vocab] if width == 2 else [context, context]  # (1: its last id)
+            return bool(greens.masks(torch.tensor(window))[0, token])
+
+        shares[width] = stage.name
+        shares[f"green{width}"] = recovered(estimate, green)
+    assert shares["green2"] > 0.5 and shares["green2"] > shares["green1"] + 0.1, shares
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [({"texts": "0"}, "texts: Input should be greater than or equal to 1"),
@@ -199,6 +286,30 @@ def test_bad_settings_are_refused(settings, message):
     for name in ("steal-scrub", "steal-spoof", "steal-finetune"):
         with pytest.raises(HarnessError, match=message):
             attacks.build(name, settings)
+
+
+def test_a_context_whose_keys_overflow_is_refused_before_any_work(random_llamas, monkeypatch):
+    """A context of three tokens of LLaMA-3's 128,256-token vocabulary would key (context, token) pairs past 2^63: each
+    stealing attack refuses it when validated (before any training), naming the widest that fits; the paraphrasing
+    scrub checks its paraphraser's vocabulary, which its estimate is counted in."""
+    from types import SimpleNamespace
+
+    from harness.assets import models
+
+    marked, paraphraser = random_llamas  # (the second stands for a paraphraser of a small vocabulary)
+    monkeypatch.setattr(models, "config", lambda ref: SimpleNamespace(vocab_size=128_256 if ref == str(marked) else 8))
+    for name in ("steal-scrub", "steal-spoof", "steal-finetune"):
+        attacks.build(name, {"context": "2"}).validate(str(marked))
+        with pytest.raises(HarnessError, match="context=3 with a 128,256-token vocabulary does not fit 64-bit keys; "
+                                               "at most context=2"):  # fmt: skip
+            attacks.build(name, {"context": "3"}).validate(str(marked))
+    attacks.build("steal-paraphrase", {"context": "3", "model": str(paraphraser), "tokenizer": None}).validate(
+        str(marked)
+    )
+    with pytest.raises(HarnessError, match="context=3 with a 128,256-token vocabulary"):
+        attacks.build("steal-paraphrase", {"context": "3", "model": str(marked), "tokenizer": None}).validate(
+            str(paraphraser)
+        )
 
 
 def test_a_reference_model_of_another_tokenizer_is_refused_before_any_work(random_llamas, other_tokenizer_llama, cli,
