@@ -260,10 +260,10 @@ class Stealing(Attack):
         context = f", context={p.context}" if p.context > 1 else ""
         return f"N={p.texts}, strength={p.strength:g}{context}{reference}"
 
-    def steal(self, pipeline, unaltered, counted_in: str | None = None) -> dict:
+    def steal(self, pipeline, unaltered) -> dict:
         """The estimate (a stage: built once for the watermarked model, its sampler and these settings), counted in the
-        base's tokens, or in those of the tokenizer ``counted_in`` (a model reference: both sides' texts decoded and
-        re-tokenized by it, for a rewriter of another vocabulary)."""
+        base's tokens, or in those of the model ``counted_in()`` names (both sides' texts decoded and re-tokenized by
+        its tokenizer, for a rewriter of another vocabulary)."""
         import numpy as np
 
         from harness.assets import data, models
@@ -276,6 +276,7 @@ class Stealing(Attack):
             spec["reference"] = {"ref": p.reference, "fingerprint": models.fingerprint(models.resolve(p.reference))}
         if "watermark" in generated.spec:  # a decoding-time watermark's sampler is what the attacker queries
             spec["watermark"] = generated.spec["watermark"]
+        counted_in = self.counted_in()
         if counted_in is not None:  # (only then: every estimate in the base's tokens keeps its hash)
             counter = models.resolve(counted_in)
             found = models.fingerprint(counter)
@@ -302,20 +303,18 @@ class Stealing(Attack):
             else:
                 reference = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the base's texts",
                                            from_base=True)  # fmt: skip
-            vocab = len(tokenizer)
+            counted, vocab = marked, len(tokenizer)  # (the queries are stored as the model wrote them)
             if counted_in is not None:
                 other = models.load_tokenizer(counter)
-                marked_, reference = (retokenized(tokenizer, other, texts) for texts in (marked, reference))
+                counted, reference = (retokenized(tokenizer, other, texts) for texts in (marked, reference))
                 vocab = len(other)
-            else:
-                marked_ = marked
-            found = estimate_boosts(marked_, reference, vocab, p.min_count, p.context)
+            found = estimate_boosts(counted, reference, vocab, p.min_count, p.context)
             np.savez(folder / ESTIMATE, **found)
             from harness.store import files
 
             files.write_jsonl(folder / QUERIES, [{"prompt_ids": a, "completion_ids": b}
                                                  for a, b in zip(prompts, marked, strict=True)])  # fmt: skip
-            tokens = {"watermarked_tokens": sum(map(len, marked_)), "reference_tokens": sum(map(len, reference))}
+            tokens = {"watermarked_tokens": sum(map(len, counted)), "reference_tokens": sum(map(len, reference))}
             return {"pairs": len(found["scores"]), "contexts": len(set(found["contexts"].tolist())), **tokens}
 
         folder = pipeline.aux_stage(KIND, spec, build, f"stolen estimate (N={p.texts})")
@@ -394,7 +393,7 @@ class ParaphraseScrub(Stealing, Dipper):
         return self.params.tokenizer or self.params.model
 
     def evaluated(self, pipeline, trained, unaltered) -> Evaluated:
-        found = self.steal(pipeline, unaltered, counted_in=self.counted_in())
+        found = self.steal(pipeline, unaltered)
         return [pipeline.attack_texts(self, unaltered, reads={"estimate": found["folder"]})]
 
     def processors(self, ctx: AttackContext) -> list:
