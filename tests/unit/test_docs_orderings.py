@@ -97,8 +97,10 @@ GATE = (2 / 3, 1.5)  # the default quality gate's median PPL ratio (harness.conf
 @cache
 def ppl_ratio(reference: str, category: str, row: str, method: str) -> float | None:
     """``method``'s median PPL at ``row`` (of ``category``) over the unwatermarked base's, from the reference's
-    robustness table (``matched.csv`` for a ``:matched`` reference) and the base rows of its ``runs.csv``; None where
-    the tables do not say (a table of one setup is read)."""
+    robustness table (``matched.csv`` for a ``:matched`` reference): its ``PPL_ratio`` column, the ratio the quality
+    gate reads (on one footing: a table whose PPL column is re-tokenized because text attacks share it keeps its ratio
+    on the runs' own), or for tables made before that column, its PPL over the base rows' of its ``runs.csv``; None
+    where the tables do not say (a table of one setup is read)."""
     name, matched = reference.removesuffix(":matched"), reference.endswith(":matched")
     tables = REFERENCES / name / "tables"
     found = sorted(tables.glob(f"*/{'matched' if matched else 'robustness'}.csv"))
@@ -111,6 +113,11 @@ def ppl_ratio(reference: str, category: str, row: str, method: str) -> float | N
         (i for i, (m, v) in enumerate(zip(methods, metrics, strict=True)) if m == method and v == "PPL"), None
     )
     line = next((x for x in rows[3:] if x[0] == category and f"{x[1]} {x[2]}".strip() == row), None)
+    ratio = next(
+        (i for i, (m, v) in enumerate(zip(methods, metrics, strict=True)) if m == method and v == "PPL_ratio"), None
+    )
+    if ratio is not None and line is not None:
+        return None if line[ratio] in ("", "missing") else float(line[ratio])
     with open(tables / "runs.csv", newline="") as fh:
         bases = [float(x["PPL"]) for x in csv.DictReader(fh) if x["attack"] == "No watermark" and x["PPL"]]
     if column is None or line is None or not bases or line[column] in ("", "missing"):
