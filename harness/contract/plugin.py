@@ -193,6 +193,8 @@ class SettingTable:
         owner = f"setting table {self.name!r}"
         if not isinstance(self.name, str) or not self.name.replace("-", "_").isidentifier():
             raise HarnessError(f"{owner}: its name is a plain name of letters, digits, '-' and '_' (its file's)")
+        if self.name in ATTACK_TABLES:  # (<attack>_curve and <attack>_flagged are the built-in tables' files)
+            raise HarnessError(f"{owner}: its name is a built-in table's ({', '.join(ATTACK_TABLES)}): name it another")
         if isinstance(self.values, str) or not self.values or not all(isinstance(v, str) for v in self.values):
             raise HarnessError(f"{owner}: its values are a non-empty tuple of runs.csv column names, e.g. ('AUC',)")
         if self.first not in FIRST_ROWS:

@@ -365,6 +365,7 @@ def test_an_attack_declares_a_table_of_its_own(store, tmp_path, monkeypatch):
     [(lambda T: T("a b", "c", ("AUC",)), "its name is a plain name"),
      (lambda T: T("t", "c", "AUC"), "its values are a non-empty tuple"),
      (lambda T: T("t", "c", ()), "its values are a non-empty tuple"),
+     (lambda T: T("flagged", "c", ("AUC",)), "its name is a built-in table's"),
      (lambda T: T("t", "c", ("AUC",), first="middle"), "its first row is one of 'unaltered', 'base', None")],
 )  # fmt: skip
 def test_a_bad_setting_table_is_one_line(make, message):
