@@ -226,8 +226,12 @@ class Stealing(Attack):
     def token_lengths(self) -> dict[str, int]:
         return {"prompt_tokens + new_tokens": self.params.prompt_tokens + self.params.new_tokens + 1}
 
+    def reference_model(self) -> str | None:
+        """The attacker's own reference model (None: the base's texts or the documents are the reference)."""
+        return None if self.params.reference in ("base", "human") else self.params.reference
+
     def model_refs(self) -> dict[str, str]:
-        return {} if self.params.reference in ("base", "human") else {"reference": self.params.reference}
+        return {"reference": self.reference_model()} if self.reference_model() else {}
 
     def counted_in(self) -> str | None:
         """The model whose tokenizer the estimate is counted in (None: the base's)."""
@@ -238,7 +242,7 @@ class Stealing(Attack):
         keys each pair in 64 bits: vocabulary^(width + 1) below 2^63 (a 128,256-token vocabulary: two tokens)."""
         from harness.assets import models
 
-        ref, width = self.params.reference, self.params.context
+        ref, width = self.reference_model(), self.params.context
         counter = self.counted_in() or base_model
         if width > 1 and counter is not None and (models.built(counter) or models.planned(counter)):
             vocab = models.config(counter).vocab_size
@@ -246,7 +250,7 @@ class Stealing(Attack):
                 widest = max(w for w in (1, 2, 3) if vocab ** (w + 1) < 2**63)
                 raise HarnessError(f"attack {self.name}: context={width} with a {vocab:,}-token vocabulary does not "
                                    f"fit 64-bit keys; at most context={widest}")  # fmt: skip
-        if base_model is None or ref in ("base", "human"):
+        if base_model is None or ref is None:
             return
         models.check(ref)
         if models.built(base_model) and not models.planned(ref):
@@ -272,8 +276,12 @@ class Stealing(Attack):
         out, generated = unaltered
         spec = {"version": self.version, "model": out.model_id, "settings": p.estimate_spec(),
                 "prompts": {**source(p).model_dump(), "fingerprint": data.fingerprint(source(p))}}  # fmt: skip
-        if p.reference not in ("base", "human"):  # a reference model of the attacker's: its content keys the estimate
-            spec["reference"] = {"ref": p.reference, "fingerprint": models.fingerprint(models.resolve(p.reference))}
+        reference_model = self.reference_model()
+        if reference_model:  # a reference model of the attacker's: its content keys the estimate
+            spec["reference"] = {
+                "ref": reference_model,
+                "fingerprint": models.fingerprint(models.resolve(reference_model)),
+            }
         if "watermark" in generated.spec:  # a decoding-time watermark's sampler is what the attacker queries
             spec["watermark"] = generated.spec["watermark"]
         counted_in = self.counted_in()
@@ -293,10 +301,10 @@ class Stealing(Attack):
             marked = pipeline.query(unaltered, prompts, p.new_tokens, p.seed, "steal: the watermarked model's texts")
             if p.reference == "human":
                 reference = [r["human_ids"] for r in records]
-            elif p.reference not in ("base", "human"):
+            elif reference_model:
                 from harness.compute.generation import sample_plainly
 
-                model = models.load_causal_lm(models.resolve(p.reference), models.default_device())
+                model = models.load_causal_lm(models.resolve(reference_model), models.default_device())
                 reference = sample_plainly(model, prompts, p.new_tokens, p.seed, tokenizer.eos_token_id,
                                            "steal: the reference's texts")  # fmt: skip
                 del model
