@@ -63,8 +63,10 @@ class StealParams(Params):
     added_later: ClassVar[tuple[str, ...]] = ("context",)
 
     def estimate_spec(self) -> dict:
-        """What the estimate depends on (not the strength, which only decoding reads)."""
-        return self.model_dump(exclude={"strength"})
+        """What the estimate depends on: the stealing settings alone, not the strength (which only the scrub or the
+        spoof reads) nor an attack's own settings (a fine-tuning budget, a paraphraser's), so that every attack with
+        the same stealing settings shares one estimate."""
+        return self.model_dump(include=set(StealParams.model_fields) - {"strength"})
 
 
 def source(p: StealParams):
@@ -362,12 +364,8 @@ class Spoof(Stealing):
 
 class ParaphraseScrubParams(StealParams, DipperParams):
     """The estimate's settings (``strength``: what the paraphraser's decoding takes off, times the estimated boost)
-    and DIPPER's (``seed`` draws both the attacker's queries and the paraphrases)."""
-
-    def estimate_spec(self) -> dict:
-        """What the estimate depends on: the stealing settings alone (its tokens are the paraphraser's, which the
-        estimate's spec names), so that the paraphrase settings share one estimate."""
-        return self.model_dump(include=set(StealParams.model_fields) - {"strength"})
+    and DIPPER's (``seed`` draws both the attacker's queries and the paraphrases). The estimate is counted in the
+    paraphraser's tokens, which its spec names (``counted_in``)."""
 
 
 class ParaphraseScrub(Stealing, Dipper):

@@ -157,6 +157,23 @@ def test_scrubbing_by_paraphrase_counts_the_estimate_in_the_paraphrasers_tokens(
     assert reads == {estimate.name}
 
 
+def test_every_stealing_attack_with_the_same_stealing_settings_shares_one_estimate():
+    """The estimate is keyed by the stealing settings alone: an attack's own settings (the scrub's or spoof's
+    strength, a fine-tuning budget, a paraphraser's) never make a second estimate; a stealing setting does."""
+    common = {"texts": "40", "min_count": "3", "context": "2"}
+    own = {
+        "steal-scrub": {"strength": "2"},
+        "steal-spoof": {"strength": "8"},
+        "steal-finetune": {"steps": "3", "lr": "1e-2", "batch_size": "4"},
+        "steal-paraphrase": {"strength": "1", "lexical": "40", "top_p": "0.9"},
+    }
+    specs = {name: attacks.build(name, {**common, **extra}).params.estimate_spec() for name, extra in own.items()}
+    assert len({json.dumps(spec, sort_keys=True) for spec in specs.values()}) == 1, specs
+    assert specs["steal-scrub"]["texts"] == 40 and "strength" not in specs["steal-scrub"]
+    other = attacks.build("steal-finetune", {**common, "texts": "41"}).params.estimate_spec()
+    assert other != specs["steal-finetune"]
+
+
 def test_a_chain_holds_no_attack_of_a_kind_of_its_own():
     """A chain's links are model attacks and a text attack at the end: an attack that makes its rows through stages
     of its own (stealing, several models' decoding) is refused in one line, not found broken after training."""
