@@ -189,14 +189,19 @@ def same_documents(a: DataSource, b: DataSource) -> bool:
     return (a.path, a.name, a.split) == (b.path, b.name, b.split)
 
 
-def fingerprint(src: DataSource) -> str:
-    """Content hash for bundled or local data (file hashes cached as for models); the id and split for hub data."""
-    if src.path == TINY_CHAT:  # the corpus it is made from, and how its instructions are worded
+@cache  # (the package's files do not change under a running process; a grid asks once per cell)
+def _bundled_fingerprint(name: str) -> str:
+    if name == TINY_CHAT:  # the corpus it is made from, and how its instructions are worded
         from harness.assets.chat import TINY_CHAT_VERSION
 
-        return hashlib.sha256(_bundled_bytes(src.path) + f"tiny-chat-{TINY_CHAT_VERSION}".encode()).hexdigest()[:16]
-    if src.path in BUILTIN_DATA:
-        return hashlib.sha256(_bundled_bytes(src.path)).hexdigest()[:16]
+        return hashlib.sha256(_bundled_bytes(name) + f"tiny-chat-{TINY_CHAT_VERSION}".encode()).hexdigest()[:16]
+    return hashlib.sha256(_bundled_bytes(name)).hexdigest()[:16]
+
+
+def fingerprint(src: DataSource) -> str:
+    """Content hash for bundled or local data (file hashes cached as for models); the id and split for hub data."""
+    if src.path == TINY_CHAT or src.path in BUILTIN_DATA:
+        return _bundled_fingerprint(src.path)
     local = Path(src.path).expanduser()
     if local.exists():
         digest = hashlib.sha256()

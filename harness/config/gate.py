@@ -15,8 +15,9 @@ OK, DEGENERATE, UNKNOWN = "ok", "degenerate", "unknown"
 
 class QualityGate(Params):
     """When a row's texts still count as writing, judged against the unwatermarked base's texts of the same setup,
-    prompts and decoding under the same judge. Declared before any run (a preset's, or a grid's ``quality_gate``);
-    a row outside it is marked degenerate and never ordered against another.
+    prompts and decoding under the same judge. Declared before any run (a preset's ``quality_gate``, or a grid's
+    ``overrides: {quality_gate.ppl_ratio: ...}``); a row outside it is marked degenerate and never ordered against
+    another.
 
     Defaults: the paper's methods keep their median PPL within 3.6-9.9 of LLaMA-2-13B's reading, and its claims
     compare methods whose PPLs differ by 20-25%; a watermark that costs more than half the base's perplexity again is

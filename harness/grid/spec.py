@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 from harness.config import presets
 from harness.config.errors import HarnessError
@@ -72,6 +72,13 @@ class Calibration(_Strict):
     ppl_ratio_max: float = Field(ge=1, allow_inf_nan=False)
     pick: Literal["AUC", "AUC_vs_base", "TPR@1%"] = "AUC_vs_base"
     sweep: dict[str, dict[str, list[Any]]] = Field(min_length=1)  # method -> {setting: [values]}: one setting each
+
+    @field_validator("ppl_ratio_max", mode="before")
+    @classmethod
+    def _a_number(cls, value):  # (YAML's true would be the budget 1.0, as a plugin's settings refuse it)
+        if isinstance(value, bool):
+            raise ValueError("a number, not true or false")
+        return value
 
 
 class GridSpec(_Strict):
@@ -144,7 +151,7 @@ class Grid:
         return len({c.seed for c in (*self.cells, *self.sweep)}) > 1
 
 
-MAX_CELLS = 100_000  # cells of one grid (each a run of minutes at least: the paper's grid has about 600)
+MAX_CELLS = 10_000  # cells of one grid: each a run of minutes at least (weeks of a GPU), the paper's grid about 600
 MAX_SPEC_BYTES = 1 << 20  # a grid spec is a page of YAML; more is not one (e.g. /dev/zero)
 MAX_SPEC_NODES = 100_000  # entries of the spec with its aliases expanded: the paper's grid has ~600
 
@@ -300,7 +307,13 @@ def only_groups(g: Grid, names: list[str]) -> Grid:
         raise HarnessError(f"{g.source}: no group '{unknown[0]}' (groups: {', '.join(g.spec.groups)})")
     keep = {n: g.spec.groups[n] for n in g.spec.groups if n in names}
     attribution = g.spec.attribution if g.spec.attribution in keep else None
-    return expand(g.spec.model_copy(update={"groups": keep, "attribution": attribution}), g.source, g.lines)
+    calibration = g.spec.calibration
+    if calibration is not None:  # (each method's choice is its own stage: the kept groups' methods keep theirs)
+        used = {m for group in keep.values() for m, entries in group.methods.items() if CALIBRATED in entries}
+        sweep = {m: s for m, s in calibration.sweep.items() if m in used}
+        calibration = calibration.model_copy(update={"sweep": sweep}) if sweep else None
+    update = {"groups": keep, "attribution": attribution, "calibration": calibration}
+    return expand(g.spec.model_copy(update=update), g.source, g.lines)
 
 
 def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, chosen: dict | None = None) -> Grid:
@@ -388,6 +401,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
                             cell = replace(cell, where=at("groups", group_name, "methods", method, i))
                             cells.setdefault(cell)
                             by_group.setdefault(group_name, []).append(cell)
+    _check_sweep_used(spec, at)
     ordered = sorted(cells, key=_training_order(list(cells)))
     attribution: list[Cell] = []
     if spec.attribution is not None:
@@ -432,6 +446,19 @@ def _sweep(spec: GridSpec, base: Preset, seeds: list[int], at) -> tuple[Cell, ..
                 cell = Cell.make(seeded, seed, method, params, "none", _frozen(none.params.model_dump()))
                 out.append(replace(cell, where=at_value))
     return tuple(dict.fromkeys(out))
+
+
+def _check_sweep_used(spec: GridSpec, at) -> None:
+    """A swept method that no group runs as ``calibrated`` is refused: its trainings would choose for nothing."""
+    if spec.calibration is None:
+        return
+    calibrated = {m for g in spec.groups.values() for m, entries in g.methods.items() if CALIBRATED in entries}
+    for method in spec.calibration.sweep:
+        if method not in calibrated:
+            raise HarnessError(
+                f"{at('calibration', 'sweep', method)}: the calibration sweeps {method}, but no group runs {method}: "
+                f"[{CALIBRATED}] (add it to a group, or take it out of the sweep)"
+            )
 
 
 def _strings(overrides: dict[str, Any]) -> dict[str, str]:

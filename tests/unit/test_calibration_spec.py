@@ -43,6 +43,12 @@ def test_the_sweep_is_every_value_unaltered_and_the_calibrated_entries_wait(tmp_
         ({"budget": "0.8"}, 3, "ppl_ratio_max"),
         ({"pick": "PPL"}, 4, "pick"),
         ({"method": "pro"}, 9, "'calibrated' needs a calibration section that sweeps pro"),
+        ({"budget": "true"}, 3, "ppl_ratio_max: .*a number, not true or false"),
+        (
+            {"sweep": "    gu-kgw: {delta: [1, 2]}\n    pro: {delta: [0.5, 1]}\n"},
+            7,
+            "the calibration sweeps pro, but no group runs pro: \\[calibrated\\]",
+        ),
     ],
 )
 def test_a_calibration_that_cannot_be_run_is_one_line_before_any_work(tmp_path, capsys, kwargs, line, words):
@@ -52,6 +58,22 @@ def test_a_calibration_that_cannot_be_run_is_one_line_before_any_work(tmp_path, 
     assert str(err.value).startswith(f"{path}:{line}:"), str(err.value)
     assert main(["grid", str(path), "--results", str(tmp_path / "runs")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_a_group_chosen_alone_keeps_the_sweeps_of_its_own_calibrated_methods(tmp_path):
+    """``harness grid --group``: a group that runs no calibrated method runs no sweep; one that does keeps its
+    methods' sweeps (each method's choice is a stage of its own, so it is the same choice)."""
+    path = tmp_path / "grid.yaml"
+    path.write_text(HEAD.format(budget="1.25", pick="AUC_vs_base") + "    gu-kgw: {delta: [1, 2]}\n"
+                    "    pro: {delta: [0.5, 1]}\ngroups:\n  matched:\n"
+                    "    methods: {gu-kgw: [calibrated], pro: [calibrated]}\n"
+                    "  plain:\n    methods: {gu-kth: [{}]}\n")  # fmt: skip
+    whole = grid.load(path)
+    assert {c.method for c in whole.sweep} == {"gu-kgw", "pro"}
+    plain = grid.only_groups(whole, ["plain"])
+    assert not plain.sweep and plain.spec.calibration is None and [c.method for c in plain.cells] == ["gu-kth"]
+    matched = grid.only_groups(whole, ["matched"])
+    assert matched.sweep == whole.sweep and matched.waiting == whole.waiting
 
 
 def test_calibrated_without_a_calibration_section_is_refused(tmp_path):
