@@ -187,8 +187,10 @@ def _dry_run(args, preset, plugins) -> None:
     from harness.assets import models
     from harness.cell.checks import check_inputs
     from harness.grid import jobs
+    from harness.store.stages import Store
 
     check_inputs(preset, plugins, build=False)
+    Store(args.results).check_writable(create=False)
     attack = plugins[1]
     print(f"{args.method} x {attack.table_label() if args.then else attack.name} on preset '{preset.name}' "
           f"(base model {preset.base_model}): inputs checked")  # fmt: skip
@@ -280,6 +282,10 @@ def cmd_grid(args) -> int:
     if args.allow_pickle:
         os.environ[models.ALLOW_PICKLE_ENV] = "1"
     _device_env(args)
+    if args.dry_run:  # (a run checks, and makes, its folder before any cell)
+        from harness.store.stages import Store
+
+        Store(args.results).check_writable(create=False)
     if spec.sweep and not args.dry_run:  # the calibration first: its cells, then its choice
         spec = _calibrated(spec, args, shard, resources)
         if spec is None:
@@ -461,6 +467,13 @@ def _audit(args) -> tuple[dict, list[dict]]:
     """``harness detect``'s work (``harness.audit.detect``): its report and the per-text rows."""
     from harness.audit.detect import Request
 
+    asked = [f for f, v in (("--decode", args.decode), ("--prompts", args.prompts),
+                            ("--system-prompt", args.system_prompt)) if v]  # fmt: skip
+    if args.texts is not None and asked:  # (else a setting that changes nothing would key a detection of its own)
+        raise HarnessError(
+            f"{asked[0]} says how a model is asked or samples, and --texts gives texts already written: drop it, or "
+            "give --model to have a suspect model write"
+        )
     request = Request(
         args.results, args.alpha, key=args.key, method=args.method, method_args=args.method_arg, model=args.model,
         texts_file=args.texts, preset=args.preset, overrides=preset_settings(args), num_texts=args.num_texts,

@@ -138,7 +138,9 @@ def parse_assignments(items: list[str], what: str) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep or not key or not value:
+        if sep and key and not value:
+            raise HarnessError(f"{what} '{item}' has no value: give one after '='")
+        if not sep or not key:
             raise HarnessError(f"malformed {what} '{item}': expected key=value, e.g. t=0.5")
         if key in out:
             raise HarnessError(f"{what} '{key}' given twice")

@@ -99,14 +99,20 @@ def stays_inside(rel: str) -> bool:
     return bool(path.parts) and not path.is_absolute() and ".." not in path.parts
 
 
-def check_writable(folder: Path, what: str) -> None:
+def check_writable(folder: Path, what: str, create: bool = True) -> None:
     """Make ``folder`` (and its parents) or fail in one line naming ``what`` it is, before any work: a file where a
-    folder should be, or a folder this process cannot write to."""
+    folder should be, or a folder this process cannot write to. ``create=False`` (a dry run) makes nothing: the
+    folder, or the nearest of its parents that exists, must be one this process may write in."""
     folder = Path(folder)
     for path in (folder, *folder.parents):
         if path.exists() and not path.is_dir():
             where = "it is a file, not a folder" if path == folder else f"'{path}' is a file"
             raise HarnessError(f"{what} '{folder}' is not writable: {where}")
+    if not create:
+        nearest = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+        if not os.access(nearest, os.W_OK | os.X_OK):  # (a read-only mount or an immutable folder, for root too)
+            raise HarnessError(f"{what} '{folder}' is not writable: '{nearest}' is not writable by this process")
+        return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write-test-{os.getpid()}"

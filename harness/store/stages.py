@@ -208,9 +208,10 @@ class Store:
     def __init__(self, root: Path):
         self.root = Path(root)
 
-    def check_writable(self) -> None:
-        """Fail early, in one line, if results cannot be written here."""
-        files.check_writable(self.root, "results folder")
+    def check_writable(self, create: bool = True) -> None:
+        """Fail early, in one line, if results cannot be written here (``create=False``: a dry run's check, which
+        makes no folder)."""
+        files.check_writable(self.root, "results folder", create)
 
     def folder(self, kind: str, key: str) -> Path:
         """Where stage ``key`` of ``kind`` is (or would be) stored: a run at ``<root>/<key>``, any other stage at

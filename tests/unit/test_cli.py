@@ -47,6 +47,8 @@ BAD_INPUTS = {
     "model path": (["run", "--method", "gu-kgw", "--base-model", "./no/such/model"], "does not exist"),
     "data path": (["run", "--method", "gu-kgw", "--set", "train_data.path=/no/data.jsonl"], "does not exist"),
     "malformed arg": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t"], "expected key=value"),
+    "empty value": (["run", "--method", "gu-kgw", "--attack", "wash", "--attack-arg", "models="], "'models=' has no"),
+    "empty setting": (["run", "--method", "gu-kgw", "--set", "train.steps= "], "'train.steps= ' has no value"),
     "bad value": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=1.5"], "t: Input should be"),
     "not a number": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "t=half"], "t: Input should"),
     "unknown setting": (["run", "--method", "gu-kgw", "--attack", "slerp", "--attack-arg", "x=1"], "x: Extra inputs"),
@@ -493,11 +495,19 @@ def test_doctor_lists_what_the_plugins_require(cli, monkeypatch):
 
 
 def test_unwritable_results_folder(cli, tmp_path):
+    """Refused in one line by the run, and by a dry run of a run or a grid (which say "inputs checked" and make
+    nothing): a file where the folder, or one of its parents, should be."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    out = cli("run", "--method", "gu-kgw", "--results", str(blocker / "runs"))
-    assert out.returncode == 2
-    assert out.stderr.count("\n") == 1 and "is not writable" in out.stderr
+    spec = tmp_path / "grid.yaml"
+    spec.write_text("preset: tiny\ngroups:\n  a:\n    methods: {gu-kgw: [{}]}\n")
+    for results in (blocker, blocker / "runs"):
+        for args in (("run", "--method", "gu-kgw"), ("run", "--method", "gu-kgw", "--dry-run"),
+                     ("grid", str(spec), "--dry-run")):  # fmt: skip
+            out = cli(*args, "--results", str(results))
+            assert out.returncode == 2, (args, out.stdout)
+            assert out.stderr.count("\n") == 1 and "is not writable" in out.stderr, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "grid.yaml"]
 
 
 def _python(code: str):

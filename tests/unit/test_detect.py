@@ -355,6 +355,10 @@ def test_bad_inputs_are_one_line_and_build_nothing(keyed, cli, tmp_path, encoder
         # What 'harness run' refuses, detect refuses too (the key's base model takes 128 tokens).
         ("--key", key, "--model", model, "--set", "eval.new_tokens=1000"): "(1033 tokens) is longer than the base",
         ("--key", key, "--texts", str(texts), "--set", "eval.new_tokens=1000"): "is longer than the base model takes",
+        # How a model is asked or samples means nothing for texts already written.
+        ("--key", key, "--texts", str(texts), "--decode", "temperature=0.7"): "--decode says how a model is asked",
+        ("--key", key, "--texts", str(texts), "--prompts", "chat"): "--prompts says how a model is asked",
+        ("--key", key, "--texts", str(texts), "--system-prompt", "Be brief."): "--system-prompt says how a model",
         ("--key", key, "--model", str(short)): f"is longer than the suspect model '{short}' takes (64",
         ("--key", key, "--model", model, "--show", "-100000"): "argument --show: expected a whole number",
         ("--key", key, "--model", model, "--num-texts", "99999999999999999999"): "--num-texts must be at most 1,0",

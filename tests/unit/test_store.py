@@ -66,6 +66,21 @@ def test_unwritable_results_folder_is_one_clear_error(tmp_path):
         Store(blocker / "runs").check_writable()
 
 
+def test_a_dry_runs_check_of_a_read_only_folder_makes_nothing(tmp_path, monkeypatch):
+    """``create=False`` (a dry run) asks the nearest folder that exists whether this process may write in it (a
+    read-only mount answers no, for root too) and makes nothing; the run's own check makes the folder."""
+    import os
+
+    target = tmp_path / "a" / "b"
+    Store(target).check_writable(create=False)
+    assert not (tmp_path / "a").exists()
+    asked = []
+    monkeypatch.setattr(os, "access", lambda path, mode: asked.append(path) or False)
+    with pytest.raises(HarnessError, match=f"not writable: '{tmp_path}' is not writable by this process"):
+        Store(target).check_writable(create=False)
+    assert asked == [tmp_path] and not (tmp_path / "a").exists()
+
+
 def test_the_manifest_names_the_commit_from_before_the_build(tmp_path, monkeypatch):
     """A long build (a training) may outlast a commit: the manifest keeps the commit the build started from."""
     from harness.store import stages
