@@ -181,6 +181,20 @@ def check_lengths(ref: str, lengths: dict[str, int], what: str = "the base model
             )
 
 
+def check_causal_lm_once(ref: str) -> None:
+    """``check_causal_lm`` of a model that needs no build, once per process while its config file is unchanged (a
+    grid checks each cell's base and judge: thousands of configs read for one model)."""
+    resolved = resolve(ref)
+    config = Path(resolved) / "config.json"
+    stamp = (config.stat().st_mtime_ns, config.stat().st_size) if config.is_file() else None
+    _causal_lm_checked(resolved, ref, stamp)
+
+
+@functools.cache
+def _causal_lm_checked(resolved: str, ref: str, stamp) -> None:
+    check_causal_lm(resolved, ref)
+
+
 def check_causal_lm(resolved: str, ref: str) -> None:
     """One line for a model that is not a causal language model (e.g. a sentence encoder), read from its config:
     one of its ``architectures`` (or, where it names none, its ``model_type``) must be one transformers generates

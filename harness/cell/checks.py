@@ -40,6 +40,12 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     refs = [ref for p in plugins for ref in p.model_refs().values()]
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)
+    for role, ref in (("base_model", preset.base_model), ("oracle_model", preset.oracle_model)):
+        if models.built(ref):  # (the base generates and the judge scores next tokens: each a causal LM, e.g. no T5)
+            try:
+                models.check_causal_lm_once(ref)
+            except HarnessError as err:
+                raise HarnessError(f"{role}: {err}") from None
     for source in dict.fromkeys((preset.train_data, preset.eval_data, asked,
                                  *(s for p in plugins for s in p.data_refs().values()))):  # fmt: skip
         data.check(source)

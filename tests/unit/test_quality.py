@@ -76,6 +76,18 @@ def test_a_gate_that_cannot_judge_is_one_line_before_any_work(setting, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "quality_gate" in err, err
 
 
+@pytest.mark.parametrize("role", ["--oracle-model", "--base-model"])
+def test_a_base_or_judge_that_is_no_causal_lm_is_one_line_before_any_work(random_t5, role, tmp_path, capsys):
+    """The judge scores next tokens and the base writes: a sequence-to-sequence model (here a T5 paraphraser) is
+    refused by the dry run and the run alike, before anything trains or loads weights."""
+    for dry in (["--dry-run"], []):
+        code = main(["run", "--method", "gu-kgw", role, str(random_t5), "--results", str(tmp_path / "runs"), *dry])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert f"{role[2:].replace('-', '_')}: model '{random_t5}' is not a causal language model" in err, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 def test_the_default_gate_moves_no_hash_and_another_is_recorded():
     assert "quality_gate" not in TINY.hashed()  # every stored run keeps its hash
     custom = apply_overrides(TINY, {"quality_gate.ppl_ratio": "[0.5, 2]"})
