@@ -190,6 +190,22 @@ class DonorMerge(ModelAttack):
         }
 
 
+def vocabulary_fits(base: str, ref: str, role: str) -> None:
+    """``same_vocabulary`` before any build: the vocabulary sizes that a recipe or a GGUF header gives where either
+    model is not built yet (its tokens are compared once it is), else the tokenizers."""
+    from harness.assets import models
+
+    if models.planned(base) or models.planned(ref):
+        ours, theirs = models.config(base).vocab_size, models.config(ref).vocab_size
+        if ours != theirs:
+            raise HarnessError(
+                f"{role} '{ref}' has another vocabulary than the base model ({theirs} tokens against {ours}): its ids "
+                "are other tokens'"
+            )
+        return
+    same_vocabulary(base, ref, role=role)
+
+
 def same_vocabulary(base: str, donor: str, name: str | None = None, role: str = "merge donor") -> None:
     """Refuse a donor whose tokenizer maps tokens to other ids than the base's (its embedding rows would be merged
     with other tokens' rows; a ``role`` other than a merge donor's would mix other tokens' probabilities)."""

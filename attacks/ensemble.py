@@ -191,11 +191,10 @@ class Wash(DecodingAttack):
                 seen[folder] = ref
         if base_model is None:
             return
-        from attacks.donor_merge import same_vocabulary
+        from attacks.donor_merge import vocabulary_fits
 
         for ref in self.params.used():
-            if models.built(base_model) and not models.planned(ref):
-                same_vocabulary(base_model, ref, role="wash model")
+            vocabulary_fits(base_model, ref, role="wash model")
 
 
 class LogitMergeParams(Params):

@@ -255,10 +255,9 @@ class Stealing(Attack):
         if base_model is None or ref is None:
             return
         models.check(ref)
-        if models.built(base_model) and not models.planned(ref):
-            from attacks.donor_merge import same_vocabulary
+        from attacks.donor_merge import vocabulary_fits
 
-            same_vocabulary(base_model, ref, role="stealing reference")
+        vocabulary_fits(base_model, ref, role="stealing reference")
 
     def config_label(self) -> str:
         p = self.params

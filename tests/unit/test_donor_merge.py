@@ -277,3 +277,23 @@ def test_a_folder_donor_of_a_built_in_base_is_judged_on_the_base_built(three, mo
     built = BuiltinModel("harness.assets.tiny:stand_in", "harness.assets.tiny:stand_in_built", "nothing")
     monkeypatch.setitem(BUILTIN_MODELS, TINY_LM, built)
     merge(donors=str(donor)).validate(TINY_LM)
+
+
+@pytest.mark.parametrize("role", ["wash model", "stealing reference"])
+def test_a_model_not_built_yet_is_judged_by_the_vocabulary_its_recipe_gives(role, monkeypatch):
+    """A wash model or a stealing reference that this machine has not built (a GGUF not converted yet) is refused by
+    its header's vocabulary size before it is built, as a merge donor is; one of the base's size is left to its
+    tokens, once built."""
+    from types import SimpleNamespace
+
+    from attacks.donor_merge import vocabulary_fits
+    from harness.assets import models
+
+    sizes = {"builtin:other": 49152, "base": 4096}
+    monkeypatch.setattr(models, "planned", lambda ref: ref == "builtin:other")
+    monkeypatch.setattr(models, "config", lambda ref: SimpleNamespace(vocab_size=sizes[ref]))
+    with pytest.raises(HarnessError, match=f"{role} 'builtin:other' has another vocabulary than the base model "
+                                           r"\(49152 tokens against 4096\)"):  # fmt: skip
+        vocabulary_fits("base", "builtin:other", role)
+    sizes["builtin:other"] = 4096
+    vocabulary_fits("base", "builtin:other", role)
