@@ -74,7 +74,10 @@ class Dipper(TextAttack):
         return refs
 
     def config_label(self) -> str:
-        return f"lex={self.params.lexical}, order={self.params.order}"
+        """The codes, and the nucleus where it is not DIPPER's 0.75 (rows of two nuclei are two rows)."""
+        top_p = self.params.top_p
+        nucleus = f", top_p={top_p:g}" if top_p != DipperParams.model_fields["top_p"].default else ""
+        return f"lex={self.params.lexical}, order={self.params.order}{nucleus}"
 
     def load(self, ctx: AttackContext):
         """The paraphraser (eval mode, on ``ctx.device``) and its tokenizer, from safetensors unless pickles are

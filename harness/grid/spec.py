@@ -402,6 +402,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
                             cells.setdefault(cell)
                             by_group.setdefault(group_name, []).append(cell)
     _check_sweep_used(spec, at)
+    _check_rows_apart(list(cells))
     ordered = sorted(cells, key=_training_order(list(cells)))
     attribution: list[Cell] = []
     if spec.attribution is not None:
@@ -446,6 +447,22 @@ def _sweep(spec: GridSpec, base: Preset, seeds: list[int], at) -> tuple[Cell, ..
                 cell = Cell.make(seeded, seed, method, params, "none", _frozen(none.params.model_dump()))
                 out.append(replace(cell, where=at_value))
     return tuple(dict.fromkeys(out))
+
+
+def _check_rows_apart(cells: list[Cell]) -> None:
+    """Two cells of one setup whose rows would carry the same words (a plugin's label that does not show the setting
+    they differ in) are refused: every table would show them as one row, and pair them as one."""
+    named: dict[tuple, Cell] = {}
+    for cell in cells:
+        key = (cell.setup, cell.name(with_seed=True))
+        other = named.setdefault(key, cell)
+        if other is not cell:
+            differ = sorted({k for k, _ in set(other.method_settings) ^ set(cell.method_settings)}
+                            | {k for k, _ in set(other.attack_settings) ^ set(cell.attack_settings)})  # fmt: skip
+            raise HarnessError(
+                f"{cell.where}: two cells would be one row, '{key[1]}': they differ in {', '.join(differ)}, which "
+                "the row's label does not show"
+            )
 
 
 def _check_sweep_used(spec: GridSpec, at) -> None:

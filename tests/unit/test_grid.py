@@ -70,6 +70,17 @@ def test_cell_names_tell_apart_attacks_that_differ_in_their_table_label(tmp_path
     assert [n.split(" x ")[1].split(":")[0] for n in names] == ["merge(TIES", "merge(DARE-TIES"] * 2, names
 
 
+def test_cells_whose_rows_would_read_the_same_are_refused(tmp_path):
+    """A setting the row's label does not show (a paraphrase's seed) would make two cells one row of every table:
+    refused in one line naming the spec's line; DIPPER's nucleus is shown where it is not 0.75."""
+    spec = GOOD.replace("slerp: [{t: 0.1}, {t: 0.5}]", "dipper: [{seed: 1}, {seed: 2}]")
+    with pytest.raises(HarnessError, match=r"grid.yaml:\d+: two cells would be one row, .*they differ in seed"):
+        grid.load(write(tmp_path, spec))
+    spec = GOOD.replace("slerp: [{t: 0.1}, {t: 0.5}]", "dipper: [{}, {top_p: 0.9}]")
+    names = {c.name() for c in grid.load(write(tmp_path, spec)).cells if c.attack == "dipper"}
+    assert {n.split(" x ")[1] for n in names} == {"dipper(lex=60, order=0)", "dipper(lex=60, order=0, top_p=0.9)"}
+
+
 def test_seeds_and_overrides_reach_the_preset(tmp_path):
     g = grid.load(
         write(tmp_path, GOOD.replace("preset: tiny", "preset: tiny\nseeds: [3, 4]\noverrides: {train.steps: 7}"))
