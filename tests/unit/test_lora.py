@@ -243,7 +243,7 @@ def test_settings_the_model_cannot_take_are_one_line(random_llamas, values, mess
         ("dropout=1", "dropout: Input should be less than 1"),
         ("lr=nan", "lr: Input should be a finite number"),
         ("steps=,", "give at least one step"),
-        ("steps=", "malformed attack setting"),
+        ("steps=", "attack setting 'steps=' has no value"),
     ],
 )
 def test_bad_settings_stop_the_cli_before_any_work(cli, tmp_path, setting, message, dry):
