@@ -168,6 +168,18 @@ def test_a_decoding_a_method_that_chooses_its_own_token_ignores_is_refused(metho
     assert cli("run", "--method", method, "--decode", "repetition_penalty=1.2", "--dry-run").returncode == 0
 
 
+@pytest.mark.parametrize("k, refused", [(4095, False), (4096, True), (100_000, True)])
+def test_a_top_k_that_keeps_the_whole_vocabulary_is_refused(k, refused, cli):
+    """The tiny base's tokenizer has 4,096 tokens: a top-k at or above that truncates nothing, so its rows would be
+    plain sampling's under another label (and other hashes). One line, before any work, judged by the recipe."""
+    out = cli("run", "--method", "gu-kgw", "--decode", f"top_k={k}", "--dry-run")
+    if refused:
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert f"eval.top_k={k} keeps every token of the base model's 4,096-token vocabulary" in out.stderr
+    else:
+        assert out.returncode == 0, out.stderr
+
+
 def test_a_grid_group_decodes_each_way_and_refuses_a_bad_one(tmp_path):
     from harness.grid import spec as grid
 
