@@ -62,10 +62,11 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
         lengths |= {f"{p.name} {k}": v for p in plugins for k, v in p.token_lengths().items()}
         models.check_lengths(preset.base_model, lengths)
         top_k = preset.eval.top_k
-        if top_k and top_k >= models.vocab_length(preset.base_model):  # (a row labelled top-k that samples as without)
+        vocab = models.vocab_length(preset.base_model) if top_k else 0
+        if top_k and top_k >= vocab:  # (a row labelled top-k that samples as without it)
             raise HarnessError(
-                f"eval.top_k={top_k} keeps every token of the base model's {models.vocab_length(preset.base_model):,}"
-                "-token vocabulary: it samples as without top-k (0, the default)"
+                f"eval.top_k={top_k} keeps every token of the base model's {vocab:,}-token vocabulary: it samples as "
+                "without top-k (0, the default)"
             )
 
 
