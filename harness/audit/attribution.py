@@ -56,7 +56,8 @@ def attribute(entries: list[tuple[Pipeline, object]]) -> int:
         (out,) = pipe.attack(none, stage)
         label = {"label": f"{method.label} ({method.config_label()})", "method": method.label,
                  "config": method.config_label(), "train": stage.key}  # fmt: skip
-        sources.append((label, pipe.generate(out.path, out.model_id, out.row)))
+        # (a decoding-time watermark's model is the base sampled with its key: the run's own unaltered texts)
+        sources.append((label, pipe.generate(out.path, out.model_id, out.row, pipe.sampler(method, stage))))
         trained.append((pipe, method, stage))
     for pipe, method, stage in trained:
         for label, generated in sources:

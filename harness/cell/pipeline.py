@@ -287,6 +287,16 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         texts = data.load_texts(source, limit=limit)
         return data.eval_prompts(self.tokenizer, texts, e.num_prompts, e.prompt_tokens, e.new_tokens)
 
+    @staticmethod
+    def sampler(method, trained: Stage) -> tuple | None:
+        """How the unaltered model of ``method`` (trained as ``trained``) is sampled: a decoding-time watermark's
+        ``(spec, tokenizer -> its key's logits processors)``, which every draw of that model samples with
+        (``generate``'s ``watermark``); None for a watermark in the weights."""
+        if not method.decoding_time:
+            return None
+        return ({"method": method.name, "key_from": trained.key},
+                lambda tokenizer: method.logits_processors(trained.path, tokenizer))  # fmt: skip
+
     def generate(
         self,
         model_path: str | Path,
@@ -460,11 +470,8 @@ class Pipeline:  # implements the contract's MethodStages (method.py) and CellSt
         base_spec = run_spec(None, None, base_gen, None)
         cells = [self.score(method, trained, base_gen, base_spec, {"model": self.base["path"]})]
         (unaltered_out,) = self.attack(none, trained)
-        sampler = None  # a decoding-time watermark is the sampler's: its key's processors
-        if method.decoding_time:
-            sampler = ({"method": method.name, "key_from": trained.key},
-                       lambda tokenizer: method.logits_processors(trained.path, tokenizer))  # fmt: skip
-        unaltered = self.generate(unaltered_out.path, unaltered_out.model_id, unaltered_out.row, sampler)
+        unaltered = self.generate(unaltered_out.path, unaltered_out.model_id, unaltered_out.row,
+                                  self.sampler(method, trained))  # fmt: skip
         rows = [(none, unaltered_out, unaltered)]  # (attack, output, generations)
         # The attack says what it adds (harness/contract/attack.py): models of its own or rewrites of the unaltered
         # texts.
