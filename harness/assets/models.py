@@ -28,8 +28,18 @@ ALLOW_PICKLE_ENV = "HARNESS_ALLOW_PICKLE"
 
 
 def pickle_allowed() -> bool:
-    """Whether the user passed ``--allow-pickle`` (the CLI sets the variable, so subprocesses see it too)."""
-    return os.environ.get(ALLOW_PICKLE_ENV, "") not in ("", "0")
+    """Whether the user passed ``--allow-pickle`` (the CLI sets the variable, so subprocesses see it too): 1, true,
+    yes or on; unset, empty, 0, false, no or off is no, and any other value is refused (``false`` once allowed
+    pickled checkpoints to load, which execute code)."""
+    value = os.environ.get(ALLOW_PICKLE_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise HarnessError(
+        f"{ALLOW_PICKLE_ENV}={os.environ[ALLOW_PICKLE_ENV]!r} is not a setting: 1 to allow pickled checkpoints "
+        "(they run code when loaded), or leave it unset"
+    )
 
 
 def _check_builtin(ref: str) -> None:

@@ -7,6 +7,7 @@ import os
 import sys
 import warnings
 
+from harness.assets import models
 from harness.cli import commands
 from harness.cli.parser import build_parser
 from harness.compute import distributed, imports, memory
@@ -90,10 +91,16 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     imports.defer_hqq_import()  # before transformers is imported: a shorter start-up (harness/compute/imports.py)
+    try:  # (the environment's settings first: logging asks which process of a launch this is)
+        distributed.check_setting()
+        models.pickle_allowed()
+        memory.check_setting()
+    except HarnessError as err:
+        print(f"harness: error: {printable(str(err))}", file=sys.stderr)
+        return 2
     configure_logging(args.verbose, distributed.is_main())
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        memory.check_setting()
         memory.tune_allocator()  # before any model is built or loaded (harness/compute/memory.py)
         if args.command == "list":
             commands.cmd_list()

@@ -18,6 +18,17 @@ from collections.abc import Callable, Iterator
 _solo = 0  # > 0 while the main process builds a stage alone: nothing in it may wait for the other processes
 
 
+def check_setting() -> None:
+    """One line where a launcher's variable is not a whole number (``WORLD_SIZE`` at least 1, ``RANK`` and
+    ``LOCAL_RANK`` at least 0), before anything reads it."""
+    from harness.config.errors import HarnessError
+
+    for name, least in (("WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)):
+        value = os.environ.get(name)
+        if value is not None and not (value.strip().isdigit() and int(value) >= least):
+            raise HarnessError(f"{name}={value!r} is not a launcher's setting: a whole number, at least {least}")
+
+
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 

@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from harness.assets import models
+
 
 def test_console_script_runs_and_exits_2_on_bad_input(harness):
     out = harness("--help")
@@ -636,3 +638,31 @@ def test_broken_plugins_are_named_and_the_rest_still_work(tmp_path, monkeypatch,
     monkeypatch.setitem(attacks.builtins, "bad-table", "bad_table:Plugin")
     out = cli("list")
     assert out.returncode == 0 and "presets:" in out.stdout and "robustnes" in out.stdout.split("bad-table", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "variable, value, says",
+    [
+        ("HARNESS_ALLOW_PICKLE", "maybe", "HARNESS_ALLOW_PICKLE='maybe' is not a setting"),
+        ("HARNESS_MALLOC", "sytem", "HARNESS_MALLOC='sytem' is not a setting"),
+        ("WORLD_SIZE", "abc", "WORLD_SIZE='abc' is not a launcher's setting"),
+        ("WORLD_SIZE", "", "WORLD_SIZE='' is not a launcher's setting"),
+        ("WORLD_SIZE", "0", "at least 1"),
+        ("RANK", "-1", "RANK='-1' is not a launcher's setting"),
+        ("LOCAL_RANK", "1.5", "LOCAL_RANK='1.5'"),
+    ],
+)
+def test_an_environment_setting_that_means_nothing_is_one_line(cli, monkeypatch, variable, value, says):
+    """Read before anything else (logging asks which process of a launch this is), by every command."""
+    monkeypatch.setenv(variable, value)
+    for command in (["list"], ["tables", "--results", "nowhere"]):
+        out = cli(*command)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, (command, out.stderr)
+
+
+@pytest.mark.parametrize("value, allowed", [("1", True), ("TRUE", True), ("on", True), ("", False), ("0", False),
+                                            ("false", False), ("No", False), ("off", False)])  # fmt: skip
+def test_pickles_are_allowed_only_when_the_variable_says_yes(monkeypatch, value, allowed):
+    """``HARNESS_ALLOW_PICKLE=false`` once allowed pickled checkpoints (which run code when loaded) to load."""
+    monkeypatch.setenv(models.ALLOW_PICKLE_ENV, value)
+    assert models.pickle_allowed() is allowed
