@@ -217,6 +217,9 @@ def cmd_tables(args) -> None:
     store = Store(args.results)
     if not store.root.is_dir():
         raise HarnessError(f"no run store at '{store.root}': run 'harness run' or 'harness grid' first")
+    inside = store.part_holding(args.out)
+    if inside is not None:
+        raise HarnessError(f"--out '{args.out}' is {inside}: write the tables beside the store, not into it")
     files.check_writable(args.out, "tables folder")
     df = collect(store)
     try:
@@ -379,6 +382,9 @@ def cmd_report(args) -> None:
         raise HarnessError(f"no run store at '{store.root}': run 'harness run' or 'harness grid' first")
     if args.out.suffix.lower() not in (".html", ".htm"):
         raise HarnessError(f"--out '{args.out}' must name an .html file")
+    inside = store.part_holding(args.out.parent)
+    if inside is not None and args.out.parent.resolve() != store.root.resolve():  # (a page beside the runs is none)
+        raise HarnessError(f"--out '{args.out}' is in {inside}: write the report beside the store's runs")
     files.check_writable(args.out.parent if str(args.out.parent) else Path("."), "report folder")
     try:
         written = write_report(store, args.out)

@@ -17,6 +17,14 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"harness: error: {printable(message)} (see '{self.prog} --help')\n")
 
 
+def a_path(text: str) -> Path:
+    """A path argument: the empty string is refused (``Path("")`` is the current folder, where an unset variable
+    in ``--out "$DIR"`` would write the tables or copy the store)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path: name a file or folder ('.' for this one)")
+    return Path(text)
+
+
 def count(text: str) -> int:
     """A whole number >= 0 (argparse's ``type``: its error is one line naming the option)."""
     if not (text.strip().isascii() and text.strip().isdigit() and len(text.strip()) <= 18):
@@ -41,7 +49,7 @@ class ThenLink(argparse.Action):
 
 def add_results(parser) -> None:
     """The run store option every command that reads or writes runs takes."""
-    parser.add_argument("--results", type=Path, default=Path("results/runs"), help="run store (default results/runs)")
+    parser.add_argument("--results", type=a_path, default=Path("results/runs"), help="run store (default results/runs)")
 
 
 def add_decode(parser) -> None:
@@ -186,7 +194,7 @@ def add_grid_command(commands) -> None:
         "each cell as 'harness run' would: stored stages are reused, a failed cell is reported and the others go on, "
         "and a grid started again computes only what is missing.",
     )
-    grid.add_argument("spec", type=Path, help="grid spec, e.g. grids/tiny.yaml")
+    grid.add_argument("spec", type=a_path, help="grid spec, e.g. grids/tiny.yaml")
     add_results(grid)
     grid.add_argument("--dry-run", action="store_true", help="list the cells and which are stored; run nothing")
     grid.add_argument(
@@ -206,7 +214,7 @@ def add_executor_options(grid) -> None:
         help="inline (default: this process, one cell after another), local (submitit jobs on this machine) or "
         "slurm (submitit jobs on a Slurm cluster; the run store must be on a shared file system)",
     )
-    grid.add_argument("--jobs-dir", type=Path, help="submitit's job folders (default <results>/jobs)")
+    grid.add_argument("--jobs-dir", type=a_path, help="submitit's job folders (default <results>/jobs)")
     grid.add_argument("--partition", help="Slurm partition")
     grid.add_argument("--account", help="Slurm account")
     grid.add_argument("--gpus", type=int, help="GPUs per job")
@@ -224,7 +232,7 @@ def add_tables_command(commands) -> None:
         "missing.",
     )
     add_results(tables)
-    tables.add_argument("--out", type=Path, default=Path("results/tables"), help="output folder")
+    tables.add_argument("--out", type=a_path, default=Path("results/tables"), help="output folder")
     tables.add_argument("--ci", action="store_true", help="add the bootstrap 95%% interval of each AUC as columns")
     tables.add_argument("--no-figures", action="store_true", help="tables only")
 
@@ -260,7 +268,7 @@ def add_key_and_suspect(detect) -> None:
     add_method_args(detect, "with --method")
     suspect = detect.add_mutually_exclusive_group(required=True)
     suspect.add_argument("--model", help="the suspect model: a local folder, a .gguf file or a Hugging Face id")
-    suspect.add_argument("--texts", type=Path, help="texts to score: .txt (one per line) or .jsonl ('text' field)")
+    suspect.add_argument("--texts", type=a_path, help="texts to score: .txt (one per line) or .jsonl ('text' field)")
 
 
 def add_report_command(commands) -> None:
@@ -271,7 +279,7 @@ def add_report_command(commands) -> None:
         "disk with no network: figures embedded, no script or font fetched.",
     )
     add_results(report)
-    report.add_argument("--out", type=Path, default=Path("results/report.html"), help="the HTML file to write")
+    report.add_argument("--out", type=a_path, default=Path("results/report.html"), help="the HTML file to write")
 
 
 def add_export_command(commands) -> None:
@@ -282,10 +290,10 @@ def add_export_command(commands) -> None:
         "generated texts (generations.jsonl) unless --keep-texts: 'harness tables' and 'harness report' read the copy "
         "as they read the store; models and other stages stay behind, so it cannot be rescored or extended.",
     )
-    export.add_argument("dest", type=Path, help="the store to write (made if missing)")
+    export.add_argument("dest", type=a_path, help="the store to write (made if missing)")
     add_results(export)
     export.add_argument("--keep-texts", action="store_true", help="copy generations.jsonl too")
-    export.add_argument("--grid", type=Path, help="only the runs this grid spec makes (its sweep and its cells)")
+    export.add_argument("--grid", type=a_path, help="only the runs this grid spec makes (its sweep and its cells)")
 
 
 def add_rescore_command(commands) -> None:

@@ -36,8 +36,8 @@ def export(store: Store, dest: Path, keep_texts: bool = False, only: set[str] | 
     midway leaves no folder that reads as finished; what it left is removed by the next export (``Store.sweep``). One
     export at a time writes into ``dest``: a second is refused in one line while the first runs."""
     dest = Path(dest)
-    if dest.resolve() == store.root.resolve():
-        raise HarnessError(f"cannot export the store '{store.root}' into itself")
+    if dest.resolve() == store.root.resolve() or store.root.resolve() in dest.resolve().parents:
+        raise HarnessError(f"cannot export the store '{store.root}' into itself ('{dest}' is inside it)")
     files.check_writable(dest, "export folder")
     into = Store(dest)
     (dest / LOCKS).mkdir(exist_ok=True)

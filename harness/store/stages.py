@@ -289,6 +289,20 @@ class Store:
             log.info("removed %d unfinished folders left by interrupted runs", removed)
         return removed
 
+    def part_holding(self, path: Path) -> str | None:
+        """What part of this store ``path`` is or lies in, for refusing to write there: the store itself, one of its
+        runs or its stages (what the store reads as results); None elsewhere (a new folder beside the runs too)."""
+        try:
+            rel = Path(path).resolve().relative_to(self.root.resolve())
+        except ValueError:
+            return None
+        if not rel.parts:
+            return f"the run store '{self.root}' itself"
+        head = rel.parts[0]
+        if head in (STAGES, LOCKS) or (self.root / head / "spec.json").exists() or (self.root / head / "DONE").exists():
+            return f"'{self.root / head}', a part of the run store '{self.root}'"
+        return None
+
     def runs(self) -> list[Path]:
         """Finished run folders, oldest first."""
         found = [p for p in _finished(self.root.glob("*/DONE")) if p.parent.name not in (STAGES, DAMAGED)]

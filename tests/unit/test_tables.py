@@ -227,6 +227,33 @@ def test_tables_into_an_unwritable_folder_are_one_line(tmp_path, fake_run, cli):
                                                                 + "' is a file"), out.stderr  # fmt: skip
 
 
+def test_tables_reports_and_exports_never_write_into_the_store_they_read(tmp_path, fake_run, cli):
+    """The store's root, a run folder or its stages as --out (or an export's destination inside the store) are one
+    line, and nothing is written there; a page beside the runs, or a folder beside the store, is fine. An empty path
+    (an unset variable in "--out $DIR") is refused rather than read as this folder."""
+    store = Store(tmp_path / "runs")
+    fake_run(store, "gu-kgw", {}, "none", {}, 0.9)
+    (run,) = store.runs()
+    before = sorted(p.relative_to(store.root) for p in store.root.rglob("*"))
+    refused = [
+        ("tables", "--out", str(store.root)),
+        ("tables", "--out", str(run)),
+        ("tables", "--out", str(run / "tables")),
+        ("tables", "--out", str(store.root / "stages" / "tables")),
+        ("report", "--out", str(run / "report.html")),
+        ("export", str(store.root / "copy")),
+        ("export", str(run)),
+        ("tables", "--out", ""),
+        ("export", ""),
+    ]
+    for args in refused:
+        out = cli(*args, "--results", str(store.root))
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, (args, out.stderr)
+    assert sorted(p.relative_to(store.root) for p in store.root.rglob("*")) == before
+    assert cli("report", "--out", str(store.root / "report.html"), "--results", str(store.root)).returncode == 0
+    assert cli("tables", "--out", str(tmp_path / "tables"), "--results", str(store.root)).returncode == 0
+
+
 def test_a_setup_the_store_no_longer_has_leaves_no_tables_behind(tmp_path, fake_run, cli):
     """When a second setup turns `tiny/` into `tiny-<hash>/`, the old folder does not stay in --out as if current;
     files that harness tables did not write are left alone."""
