@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Callable
 from functools import cache
@@ -250,9 +251,43 @@ def _named_preset_methods(preset_name: str) -> dict:
         return {}
 
 
+# Metrics that are shares (AUC, TPRs, repetition and diversity) and those that are positive (perplexities).
+SHARES = ("auc", *TPRS.values(), *QUALITY)
+POSITIVE = ("median_ppl", "median_ppl_retokenized")
+
+
+def checked_metrics(m) -> dict:
+    """A run's ``metrics.json`` as tables may read it: a mapping whose shares lie in [0, 1] and whose perplexities
+    are positive, each a finite number or absent (None). A stored file edited with its contents.json (an AUC of NaN,
+    7.5 or "high") is refused with the reason (``collect`` leaves the run out with one warning naming it), never
+    printed as a result or met as a traceback."""
+    if not isinstance(m, dict):
+        raise ValueError(f"metrics.json holds a {type(m).__name__}, not a mapping")
+
+    def number(key, value, low, high, nan=False) -> None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and nan and math.isnan(value):
+            return
+        if not (ok and math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"metrics.json's {key} is {json.dumps(value)[:40]}, not a number in [{low}, {high}]")
+
+    for key in SHARES + POSITIVE:
+        if m.get(key) is not None:  # (a perplexity no text could be read for is NaN: WASH's re-tokenized one)
+            number(key, m[key], 0, 1 if key in SHARES else math.inf, nan=key in POSITIVE)
+    ci = m.get("auc_ci95")
+    if not (isinstance(ci, list) and len(ci) == 2):
+        raise ValueError(f"metrics.json's auc_ci95 is {json.dumps(ci)[:40]}, not a pair")
+    for bound in ci:
+        number("auc_ci95", bound, 0, 1)
+    for key in ("n_pos", "n_neg"):
+        if not (isinstance(m.get(key), int) and not isinstance(m.get(key), bool) and m[key] >= 0):
+            raise ValueError(f"metrics.json's {key} is {json.dumps(m.get(key))[:40]}, not a count")
+    return m
+
+
 def _row(run: Path) -> dict:
     spec = json.loads((run / "spec.json").read_text())
-    m = json.loads((run / "metrics.json").read_text())
+    m = checked_metrics(json.loads((run / "metrics.json").read_text()))
     cfg = spec["config"]
     preset = cfg["preset"]
     method = cfg["method"]
@@ -346,8 +381,18 @@ def model_of_run(store: Store, run: str) -> str | None:
 
 
 def scores(store: Store, run: str) -> list[dict]:
-    """A run's stored per-text scores."""
-    return [json.loads(line) for line in (store.root / run / "scores.jsonl").read_text().splitlines() if line]
+    """A run's stored per-text scores (a line that is no JSON object: one line naming the run and the line)."""
+    out = []
+    for number, line in enumerate((store.root / run / "scores.jsonl").read_text().splitlines(), 1):
+        if line:
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                row = None
+            if not isinstance(row, dict):
+                raise HarnessError(f"run {run}: scores.jsonl line {number} is not a JSON object: the run is damaged")
+            out.append(row)
+    return out
 
 
 # --- setups and configurations -----------------------------------------------------------------------------------

@@ -90,7 +90,11 @@ class Stage:
 
     def problem(self) -> str | None:
         """Why this finished stage cannot be trusted as it is (None: it can). Raises ``EditedStage`` when a file
-        was changed in place; returns the reason when the stage is damaged or incomplete."""
+        was changed in place; returns the reason when the stage is damaged or incomplete, or is not this store's
+        stage of its name: a link to a folder outside the store, or a spec that hashes to another name (a stage
+        renamed, or edited with its contents.json)."""
+        if self.path.is_symlink() or self.root.resolve() not in self.path.resolve().parents:
+            return f"it is a link to '{self.path.resolve()}', outside the store (a store's stages are its own folders)"
         try:
             published = json.loads((self.path / CONTENTS).read_text())
         except FileNotFoundError:
@@ -123,6 +127,13 @@ class Stage:
                 f"{self.path / rel} was changed after its {self.kind} stage published it (sha256 differs), so "
                 f"results built from it cannot be trusted; move '{self.path}' away to rebuild that stage"
             )
+        if "spec.json" in published:
+            try:
+                named = spec_hash(json.loads((self.path / "spec.json").read_text()))
+            except (ValueError, RecursionError):
+                return "spec.json is damaged"
+            if named != self.key:
+                return f"its spec.json hashes to {named}, not to its folder's name (renamed, or edited with {CONTENTS})"
         return None
 
     def build(self, fn: Callable[[Path], dict]) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from harness.audit import verdict as audit
 from harness.config.presets import TINY
+from harness.store.stages import spec_hash
 from methods.kgw import GreenLists, KGWKey, pooled_score
 
 
@@ -417,12 +418,15 @@ def _republish(stage_path, edit) -> None:
     ],
 )
 def test_a_key_whose_record_is_malformed_is_one_line(keyed, cli, tmp_path, random_llamas, edit, words):
-    """A contents.json entry that is null (or not a size and a hash), a spec.json that is not a train stage's: each a
-    traceback once (TypeError, KeyError), one line now."""
+    """A contents.json entry that is null (or not a size and a hash), a spec.json that is not a train stage's (in the
+    folder its spec hashes to): each a traceback once (TypeError, KeyError), one line now."""
     store, stage = keyed
     copy = tmp_path / "stages" / "train" / stage.key
     shutil.copytree(stage.path, copy)
     edit(copy)
+    edited = json.loads((copy / "spec.json").read_text())
+    if spec_hash(edited) != stage.key:  # (a stage is the folder its spec hashes to: else refused as renamed)
+        copy = copy.rename(copy.with_name(spec_hash(edited)))
     out = cli("detect", "--results", str(tmp_path), "--key", str(copy), "--model", str(random_llamas[0]))
     assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, out
 

@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from harness.store.stages import Stage, Store
+from harness.store.stages import Stage, Store, spec_hash
 
 IMG = '"><img src=x onerror=document.title="pwned">'
 SCRIPT = '</script><script>document.title="pwned"</script>'
@@ -29,8 +29,8 @@ FOLDERS = [IMG, JS, TEX, "a&b%c_d{e}"]
 @pytest.fixture
 def hostile(tmp_path, fake_run):
     """Gu-KGW and PRO, base, unaltered and SLERP rows plus another configuration and an unaltered row sampled with
-    top-p 0.9, and an attribution stage: every run folder renamed and every label, setting and text a hostile string
-    (each stage republished, so it verifies)."""
+    top-p 0.9, and an attribution stage: every label, setting and text a hostile string (each stage republished, so
+    it verifies, under its new spec's hash), and copies of runs under hostile folder names (skipped: not their hash)."""
     store = Store(tmp_path / "runs")
     runs = []
     for method, auc in (("gu-kgw", 0.97), ("pro", 0.9)):
@@ -61,8 +61,9 @@ def hostile(tmp_path, fake_run):
         Stage("run", {}, path.name, path, store.root).update(
             {"spec.json": json.dumps(spec, indent=2), "manifest.json": json.dumps(manifest)}
         )
-        if k < len(FOLDERS):
-            path.rename(path.with_name(FOLDERS[k]))
+        path = path.rename(path.with_name(spec_hash(spec)))  # (a run's folder is named by its spec's hash)
+        if k < len(FOLDERS):  # and copies under hostile names, which no store reads as runs
+            shutil.copytree(path, path.with_name(FOLDERS[k]))
     who = {"detector": {"method": labels["pro"], "config": TEX}, "source": {"label": JS + SCRIPT}}
     attribution = {"stage": "attribution", "preset": f"tiny{IMG}", "preset_settings": settings, "labels": who}
 
@@ -115,7 +116,8 @@ def test_a_hostile_store_makes_a_report_with_no_markup_of_its_own(hostile, cli, 
             assert attrs["href"].startswith("#"), attrs["href"]  # a link within the page: no scheme at all
             targets.add(urllib.parse.unquote(attrs["href"][1:]))
     assert targets <= ids  # every link still finds its run
-    assert targets == {f"run-{run.name}" for run in hostile.runs()}  # every run's AUC is a link to it
+    # Every run's AUC is a link to it; the copies under hostile names are no runs (their spec hashes elsewhere).
+    assert targets == {f"run-{run.name}" for run in hostile.runs() if run.name not in FOLDERS}
 
 
 def test_a_hostile_store_makes_tables_and_figures(hostile, cli, tmp_path):
@@ -168,6 +170,7 @@ def test_control_characters_in_labels_reach_no_terminal_raw(two_method_store, ha
         spec["config"]["method"]["label"] += "\x00\x07\x1b[2J"
         spec["config"]["attack"]["label"] += "\x1b]0;pwned\x07"
         Stage("run", {}, path.name, path, store.root).update({"spec.json": json.dumps(spec, indent=2)})
+        path.rename(path.with_name(spec_hash(spec)))  # (a run's folder is named by its spec's hash)
     for args in (["tables", "--out", str(tmp_path / "t")], ["report", "--out", str(tmp_path / "r.html")]):
         out = harness(*args, "--results", str(store.root))
         assert out.returncode == 0, out.stderr
@@ -205,3 +208,32 @@ def test_json_nested_too_deeply_in_a_store_is_skipped_not_a_traceback(two_method
         out = cli(*args, "--results", str(store.root))
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     assert runs[0].name not in (tmp_path / "t" / "runs.csv").read_text()
+
+
+@pytest.mark.parametrize("auc", ["NaN", "7.5", '"high"'])
+def test_metrics_edited_with_their_contents_are_left_out_not_shown(two_method_store, harness, tmp_path, auc):
+    """A run whose metrics.json was edited and republished (its contents.json rewritten to match, so the store's
+    hashes hold) with an AUC that is no share is left out of the tables and the report with one warning naming it,
+    never printed as a result nor met as a traceback."""
+    store = two_method_store
+    run = store.runs()[0]
+    text = (run / "metrics.json").read_text()
+    edited = json.dumps({**json.loads(text), "auc": "AUC"}).replace('"AUC"', auc)
+    Stage("run", {}, run.name, run, store.root).update({"metrics.json": edited})
+    for args in (["tables", "--out", str(tmp_path / "t")], ["report", "--out", str(tmp_path / "r.html")]):
+        out = harness(*args, "--results", str(store.root))
+        assert out.returncode == 0, out.stderr
+        warned = [line for line in out.stderr.splitlines() if run.name in line]
+        assert len(warned) == 1 and "metrics.json's auc is" in warned[0], out.stderr
+    runs = (tmp_path / "t" / "runs.csv").read_text()
+    assert run.name not in runs and len(runs.splitlines()) == len(store.runs())  # (a header and the other runs)
+
+
+def test_scores_edited_with_their_contents_are_one_line(two_method_store, cli, tmp_path):
+    store = two_method_store
+    run = store.runs()[-1]
+    broken = (run / "scores.jsonl").read_text() + "{broken\n"
+    Stage("run", {}, run.name, run, store.root).update({"scores.jsonl": broken})
+    out = cli("tables", "--out", str(tmp_path / "t"), "--results", str(store.root))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"run {run.name}: scores.jsonl line" in out.stderr and "is not a JSON object" in out.stderr

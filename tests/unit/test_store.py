@@ -91,3 +91,20 @@ def test_the_manifest_names_the_commit_from_before_the_build(tmp_path, monkeypat
     stage.build(lambda out: {"commit during the build": stages.git_sha()})
     manifest = json.loads((stage.path / "manifest.json").read_text())
     assert manifest["git_sha"] == "before" and manifest["report"] == {"commit during the build": "after"}
+
+
+def test_a_renamed_or_linked_stage_is_not_read_as_its_name(tmp_path):
+    """A stage is the folder its spec hashes to, inside its store: one renamed (its contents still verify) or a link
+    to a folder elsewhere is told apart with the reason, and tables, reports and exports leave it out."""
+    store = Store(tmp_path / "runs")
+    stage = store.stage("run", {"x": 1})
+    stage.build(lambda out: (out / "spec.json").write_text(json.dumps({"x": 1})) and {})
+    assert stage.problem() is None
+    renamed = store.root / "bbbbbbbbbbbbbbbb"
+    stage.path.rename(renamed)
+    assert "hashes to" in store.at("run", renamed.name).problem()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    renamed.rename(outside / stage.key)
+    (store.root / stage.key).symlink_to(outside / stage.key)
+    assert "outside the store" in store.at("run", stage.key).problem()

@@ -562,3 +562,18 @@ def test_two_seeds_give_spreads_and_paired_comparisons_recomputed_from_stored_sc
     tex = (out / "tiny" / "comparison.tex").read_text()
     assert f"{row['dAUC']:+.3f} [{row['dAUC_lo']:+.3f}, {row['dAUC_hi']:+.3f}] seeds" in tex
     assert "t-intervals over training seeds" in tex
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.7, 7.5, "high", [1, 2], True, None])
+def test_metrics_that_are_no_share_are_refused_with_the_reason(value):
+    from harness.report.collect import checked_metrics
+
+    good = {"auc": 0.9, "auc_ci95": [0.8, 0.95], "n_pos": 10, "n_neg": 10, "median_ppl": float("nan")}
+    assert checked_metrics(good) is good  # (a perplexity no text could be read for is NaN)
+    if value is None:
+        assert checked_metrics({**good, "auc": None})["auc"] is None  # absent: the table says missing
+        return
+    with pytest.raises(ValueError, match="metrics.json's auc is"):
+        checked_metrics({**good, "auc": value})
+    with pytest.raises(ValueError, match="not a mapping"):
+        checked_metrics([good])
