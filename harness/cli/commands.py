@@ -37,6 +37,10 @@ def cmd_list() -> None:
             settings = settings or "-"
             needs = ", ".join([f"pip extra [{e}]" for e in cls.requires.values()] + ["CUDA"] * cls.needs_cuda)
             print(f"  {name:14s} {settings}" + (f"   (needs {needs})" if needs else ""))
+        for name, target in registry.clashes().items():
+            print(
+                f"  {name:14s} cannot be used: the installed {registry.kind} {target} has a built-in's name (rename it)"
+            )
     print("presets:")
     for p in PRESETS.values():
         print(f"  {p.name:14s} {p.base_model}: {p.notes}")

@@ -112,9 +112,29 @@ class Registry:
         except (Exception, SystemExit) as err:  # noqa: BLE001  (whatever an outside module does on import)
             what = f"{type(err).__name__}: {first_line(err)}" if str(err).strip() else type(err).__name__
             raise PluginLoadError(f"{self.kind} '{name}' ({target}) cannot be loaded: {what}") from None
-        if not isinstance(found, type) or not hasattr(found, "Params"):
-            raise PluginLoadError(f"{self.kind} '{name}' ({target}) is not a {self.kind} class: {found!r}"[:300])
+        base = self.base()
+        if not (isinstance(found, type) and issubclass(found, base)):  # (an attack registered as a method too)
+            raise PluginLoadError(
+                f"{self.kind} '{name}' ({target}) is not a {self.kind} class (a subclass of {base.__name__}): "
+                f"{found!r}"[:300]
+            )
         return found
+
+    def base(self) -> type:
+        """The contract's class every plugin of this registry subclasses."""
+        if self.kind == "method":
+            from harness.contract.method import WatermarkMethod
+
+            return WatermarkMethod
+        from harness.contract.attack import Attack
+
+        return Attack
+
+    def clashes(self) -> dict[str, str]:
+        """Installed plugins that carry a built-in's name (``name -> their target``): never loaded, since the built-in
+        keeps its name (``harness list`` says so)."""
+        return {name: target for name, target in _installed(self.group)
+                if name in self.builtins and target != self.builtins[name]}  # fmt: skip
 
     def build(self, name: str, settings: dict[str, Any], preset=None) -> Any:
         """An instance of ``name`` with validated settings, after checking its requirements (packages, CUDA).
@@ -125,7 +145,13 @@ class Registry:
             settings = cls.with_preset({**getattr(preset, f"{self.kind}s").get(name, {}), **settings}, preset)
         params = cls.parse_params(self.kind, settings)
         cls.check_requirements(self.kind)
-        return cls(params)
+        plugin = cls(params)
+        try:  # (what every row's label is made of: an outside plugin's that raises would end a run in a traceback)
+            plugin.config_label(), getattr(plugin, "table_label", str)()
+        except Exception as err:  # noqa: BLE001
+            raise PluginLoadError(f"{self.kind} '{name}': its label cannot be made: {type(err).__name__}: "
+                                  f"{first_line(err)}") from None  # fmt: skip
+        return plugin
 
 
 @cache
