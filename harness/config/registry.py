@@ -75,6 +75,7 @@ class Registry:
     kind: str
     builtins: dict[str, str]
     group: str
+    contract: str  # "module:Class" of the contract's class every plugin of this kind subclasses
 
     def entries(self) -> dict[str, str]:
         """All names, built-in and from installed plugins, mapped to their import target."""
@@ -121,14 +122,9 @@ class Registry:
         return found
 
     def base(self) -> type:
-        """The contract's class every plugin of this registry subclasses."""
-        if self.kind == "method":
-            from harness.contract.method import WatermarkMethod
-
-            return WatermarkMethod
-        from harness.contract.attack import Attack
-
-        return Attack
+        """The contract's class every plugin of this registry subclasses (named, as the built-ins are: the contract
+        lies a floor above the settings)."""
+        return load_target(self.contract)
 
     def clashes(self) -> dict[str, str]:
         """Installed plugins that carry a built-in's name (``name -> their target``): never loaded, since the built-in
@@ -161,5 +157,5 @@ def _installed(group: str) -> tuple[tuple[str, str], ...]:
     return tuple((ep.name, ep.value) for ep in entry_points(group=group))
 
 
-methods = Registry("method", METHODS, "harness.methods")
-attacks = Registry("attack", ATTACKS, "harness.attacks")
+methods = Registry("method", METHODS, "harness.methods", "harness.contract.method:WatermarkMethod")
+attacks = Registry("attack", ATTACKS, "harness.attacks", "harness.contract.attack:Attack")
