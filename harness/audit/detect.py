@@ -61,6 +61,7 @@ class Request:
         self.store = Store(self.results)
         if not self.store.has_stages():
             raise HarnessError(f"no run store at '{self.store.root}': train a watermark with 'harness run' first")
+        self.store.check_writable()  # (the audit stores its stages there: a read-only store is one line here)
         files.check_cache()
         overrides = parse_assignments(self.overrides or [], "setting")
         use = {k: v for k, v in overrides.items() if k in USE_SETTINGS}

@@ -302,6 +302,9 @@ def only_groups(g: Grid, names: list[str]) -> Grid:
     """The grid of the named groups alone (``harness grid --group``), so that a short lease runs what matters first:
     a grid otherwise runs training by training, every group of one model before the next model. The attribution
     stays only where its group is among them."""
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise HarnessError(f"{g.source}: --group {twice} is given twice")
     unknown = [n for n in names if n not in g.spec.groups]
     if unknown:
         raise HarnessError(f"{g.source}: no group '{unknown[0]}' (groups: {', '.join(g.spec.groups)})")

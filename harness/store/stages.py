@@ -221,8 +221,14 @@ class Store:
 
     def check_writable(self, create: bool = True) -> None:
         """Fail early, in one line, if results cannot be written here (``create=False``: a dry run's check, which
-        makes no folder)."""
+        makes no folder), or where a file lies where the store keeps a folder (its stages, a kind's, its locks)."""
         files.check_writable(self.root, "results folder", create)
+        kinds_ = list((self.root / STAGES).iterdir()) if (self.root / STAGES).is_dir() else []
+        for path in (self.root / STAGES, self.root / LOCKS, *kinds_):
+            if path.exists() and not path.is_dir():
+                raise HarnessError(
+                    f"results folder '{self.root}' is damaged: '{path}' is a file where it keeps a folder"
+                )
 
     def folder(self, kind: str, key: str) -> Path:
         """Where stage ``key`` of ``kind`` is (or would be) stored: a run at ``<root>/<key>``, any other stage at

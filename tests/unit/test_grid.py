@@ -62,6 +62,9 @@ def test_a_group_runs_alone_and_an_unknown_group_is_one_line(tmp_path, capsys):
     assert main(["grid", str(path), "--group", "robust", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "no group 'robust' (groups: robustness, configs)" in err and err.count("\n") == 1, err
+    assert main(["grid", str(path), "--group", "configs", "--group", "configs", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--group configs is given twice" in err and err.count("\n") == 1, err
 
 
 def test_cell_names_tell_apart_attacks_that_differ_in_their_table_label(tmp_path):

@@ -108,3 +108,12 @@ def test_a_renamed_or_linked_stage_is_not_read_as_its_name(tmp_path):
     renamed.rename(outside / stage.key)
     (store.root / stage.key).symlink_to(outside / stage.key)
     assert "outside the store" in store.at("run", stage.key).problem()
+
+
+@pytest.mark.parametrize("where", ["stages", "stages/train", ".locks"])
+def test_a_file_where_the_store_keeps_a_folder_is_one_line(tmp_path, where):
+    store = Store(tmp_path / "runs")
+    (store.root / where).parent.mkdir(parents=True, exist_ok=True)
+    (store.root / where).write_text("x")
+    with pytest.raises(HarnessError, match=f"is damaged: '{store.root / where}' is a file where it keeps a folder"):
+        store.check_writable()
