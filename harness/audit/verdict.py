@@ -329,7 +329,7 @@ def audit(pipe, method, trained: Stage, suspect: Suspect) -> tuple[Stage, dict]:
     stage = pipe.store.stage(kinds.DETECT, spec)
 
     def build(out: Path) -> dict:
-        detector = method.detector(trained.path, pipe.tokenizer, detection.detect_context(pipe))
+        detector = detection.keyed_detector(pipe, method, trained)
         prompts = pipe.prompts
         human_texts = [pipe.tokenizer.decode(p["human_ids"], skip_special_tokens=True) for p in prompts]
         if prompted:

@@ -8,13 +8,25 @@ from harness.assets import data
 from harness.cell import metrics
 from harness.compute import distributed
 from harness.compute.generation import completion_perplexity
+from harness.config.errors import HarnessError, first_line
 from harness.contract.method import DetectContext, score_texts
 from harness.store.stages import Stage
 
 
+def keyed_detector(pipe, method, trained: Stage):
+    """``method``'s detector, keyed by ``trained``: a key.json whose values make no key of the method (a store from
+    elsewhere, edited with its contents.json: a gamma of NaN, a negative vocabulary) is one line naming it."""
+    try:
+        return method.detector(trained.path, pipe.tokenizer, detect_context(pipe))
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+        raise HarnessError(
+            f"the key of {trained.path} makes no {method.label} detector: {type(err).__name__}: {first_line(err)}"
+        ) from None
+
+
 def detect(pipe, method, trained: Stage, gens: list[dict]) -> tuple[list[dict], list[dict]]:
     """``method``'s detector, keyed by ``trained``, on the generated and on the human texts of ``gens``."""
-    detector = method.detector(trained.path, pipe.tokenizer, detect_context(pipe))
+    detector = keyed_detector(pipe, method, trained)
 
     def both(part: list[dict], _first: int) -> list[tuple[dict, dict]]:
         prompts = [g["prompt_ids"] for g in part]  # what both the generated and the human texts continue

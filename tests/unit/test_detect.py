@@ -408,6 +408,17 @@ def _republish(stage_path, edit) -> None:
     (stage_path / CONTENTS).write_text(json.dumps(contents(stage_path)))
 
 
+def _detector_key(**values):
+    """An edit of a Gu-KGW key.json: its detector's KGW key given ``values``."""
+
+    def edit(stage_path) -> None:
+        key = json.loads((stage_path / "key.json").read_text())
+        key["detector"].update(values)
+        (stage_path / "key.json").write_text(json.dumps(key))
+
+    return edit
+
+
 @pytest.mark.parametrize(
     "edit, words",
     [
@@ -415,6 +426,8 @@ def _republish(stage_path, edit) -> None:
         (lambda p: (p / "contents.json").write_text('{"key.json": {"size": "1"}}'), "contents.json is damaged"),
         (lambda p: _republish(p, lambda q: (q / "spec.json").write_text("[]")), "not a train stage's (method)"),
         (lambda p: _republish(p, lambda q: (q / "spec.json").write_text('{"method": "gu-kgw"}')), "(params)"),
+        (lambda p: _republish(p, _detector_key(gamma=float("nan"))), "makes no Gu-KGW detector: ValueError: gamma"),
+        (lambda p: _republish(p, _detector_key(hash_key="x")), "makes no Gu-KGW detector: TypeError"),
     ],
 )
 def test_a_key_whose_record_is_malformed_is_one_line(keyed, cli, tmp_path, random_llamas, edit, words):
