@@ -22,6 +22,7 @@ import urllib.parse
 
 import pandas as pd
 
+from harness.config.errors import printable
 from harness.config.gate import DEGENERATE, OK
 from harness.report.collect import (
     DOCUMENTS,
@@ -60,8 +61,9 @@ def plural(count: int, noun: str) -> str:
 
 
 def esc(value) -> str:
-    """``value`` as HTML text or a quoted attribute's value: ``&``, ``<``, ``>``, ``"`` and ``'`` escaped."""
-    return html.escape(str(value), quote=True)
+    """``value`` as HTML text or a quoted attribute's value: ``&``, ``<``, ``>``, ``"`` and ``'`` escaped, and every
+    control character or bidi override shown as its escape (``\u202e`` would reorder what the reader sees)."""
+    return html.escape(printable(str(value), keep="\n\t"), quote=True)
 
 
 def href(anchor: str) -> str:
@@ -195,6 +197,8 @@ def _linked(table: pd.DataFrame, part: pd.DataFrame, labels: pd.Series, css: str
 def frame(table: pd.DataFrame) -> str:
     if table.empty:
         return "<p>none stored</p>"
+    shown = lambda v: printable(v, keep="\n") if isinstance(v, str) else v  # noqa: E731  (as ``esc`` shows text)
+    table = table.map(shown).rename(index=shown, columns=shown)
     return table.to_html(float_format=lambda v: f"{v:.3f}", na_rep=MISSING, border=0, escape=True)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from harness.config.errors import printable
 from harness.contract.plugin import Ablation
 from harness.report.collect import METRICS, MISSING, NOT_APPLICABLE
 
@@ -29,8 +30,9 @@ SPECIALS = {
 
 def esc(text) -> str:
     """``text`` (a label, setting or caption, possibly read from someone else's store) as LaTeX text: every special
-    character escaped, so that ``$\\foo$`` prints as it is instead of starting math mode or a command."""
-    return "".join(SPECIALS.get(c, c) for c in str(text))
+    character escaped, so that ``$\\foo$`` prints as it is instead of starting math mode or a command, and a control
+    character or bidi override written as its escape (LaTeX stops at ESC; RLO reorders the text)."""
+    return "".join(SPECIALS.get(c, c) for c in printable(str(text), keep="\n"))
 
 
 GREEN_FROM, RED_BELOW = 0.8, 0.7  # the paper's colour rule for an AUC: green from 0.8, red below 0.7, yellow between

@@ -168,13 +168,18 @@ def test_control_characters_in_labels_reach_no_terminal_raw(two_method_store, ha
     for path in store.runs():
         spec = json.loads((path / "spec.json").read_text())
         spec["config"]["method"]["label"] += "\x00\x07\x1b[2J"
-        spec["config"]["attack"]["label"] += "\x1b]0;pwned\x07"
+        spec["config"]["attack"]["label"] += "\x1b]0;pwned\x07\u202e"
         Stage("run", {}, path.name, path, store.root).update({"spec.json": json.dumps(spec, indent=2)})
         path.rename(path.with_name(spec_hash(spec)))  # (a run's folder is named by its spec's hash)
     for args in (["tables", "--out", str(tmp_path / "t")], ["report", "--out", str(tmp_path / "r.html")]):
         out = harness(*args, "--results", str(store.root))
         assert out.returncode == 0, out.stderr
         assert not any(c in out.stdout + out.stderr for c in CONTROLS), (out.stdout, out.stderr)
+    # Nor the files: LaTeX stops at an ESC, and a bidi override reorders what a reader of the page sees.
+    written = [*(tmp_path / "t").rglob("*.tex"), *(tmp_path / "t").rglob("*.csv"), tmp_path / "r.html"]
+    tex_and_page = [f for f in written if f.suffix != ".csv"]
+    assert tex_and_page and all(not any(c in f.read_text() for c in (*CONTROLS, "\u202e")) for f in tex_and_page)
+    assert "\\u202e" in (tmp_path / "r.html").read_text()  # (shown as its escape)
 
 
 def test_control_characters_in_a_grid_reach_no_terminal_raw(cli, tmp_path):
