@@ -95,12 +95,19 @@ def hub_unreachable() -> str | None:
 
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return "HF_HUB_OFFLINE is set"
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    given = os.environ.get("HF_ENDPOINT")
+    endpoint = urlparse(given or "https://huggingface.co")
+    if given and (endpoint.scheme not in ("http", "https") or not endpoint.hostname):
+        return f"HF_ENDPOINT={given!r} is no http(s) address of a hub"
+    try:
+        host, port = endpoint.hostname, endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    except ValueError:  # (a port that is no number)
+        return f"HF_ENDPOINT={given!r} is no http(s) address of a hub"
     try:
         socket.create_connection((host, port), timeout=5).close()
     except OSError as err:
-        return f"the hub ({host}) cannot be reached from this machine ({err.strerror or err})"
+        via = f" (HF_ENDPOINT={given!r})" if given else ""
+        return f"the hub ({host}){via} cannot be reached from this machine ({err.strerror or err})"
     return None
 
 

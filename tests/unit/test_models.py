@@ -98,9 +98,15 @@ def test_a_hub_model_with_no_hub_in_reach_is_one_line_at_once(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
     try:
-        assert "the hub (127.0.0.1) cannot be reached" in models.hub_unreachable()
+        assert "the hub (127.0.0.1) (HF_ENDPOINT='http://127.0.0.1:9') cannot be reached" in models.hub_unreachable()
     finally:
         models.hub_unreachable.cache_clear()
+    for wrong in ("nonsense", "/etc/passwd", "ftp://host", "http://host:port"):  # (named, not "cannot be reached")
+        monkeypatch.setenv("HF_ENDPOINT", wrong)
+        try:
+            assert models.hub_unreachable() == f"HF_ENDPOINT={wrong!r} is no http(s) address of a hub"
+        finally:
+            models.hub_unreachable.cache_clear()
 
 
 def test_every_load_refuses_weights_that_are_not_the_model_its_config_names(random_llamas, llama_builder, tmp_path):
