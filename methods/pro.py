@@ -207,6 +207,8 @@ class PRO(WatermarkMethod):
             label += f", FPL {p.fpl_reading}"
         if p.score != "paper":
             label += f", {p.score} score"
+        if p.student_lr is not None:  # (the preset's train.lr otherwise; a calibration may sweep it)
+            label += f", lr={p.student_lr:g}"
         return label if p.fpl else label + ", no FPL"
 
     def train_params(self) -> dict:

@@ -449,6 +449,7 @@ def _sweep(spec: GridSpec, base: Preset, seeds: list[int], at) -> tuple[Cell, ..
                 resolved[params] = value
                 cell = Cell.make(seeded, seed, method, params, "none", _frozen(none.params.model_dump()))
                 out.append(replace(cell, where=at_value))
+    _check_rows_apart(out)  # (the sweep's rows are the AUC-PPL figure's points)
     return tuple(dict.fromkeys(out))
 
 

@@ -44,6 +44,7 @@ def test_the_sweep_is_every_value_unaltered_and_the_calibrated_entries_wait(tmp_
         ({"pick": "PPL"}, 4, "pick"),
         ({"method": "pro"}, 9, "'calibrated' needs a calibration section that sweeps pro"),
         ({"budget": "true"}, 3, "ppl_ratio_max: .*a number, not true or false"),
+        ({"sweep": "    pro: {policy_hidden: [100, 200]}\n", "method": "pro"}, 6, "two cells would be one row"),
         (
             {"sweep": "    gu-kgw: {delta: [1, 2]}\n    pro: {delta: [0.5, 1]}\n"},
             7,
