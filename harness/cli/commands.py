@@ -30,6 +30,10 @@ def cmd_list() -> None:
                 print(f"  {name:14s} cannot be used: {printable(str(err))}")
                 continue
             fields = cls.Params.model_fields.items()
+            broken = _default_outside_its_limits(fields)
+            if broken:  # (an outside plugin's default that breaks its own limit: every run of it would be refused)
+                print(f"  {name:14s} cannot be used with its defaults: {printable(broken)}")
+                continue
             settings = ", ".join(
                 f"{k}=(required)" if f.is_required() else f"{k}={f.get_default(call_default_factory=True)!r}"
                 for k, f in fields
@@ -46,6 +50,24 @@ def cmd_list() -> None:
         print(f"  {p.name:14s} {p.base_model}: {p.notes}")
         for name, values in {**p.methods, **p.attacks}.items():
             print(f"  {'':14s}   {name}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
+
+
+def _default_outside_its_limits(fields) -> str | None:
+    """The first setting whose default its own field's limits refuse (``steps: int = Field(-5, ge=0)``), said in a
+    few words; None where every default holds (a model-wide rule, e.g. 'give at least one donor', is no default's)."""
+    from typing import Annotated
+
+    from pydantic import TypeAdapter, ValidationError
+
+    for key, field in fields:
+        if field.is_required() or field.default_factory is not None:
+            continue
+        annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        try:
+            TypeAdapter(annotation).validate_python(field.default)
+        except ValidationError as err:
+            return f"{key}={field.default!r}: {err.errors()[0]['msg']}"
+    return None
 
 
 def format_cells(cells, gate=None) -> str:

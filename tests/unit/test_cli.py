@@ -609,6 +609,9 @@ BROKEN_PLUGINS = {
     "function": "def Plugin():\n    return None\n",  # (not a class)
     "no-plugin": "class Plugin:\n    Params = dict\n",  # (a class with Params, but no plugin)
     "an-attack": "from attacks.noise import WeightNoise as Plugin\n",  # (an attack, registered as a method)
+    "bad-default": "from methods.gaussian_bias import GaussianBias, GaussianBiasParams\nfrom pydantic import Field\n\n"
+    "class P(GaussianBiasParams):\n    std: float = Field(-1.0, gt=0)\n\n"
+    "class Plugin(GaussianBias):\n    name = 'broken-bad-default'\n    Params = P\n",  # (a default its limit refuses)
     "bad-label": "from methods.gaussian_bias import GaussianBias\n\nclass Plugin(GaussianBias):\n"
     "    def config_label(self):\n        raise RuntimeError('no label\\nsecond line')\n",
 }
