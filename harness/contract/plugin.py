@@ -177,6 +177,13 @@ FIRST_ROWS = {  # what a ``SettingTable``'s first row may be
 }
 
 
+# The runs.csv columns a SettingTable may show (harness/report/collect.py writes them; a unit test checks that each is
+# one), beside a method's own ``<method>.<field>``: a name that is neither is refused when the class is defined.
+RUN_METRICS = ("AUC", "AUC_lo", "AUC_hi", "TPR@0.1%", "TPR@1%", "TPR@5%", "TPR@10%", "PPL", "PPL_retokenized",
+               "PPL_ratio", "rep3", "distinct1", "distinct2", "overlap", "cosine", "edit_rate", "tokens_to_detect",
+               "detected_by_end", "AUC_vs_base", "TPR@1%_vs_base", "AUC_vs_control", "n_pos", "n_neg")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class SettingTable:
     """A table an attack declares (``Attack.setting_tables``), written as ``<attack>_<name>`` in each setup that holds
@@ -197,6 +204,12 @@ class SettingTable:
             raise HarnessError(f"{owner}: its name is a built-in table's ({', '.join(ATTACK_TABLES)}): name it another")
         if isinstance(self.values, str) or not self.values or not all(isinstance(v, str) for v in self.values):
             raise HarnessError(f"{owner}: its values are a non-empty tuple of runs.csv column names, e.g. ('AUC',)")
+        unknown = [v for v in self.values if v not in RUN_METRICS and "." not in v]
+        if unknown:
+            raise HarnessError(
+                f"{owner}: {unknown[0]!r} is no column of runs.csv it can show ({', '.join(RUN_METRICS)}, or a "
+                "method's <method>.<field>)"
+            )
         if self.first not in FIRST_ROWS:
             raise HarnessError(
                 f"{owner}: its first row is one of {', '.join(map(repr, FIRST_ROWS))}, not {self.first!r}"
