@@ -91,10 +91,10 @@ class Stage:
     def problem(self) -> str | None:
         """Why this finished stage cannot be trusted as it is (None: it can). Raises ``EditedStage`` when a file
         was changed in place; returns the reason when the stage is damaged or incomplete, or is not this store's
-        stage of its name: a link to a folder outside the store, or a spec that hashes to another name (a stage
+        stage of its name: a link to a folder (elsewhere), or a spec that hashes to another name (a stage
         renamed, or edited with its contents.json)."""
-        if self.path.is_symlink() or self.root.resolve() not in self.path.resolve().parents:
-            return f"it is a link to '{self.path.resolve()}', outside the store (a store's stages are its own folders)"
+        if self.path.is_symlink():  # (a kind's folder, or the store, may lie on another disk; a stage is a folder)
+            return f"it is a link to '{self.path.resolve()}', not a folder of the store's own"
         try:
             published = json.loads((self.path / CONTENTS).read_text())
         except FileNotFoundError:

@@ -107,7 +107,7 @@ def test_a_renamed_or_linked_stage_is_not_read_as_its_name(tmp_path):
     outside.mkdir()
     renamed.rename(outside / stage.key)
     (store.root / stage.key).symlink_to(outside / stage.key)
-    assert "outside the store" in store.at("run", stage.key).problem()
+    assert "not a folder of the store's own" in store.at("run", stage.key).problem()
 
 
 @pytest.mark.parametrize("where", ["stages", "stages/train", ".locks"])
