@@ -7,7 +7,6 @@ import os
 import sys
 import warnings
 
-from harness.assets import models
 from harness.cli import commands
 from harness.cli.parser import build_parser
 from harness.compute import distributed, imports, memory
@@ -93,8 +92,11 @@ def _main(argv: list[str] | None) -> int:
     imports.defer_hqq_import()  # before transformers is imported: a shorter start-up (harness/compute/imports.py)
     try:  # (the environment's settings first: logging asks which process of a launch this is)
         distributed.check_setting()
-        models.pickle_allowed()
         memory.check_setting()
+        if "HARNESS_ALLOW_PICKLE" in os.environ:  # (models.ALLOW_PICKLE_ENV: its module is imported only when set)
+            from harness.assets import models
+
+            models.pickle_allowed()
     except HarnessError as err:
         print(f"harness: error: {printable(str(err))}", file=sys.stderr)
         return 2
