@@ -312,7 +312,7 @@ def only_groups(g: Grid, names: list[str]) -> Grid:
     attribution = g.spec.attribution if g.spec.attribution in keep else None
     calibration = g.spec.calibration
     if calibration is not None:  # (each method's choice is its own stage: the kept groups' methods keep theirs)
-        used = {m for group in keep.values() for m, entries in group.methods.items() if CALIBRATED in entries}
+        used = _calibrated_methods(keep)
         sweep = {m: s for m, s in calibration.sweep.items() if m in used}
         calibration = calibration.model_copy(update={"sweep": sweep}) if sweep else None
     update = {"groups": keep, "attribution": attribution, "calibration": calibration}
@@ -469,11 +469,16 @@ def _check_rows_apart(cells: list[Cell]) -> None:
             )
 
 
+def _calibrated_methods(groups: dict[str, Group]) -> set[str]:
+    """The methods some of ``groups`` runs as ``calibrated``."""
+    return {m for g in groups.values() for m, entries in g.methods.items() if CALIBRATED in entries}
+
+
 def _check_sweep_used(spec: GridSpec, at) -> None:
     """A swept method that no group runs as ``calibrated`` is refused: its trainings would choose for nothing."""
     if spec.calibration is None:
         return
-    calibrated = {m for g in spec.groups.values() for m, entries in g.methods.items() if CALIBRATED in entries}
+    calibrated = _calibrated_methods(spec.groups)
     for method in spec.calibration.sweep:
         if method not in calibrated:
             raise HarnessError(
