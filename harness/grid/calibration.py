@@ -73,7 +73,7 @@ def _stages(grid: Grid, store: Store, device: str | None, build: bool, planned: 
             "method": method,
             "setting": setting,
             "values": values,
-            "rule": {"ppl_ratio_max": rule.ppl_ratio_max, "pick": rule.pick, "gate": gate.model_dump()},
+            "rule": _rule(rule, gate),
             "runs": [[base.run.key, unaltered.run.key] for _, base, unaltered in measured],
         })  # fmt: skip
         if not build:
@@ -86,7 +86,7 @@ def _stages(grid: Grid, store: Store, device: str | None, build: bool, planned: 
             rows = [_row(cell, setting, base, unaltered, read_jsonl(base.run.path / "scores.jsonl"),
                          read_jsonl(unaltered.run.path / "scores.jsonl"), gate)
                     for cell, base, unaltered in measured]  # fmt: skip
-            chosen = choose(method, setting, values, rows, rule.ppl_ratio_max, rule.pick)
+            chosen = choose(method, setting, values, rows, rule.ppl_ratio_max, rule.pick, rule.over_budget)
             found = {
                 "method": method,
                 "setting": setting,
@@ -100,6 +100,13 @@ def _stages(grid: Grid, store: Store, device: str | None, build: bool, planned: 
         store.build_or_reuse(stage, f"calibration of {method}", make)
         out[method] = stage
     return out
+
+
+def _rule(rule, gate) -> dict:
+    """The rule as the stage's spec names it (``over_budget`` only where not the default, so that the calibrations
+    stored before it existed keep their names)."""
+    out = {"ppl_ratio_max": rule.ppl_ratio_max, "pick": rule.pick, "gate": gate.model_dump()}
+    return out if rule.over_budget == "refuse" else out | {"over_budget": rule.over_budget}
 
 
 def _row(cell: Cell, setting: str, base, unaltered, base_scores: list, scores: list, gate) -> dict:
@@ -128,37 +135,58 @@ def _row(cell: Cell, setting: str, base, unaltered, base_scores: list, scores: l
     }
 
 
-def choose(method: str, setting: str, values: list, rows: list[dict], ppl_ratio_max: float, pick: str) -> dict:
+def choose(
+    method: str,
+    setting: str,
+    values: list,
+    rows: list[dict],
+    ppl_ratio_max: float,
+    pick: str,
+    over_budget: str = "refuse",
+) -> dict:
     """The rule: among the swept values whose unaltered texts pass the gate with a median PPL at most
     ``ppl_ratio_max`` times the base's for every seed, the one with the largest mean ``pick`` over seeds (the first
-    in the spec's order on a tie). Returns the chosen settings; one line naming the closest value where none meets."""
+    in the spec's order on a tie). Returns the chosen settings, with ``within_budget``. Where none meets the budget:
+    one line naming the closest value, or with ``over_budget="closest"`` that value (the smallest worst-seed PPL ratio
+    among the values whose every seed passes the gate; still one line where none does), ``within_budget`` false."""
     by_value = {json.dumps(v): [r for r in rows if r["value"] == v] for v in values}
 
     def meets(r: dict) -> bool:
         return r["quality"] == "ok" and r["PPL_ratio"] is not None and r["PPL_ratio"] <= ppl_ratio_max
 
+    def mean(v) -> float:
+        return sum(r[pick] for r in by_value[json.dumps(v)]) / len(by_value[json.dumps(v)])
+
+    def chose(v, inside: bool) -> dict:
+        first = by_value[json.dumps(v)][0]  # (the value as the method resolved it: 8 -> 8.0)
+        worst = max(r["PPL_ratio"] for r in by_value[json.dumps(v)])
+        return {"settings": first["settings"], "value": first["value"], pick: mean(v), "within_budget": inside,
+                "PPL_ratio": worst}  # fmt: skip
+
     inside = [v for v in values if all(meets(r) for r in by_value[json.dumps(v)])]
-    if not inside:
-        worst = {
-            json.dumps(v): max(by_value[json.dumps(v)], key=lambda r: r["PPL_ratio"] or float("inf")) for v in values
-        }
-        closest = min(values, key=lambda v: worst[json.dumps(v)]["PPL_ratio"] or float("inf"))
-        r = worst[json.dumps(closest)]
-        ratio = "no PPL" if r["PPL_ratio"] is None else f"{r['PPL_ratio']:.3g}x the base's PPL"
-        raise HarnessError(
-            f"no swept {setting} of {method} meets the calibration's budget (median PPL at most {ppl_ratio_max:g}x "
-            f"the base's, inside the quality gate): the closest, {setting}={closest}, reads {ratio} ({r['quality']})"
-        )
-    mean = {json.dumps(v): sum(r[pick] for r in by_value[json.dumps(v)]) / len(by_value[json.dumps(v)]) for v in inside}
-    best = max(inside, key=lambda v: mean[json.dumps(v)])  # (max keeps the first of equals: the spec's order)
-    first = by_value[json.dumps(best)][0]  # (the value as the method resolved it: 8 -> 8.0)
-    return {"settings": first["settings"], "value": first["value"], pick: mean[json.dumps(best)]}
+    if inside:
+        return chose(max(inside, key=mean), True)  # (max keeps the first of equals: the spec's order)
+    worst = {json.dumps(v): max(by_value[json.dumps(v)], key=lambda r: r["PPL_ratio"] or float("inf")) for v in values}
+    gated = [v for v in values if all(r["quality"] == "ok" and r["PPL_ratio"] is not None
+                                      for r in by_value[json.dumps(v)])]  # fmt: skip
+    if over_budget == "closest" and gated:
+        return chose(min(gated, key=lambda v: worst[json.dumps(v)]["PPL_ratio"]), False)
+    closest = min(values, key=lambda v: worst[json.dumps(v)]["PPL_ratio"] or float("inf"))
+    r = worst[json.dumps(closest)]
+    ratio = "no PPL" if r["PPL_ratio"] is None else f"{r['PPL_ratio']:.3g}x the base's PPL"
+    also = ", and none passes the gate for over_budget: closest" if over_budget == "closest" else ""
+    raise HarnessError(
+        f"no swept {setting} of {method} meets the calibration's budget (median PPL at most {ppl_ratio_max:g}x "
+        f"the base's, inside the quality gate): the closest, {setting}={closest}, reads {ratio} ({r['quality']}){also}"
+    )
 
 
 def describe(rule, gate) -> str:
     """The rule in words, as the stage and ``harness calibrate`` state it."""
     return (f"the largest mean {rule.pick} over seeds among the swept values whose unaltered texts have a median PPL "
-            f"at most {rule.ppl_ratio_max:g}x the base's and pass the quality gate ({gate.describe()})")  # fmt: skip
+            f"at most {rule.ppl_ratio_max:g}x the base's and pass the quality gate ({gate.describe()})"
+            + ("; where none does, the value with the smallest PPL ratio inside the gate, marked outside the budget"
+               if rule.over_budget == "closest" else ""))  # fmt: skip
 
 
 def summary(method: str, stage: Stage) -> str:
@@ -169,8 +197,17 @@ def summary(method: str, stage: Stage) -> str:
         ratio = "missing" if r["PPL_ratio"] is None else f"{r['PPL_ratio']:.2f}"
         lines.append(f"  {'':{len(method)}}  {r['value']!s:>8}  {r['seed']:>4}  {r['AUC']:.3f}  "
                      f"{r['AUC_vs_base']:11.3f}  {ratio:>8}  {r['quality'].split(':')[0]}")  # fmt: skip
-    lines.append(f"  {method}: chose {found['setting']}={found['chosen']['value']}")
+    lines.append(f"  {method}: chose {found['setting']}={found['chosen']['value']}{outside(found['chosen'])}")
     return "\n".join(lines)
+
+
+def outside(chosen: dict) -> str:
+    """What a choice outside the budget says after its value ("" for one inside; a calibration stored before
+    ``over_budget`` existed chose inside)."""
+    if chosen.get("within_budget", True):
+        return ""
+    ratio = f"{chosen['PPL_ratio']:.2f}x the base's PPL"
+    return f", outside the budget (the closest: {ratio}; never ranked at matched quality)"
 
 
 def chosen_settings(found: dict[str, Stage]) -> dict[str, dict]:

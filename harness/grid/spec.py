@@ -16,6 +16,7 @@ A spec (``grids/tiny.yaml`` is the example to copy)::
     attribution: robustness       # optional: a group whose models' detectors are applied to each other's texts
     calibration:                  # optional: each method's strength chosen on the unaltered model before any attack
       ppl_ratio_max: 1.25         #   (harness.grid.calibration); a group's entry ``calibrated`` runs the choice
+      over_budget: refuse         #   or closest: a method that cannot meet the budget runs, marked, never ranked
       sweep: {gu-kgw: {delta: [1, 2, 4]}}
 
 The whole spec is validated (keys, names, settings, models and data) before any cell runs, and an error names the
@@ -71,6 +72,10 @@ class Calibration(_Strict):
 
     ppl_ratio_max: float = Field(ge=1, allow_inf_nan=False)
     pick: Literal["AUC", "AUC_vs_base", "TPR@1%"] = "AUC_vs_base"
+    # A method none of whose swept values meets the budget: "refuse" stops the grid in one line naming the closest
+    # value; "closest" runs that value (the smallest PPL ratio among those inside the quality gate) and marks the
+    # method outside the budget: the tables at matched quality show its rows and never order it against another.
+    over_budget: Literal["refuse", "closest"] = "refuse"
     sweep: dict[str, dict[str, list[Any]]] = Field(min_length=1)  # method -> {setting: [values]}: one setting each
 
     @field_validator("ppl_ratio_max", mode="before")

@@ -89,7 +89,7 @@ def collect(store: Store) -> pd.DataFrame:
     df["main"] = _one_main_configuration(df)
     df["main_method"] = _main_settings(df)
     df = against_base(df, store)
-    df["calibrated"] = calibrated(df, store)
+    df["calibrated"], df["over_budget"] = calibrated(df, store)
     df = plugin_columns(df, store)
     order = ["setup", "method", "method_config", "category", "attack", "prompts", "decoding", "run"]
     return df.sort_values(order).reset_index(drop=True)
@@ -114,10 +114,14 @@ def plugin_columns(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     return df
 
 
-def calibrated(df: pd.DataFrame, store: Store) -> pd.Series:
+def calibrated(df: pd.DataFrame, store: Store) -> tuple[pd.Series, pd.Series]:
     """Which runs are of a configuration that a stored calibration chose for their setup (``harness.grid.calibration``:
-    each method's strength picked on the unaltered model, by its grid's rule, before any attack ran)."""
-    chosen = set()
+    each method's strength picked on the unaltered model, by its grid's rule, before any attack ran), and for each
+    such run of a method its calibration chose outside the budget (``over_budget: closest``), why it is never ranked
+    at matched quality ("" otherwise)."""
+    from harness.grid.calibration import outside
+
+    chosen: dict[tuple, str] = {}
     for stage in store.finished():
         if stage.kind != kinds.CALIBRATION:
             continue
@@ -129,9 +133,11 @@ def calibrated(df: pd.DataFrame, store: Store) -> pd.Series:
             continue
         swept = {run for pair in spec["runs"] for run in pair}
         params = json.dumps(found["chosen"]["settings"], sort_keys=True)
-        chosen |= {(setup, spec["method"], params) for setup in df[df["run"].isin(swept)]["setup"]}
-    return pd.Series([(r.setup, r.method_name, r.params) in chosen for r in df.itertuples()], index=df.index,
-                     dtype=bool)  # fmt: skip
+        why = outside(found["chosen"]).removeprefix(", ")
+        chosen |= {(setup, spec["method"], params): why for setup in df[df["run"].isin(swept)]["setup"]}
+    keys = [(r.setup, r.method_name, r.params) for r in df.itertuples()]
+    return (pd.Series([k in chosen for k in keys], index=df.index, dtype=bool),
+            pd.Series([chosen.get(k, "") for k in keys], index=df.index, dtype=object))  # fmt: skip
 
 
 def base_rows(df: pd.DataFrame) -> pd.Series:

@@ -218,7 +218,7 @@ def ppl_note(df: pd.DataFrame, every_row: bool = False) -> str:
     return " (of each row's texts tokenized again, as a text attack's rows are measured)"
 
 
-def comparison(df: pd.DataFrame, store: Store) -> pd.DataFrame:
+def comparison(df: pd.DataFrame, store: Store, unranked: dict[str, str] | None = None) -> pd.DataFrame:
     """tab:comparison: for every row of tab:robustness (``ROW_KEYS``) and every pair of methods with runs in it (A
     before B in the tables' order), ``AUC_A - AUC_B`` and ``TPR@1%_A - TPR@1%_B`` with the 95% interval of a paired
     bootstrap over prompts (``metrics.paired_bootstrap``: the same prompts drawn for both methods) and whether it
@@ -231,7 +231,8 @@ def comparison(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     draws, too few for a percentile interval). ``*_excludes_0``: every interval shown excludes zero, on the same side.
     Scores are read from the store (``collect.paired_scores``), which verifies that both runs scored the same prompts
     and human texts; a pair that is not comparable keeps its row with no numbers and the reason in ``note``, and so
-    does a pair with a row outside the quality gate (``collect.against_base``): degenerate text is never ranked."""
+    does a pair with a row outside the quality gate (``collect.against_base``): degenerate text is never ranked.
+    ``unranked``: method -> why none of its pairs is ordered (at matched quality, a method outside the budget)."""
     part = robustness_runs(df)
     if part.empty:
         return pd.DataFrame()
@@ -243,6 +244,11 @@ def comparison(df: pd.DataFrame, store: Store) -> pd.DataFrame:
         for i, a in enumerate(methods):
             for b in methods[i + 1 :]:
                 out = {**dict(zip(["category", "attack", "setting"], row, strict=True)), "A": a, "B": b}
+                why = [f"{m} {(unranked or {})[m]}" for m in (a, b) if (unranked or {}).get(m)]
+                if why:  # (the pair keeps its row, with no numbers)
+                    seeds = set(cell[cell["method"] == a]["seed"]) & set(cell[cell["method"] == b]["seed"])
+                    rows.append(out | {"seeds": len(seeds), "paired_on": "", "note": "not ranked: " + "; ".join(why)})
+                    continue
                 rows.append(out | _compared(store, cell, bases, a, b, several, df["seed"].nunique()))
     if not rows:
         return pd.DataFrame()

@@ -106,6 +106,15 @@ class Setup:
         part = part[part["method_name"].isin(set(part[part["calibrated"]]["method_name"]))]
         return part.assign(main=part["calibrated"])
 
+    @cached_property
+    def outside_budget(self) -> dict[str, str]:
+        """Method label -> why its calibrated configuration is never ranked at matched quality: its calibration chose
+        it outside the budget (``over_budget: closest``)."""
+        part = self.matched
+        if part.empty:
+            return {}
+        return {r.method: r.over_budget for r in part[part["calibrated"]].itertuples() if r.over_budget}
+
     def gate(self) -> str:
         """The quality gate of the setup's runs, in words (``harness.config.gate``)."""
         from harness.config.gate import QualityGate
@@ -124,6 +133,12 @@ class Setup:
             text += (f". {', '.join(decoding)} watermark at decoding time, not in the weights: model modifications do "
                      f"not apply to them, so their cells under those rows say {NOT_APPLICABLE}")  # fmt: skip
         return text
+
+
+def _outside(setup: Setup) -> str:
+    """The caption's words on the methods whose calibration met no budget (none: "")."""
+    found = sorted(setup.outside_budget.items(), key=lambda mw: method_rank(mw[0]))
+    return "".join(f"; {m}: {why}" for m, why in found)
 
 
 def _configs(part: pd.DataFrame) -> str:
@@ -328,7 +343,7 @@ TABLES: tuple[Table, ...] = (
             "At matched quality: AUC, TPR at 5% FPR and median PPL under model modifications of the configuration each "
             "method's calibration chose on the unaltered model before any attack (the grid's rule; harness grid "
             f"prints the sweep), with PPL over the base's, the AUC against the base's own texts and the quality gate's "
-            f"verdict ({setup.gate()}) ({setup.about}; {_configs(setup.matched)})."
+            f"verdict ({setup.gate()}) ({setup.about}; {_configs(setup.matched)}){_outside(setup)}."
         ),
     ),
     Table(
@@ -338,7 +353,7 @@ TABLES: tuple[Table, ...] = (
         build=lambda setup, _: (
             pd.DataFrame()
             if setup.store is None or setup.matched.empty
-            else frames.comparison(setup.matched, setup.store)
+            else frames.comparison(setup.matched, setup.store, unranked=setup.outside_budget)
         ),  # fmt: skip
         latex=lambda table, caption, _: latex.comparison_tex(table, caption),
         caption=lambda setup, _: _comparison_caption(setup, matched=True),
@@ -634,8 +649,8 @@ def write_tables(
     # (main_method: derived, what ablations vary around; by_length: in tokens_to_detect; decoding and prompts: only
     # where a run sampled otherwise than plainly or was asked otherwise, so that a store of plain runs writes the
     # runs.csv it always did)
-    # (quality_gate: said by each table's caption; calibrated: the tables at matched quality)
-    derived = ["main_method", "by_length", "quality_gate", "calibrated"]
+    # (quality_gate: said by each table's caption; calibrated and over_budget: the tables at matched quality)
+    derived = ["main_method", "by_length", "quality_gate", "calibrated", "over_budget"]
     derived += [c for c in ("decoding", "prompts") if c in df and (df[c] == "").all()]
     _csv(df.drop(columns=derived).set_index("run"), written[0])
     for name, part in setups(df).items():

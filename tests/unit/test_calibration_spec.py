@@ -108,3 +108,32 @@ def test_the_rule_picks_the_strongest_inside_the_budget_and_names_the_closest_wh
     degenerate = rows([(1, 1.0, 0.99)], quality="degenerate: repeats 0.80 of its 3-grams (bound 0.05)")
     with pytest.raises(HarnessError, match="degenerate: repeats"):  # inside the budget, outside the gate
         calibration.choose("gu-kgw", "delta", [1], degenerate, 1.25, "AUC_vs_base")
+
+
+def test_over_budget_closest_runs_the_closest_value_inside_the_gate_marked_outside_the_budget():
+    """``over_budget: closest``: where no value meets the budget, the smallest worst-seed PPL ratio among the values
+    every seed of which passes the gate, with ``within_budget`` false; a value inside the budget is chosen as always;
+    where no value passes the gate it is still one line."""
+    over = rows([(1, 1.45, 0.44), (2, 1.3, 0.9), (2, 1.4, 0.9), (4, 1.9, 0.99)])  # delta 2's worse seed: 1.4
+    chosen = calibration.choose("pro", "delta", [1, 2, 4], over, 1.25, "AUC_vs_base", "closest")
+    assert (chosen["value"], chosen["within_budget"], chosen["PPL_ratio"]) == (2, False, 1.4)
+    assert "outside the budget (the closest: 1.40x" in calibration.outside(chosen)
+    inside = calibration.choose("pro", "delta", [1, 2], rows([(1, 1.1, 0.6), (2, 1.3, 0.9)]), 1.25, "AUC_vs_base",
+                                "closest")  # fmt: skip
+    assert (inside["value"], inside["within_budget"]) == (1, True) and calibration.outside(inside) == ""
+    loops = rows([(1, 1.0, 0.99)], quality="degenerate: repeats 0.80 of its 3-grams (bound 0.05)")
+    gated = [*loops, *rows([(2, 1.6, 0.99)], quality="degenerate: PPL 1.6x the base's (bound [0.67, 1.5])")]
+    with pytest.raises(HarnessError, match="none passes the gate for over_budget: closest"):
+        calibration.choose("pro", "delta", [1, 2], gated, 1.25, "AUC_vs_base", "closest")
+
+
+def test_over_budget_is_named_in_the_rule_and_refused_when_unknown(tmp_path, capsys):
+    path = tmp_path / "g.yaml"
+    sweep = "    gu-kgw: {delta: [1, 2]}\n  over_budget: nearest\n"
+    path.write_text(HEAD.format(budget=1.25, pick="AUC_vs_base") + sweep + GROUPS.format(method="gu-kgw"))
+    with pytest.raises(HarnessError, match="over_budget"):
+        grid.load(path)
+    path.write_text(path.read_text().replace("nearest", "closest"))
+    g = grid.load(path)
+    assert "where none does, the value with the smallest PPL ratio" in calibration.describe(
+        g.spec.calibration, g.sweep[0].preset.quality_gate)  # fmt: skip

@@ -150,3 +150,38 @@ def test_model_versus_model_reads_each_row_against_its_base_texts(gated_store):
     assert row["AUC_vs_base"] == pytest.approx(wins, abs=1e-12) and row["AUC_vs_base"] > 0.8
     compared = frames.comparison(df[df["method"] == "Gu-KGW"], gated_store)
     assert compared.empty  # one method: nothing to compare
+
+
+def test_a_method_calibrated_outside_the_budget_is_shown_at_matched_quality_and_never_ranked(tmp_path, fake_run):
+    """A calibration that chose outside the budget (``over_budget: closest``): its method's rows stay in the table at
+    matched quality, whose caption says why, and every pair with it in tab:comparison at matched quality keeps its
+    row with no numbers; tab:comparison at fixed settings, where the gate alone rules, still orders it."""
+    from harness.config.registry import methods
+    from harness.store import kinds
+
+    store = Store(tmp_path / "runs")
+    for method, within in (("gu-kgw", True), ("pro", False)):
+        base = fake_run(store, method, {}, "base", {}, 0.5)
+        unaltered = fake_run(store, method, {}, "none", {}, 0.95)
+        fake_run(store, method, {}, "slerp", {"t": 0.5}, 0.8)
+        stage = store.stage(kinds.CALIBRATION, {"stage": kinds.CALIBRATION, "method": method, "setting": "delta",
+                                                "runs": [[base.name, unaltered.name]]})  # fmt: skip
+        settings = methods.build(method, {}, TINY).params.model_dump()  # (as a calibration stores its choice)
+        chosen = {"settings": settings, "value": 1.0, "within_budget": within, "PPL_ratio": 1.1 if within else 1.45}
+
+        def make(folder, chosen=chosen):
+            (folder / "calibration.json").write_text(json.dumps({"chosen": chosen, "sweep": []}))
+            return {}
+
+        store.build_or_reuse(stage, f"calibration of {method}", make)
+    out = tmp_path / "tables"
+    assert main(["tables", "--results", str(store.root), "--out", str(out), "--no-figures"]) == 0
+    import pandas as pd
+
+    matched = pd.read_csv(out / "tiny" / "matched_comparison.csv")
+    assert len(matched) == 2 and (matched["dAUC"] == "missing").all()  # unaltered and SLERP: kept, no numbers
+    assert matched["note"].str.startswith("not ranked: PRO").all() and matched["note"].str.contains("1.45x").all()
+    caption = " ".join((out / "tiny" / "matched.tex").read_text().split())
+    assert "; PRO: outside the budget (the closest: 1.45x" in caption
+    fixed = pd.read_csv(out / "tiny" / "comparison.csv")
+    assert len(fixed) == 2 and fixed["dAUC"].astype(float).notna().all()
