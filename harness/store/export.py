@@ -40,6 +40,8 @@ def export(store: Store, dest: Path, keep_texts: bool = False, only: set[str] | 
         raise HarnessError(f"cannot export the store '{store.root}' into itself ('{dest}' is inside it)")
     files.check_writable(dest, "export folder")
     into = Store(dest)
+    if dest.is_dir() and any(dest.iterdir()) and not (into.has_stages() or (dest / LOCKS).is_dir() or into.runs()):
+        raise HarnessError(f"'{dest}' is neither empty nor a run store: export into a new or empty folder, or a store")
     (dest / LOCKS).mkdir(exist_ok=True)
     held = files.try_lock(dest / LOCKS / "export.lock")
     if held is None:

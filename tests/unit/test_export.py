@@ -78,6 +78,12 @@ def test_bad_export_inputs(cli, store, tmp_path):
     (tmp_path / "afile").write_text("")
     onto_file = cli("export", str(tmp_path / "afile"), "--results", str(store.root))
     assert onto_file.returncode == 2 and len(onto_file.stderr.strip().splitlines()) == 1
+    documents = tmp_path / "documents"  # (a folder of the user's, not a store: nothing is merged into it)
+    documents.mkdir()
+    (documents / "notes.txt").write_text("mine")
+    into_other = cli("export", str(documents), "--results", str(store.root))
+    assert into_other.returncode == 2 and "neither empty nor a run store" in into_other.stderr
+    assert [p.name for p in documents.iterdir()] == ["notes.txt"]
 
 
 def test_an_export_killed_midway_leaves_nothing_read_as_a_run(store, cli, tmp_path):
