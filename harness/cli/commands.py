@@ -331,8 +331,10 @@ def cmd_grid(args) -> int:
         if chosen is None:
             print(f"the calibration's choice is not stored: {', '.join(spec.waiting)} wait for it")
         else:
-            print("the calibration chose " + "; ".join(f"{m}: {s}" for m, s in _chosen_labels(spec, chosen)))
-            spec = grid.with_choice(spec, chosen)
+            settings = {m: c["settings"] for m, c in chosen.items()}
+            labels = _chosen_labels(spec, settings)
+            print("the calibration chose " + "; ".join(f"{m}: {s}{calibration.outside(chosen[m])}" for m, s in labels))
+            spec = grid.with_choice(spec, settings)
     cells = list(spec.cells) if shard is None else grid.shard(spec.cells, *shard)
     part = f" (shard {shard[0]}/{shard[1]}: {len(cells)} of {len(spec.cells)} cells)" if shard else ""
     if args.group:

@@ -218,6 +218,9 @@ def chosen_settings(found: dict[str, Stage]) -> dict[str, dict]:
 
 
 def stored_choice(grid: Grid, results: Path) -> dict[str, dict] | None:
-    """The calibration's choice where every one of its runs and stages is stored, else None; builds nothing."""
+    """Method -> its calibration's choice (``settings``, ``value``, ``within_budget``...) where every one of its runs
+    and stages is stored, else None; builds nothing."""
     found = stages(grid, results, build=False)
-    return None if found is None else chosen_settings(found)
+    if found is None:
+        return None
+    return {method: json.loads((stage.path / FILE).read_text())["chosen"] for method, stage in found.items()}
