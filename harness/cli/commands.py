@@ -308,6 +308,8 @@ def cmd_grid(args) -> int:
         args.partition, args.account, args.gpus, args.cpus, args.mem_gb, args.time_min, args.max_parallel
     )
     executors.check_options(args.executor, resources)
+    if args.executor != "inline":  # (submitit writes its job folders there before the first cell)
+        files.check_writable(args.jobs_dir or args.results / "jobs", "jobs folder", create=not args.dry_run)
     if args.allow_pickle:
         os.environ[models.ALLOW_PICKLE_ENV] = "1"
     _device_env(args)

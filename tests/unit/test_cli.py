@@ -510,6 +510,11 @@ def test_unwritable_results_folder(cli, tmp_path):
             assert out.returncode == 2, (args, out.stdout)
             assert out.stderr.count("\n") == 1 and "is not writable" in out.stderr, out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "grid.yaml"]
+    for jobs in (blocker, blocker / "jobs"):  # submitit's job folders: checked before any cell, dry run or not
+        for dry in ((), ("--dry-run",)):
+            out = cli("grid", str(spec), "--executor", "local", "--jobs-dir", str(jobs), "--results",
+                      str(tmp_path / "runs"), *dry)  # fmt: skip
+            assert out.returncode == 2 and out.stderr.count("\n") == 1 and "jobs folder" in out.stderr, out.stderr
 
 
 def _python(code: str):
