@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from attacks.paraphrase import Dipper, DipperParams
 from harness.config.errors import HarnessError
@@ -61,6 +61,13 @@ class StealParams(Params):
     # by several tokens, Gu-KGW's k = 2). Each (context, token) pair is one 64-bit key: vocabulary^(width + 1) < 2^63.
     context: int = Field(1, ge=1, le=3)
     added_later: ClassVar[tuple[str, ...]] = ("context",)
+
+    @model_validator(mode="after")
+    def _a_count_the_texts_can_reach(self):  # (past it no pair is counted often enough: an empty estimate, no attack)
+        if self.min_count > self.texts * self.new_tokens:
+            raise ValueError(f"min_count={self.min_count} is more than the {self.texts} x {self.new_tokens} tokens the "
+                             "attacker's texts hold: no boost could be estimated")  # fmt: skip
+        return self
 
     def estimate_spec(self) -> dict:
         """What the estimate depends on: the stealing settings alone, not the strength (which only the scrub or the
@@ -263,7 +270,8 @@ class Stealing(Attack):
         p = self.params
         reference = {"base": "", "human": ", human reference"}.get(p.reference, f", reference {p.reference}")
         context = f", context={p.context}" if p.context > 1 else ""
-        return f"N={p.texts}, strength={p.strength:g}{context}{reference}"
+        counted = "" if p.min_count == StealParams.model_fields["min_count"].default else f", min_count={p.min_count}"
+        return f"N={p.texts}, strength={p.strength:g}{context}{counted}{reference}"
 
     def steal(self, pipeline, unaltered) -> dict:
         """The estimate (a stage: built once for the watermarked model, its sampler and these settings), counted in the

@@ -297,12 +297,19 @@ def test_a_two_token_scheme_is_stolen_with_two_token_contexts(random_llamas, tmp
     [({"texts": "0"}, "texts: Input should be greater than or equal to 1"),
      ({"strength": "-1"}, "strength: Input should be greater than or equal to 0"),
      ({"strength": "nan"}, "strength: Input should be a finite number"),
-     ({"texts": "1000001"}, "texts: Input should be less than or equal to 1000000")],
+     ({"texts": "1000001"}, "texts: Input should be less than or equal to 1000000"),
+     ({"texts": "10", "new_tokens": "8", "min_count": "81"}, "min_count=81 is more than the 10 x 8 tokens")],
 )  # fmt: skip
 def test_bad_settings_are_refused(settings, message):
     for name in ("steal-scrub", "steal-spoof", "steal-finetune"):
         with pytest.raises(HarnessError, match=message):
             attacks.build(name, settings)
+
+
+def test_a_min_count_other_than_the_default_is_in_the_rows_label():
+    """Two scrubs that differ in min_count alone are two rows, not one that reads as the default."""
+    assert "min_count" not in attacks.build("steal-scrub", {}).config_label()
+    assert attacks.build("steal-scrub", {"min_count": "5"}).config_label() == "N=1000, strength=4, min_count=5"
 
 
 def test_a_context_whose_keys_overflow_is_refused_before_any_work(random_llamas, monkeypatch):
