@@ -199,8 +199,8 @@ def check_lengths(ref: str, lengths: dict[str, int], what: str = "the base model
 
 
 def check_causal_lm_once(ref: str) -> None:
-    """``check_causal_lm`` of a model that needs no build, once per process while its config file is unchanged (a
-    grid checks each cell's base and judge: thousands of configs read for one model)."""
+    """``check_causal_lm`` and ``check_reads_text`` of a model that needs no build, once per process while its config
+    file is unchanged (a grid checks each cell's base and judge: thousands of configs read for one model)."""
     resolved = resolve(ref)
     config = Path(resolved) / "config.json"
     stamp = (config.stat().st_mtime_ns, config.stat().st_size) if config.is_file() else None
@@ -210,6 +210,35 @@ def check_causal_lm_once(ref: str) -> None:
 @functools.cache
 def _causal_lm_checked(resolved: str, ref: str, stamp) -> None:
     check_causal_lm(resolved, ref)
+    check_reads_text(resolved, ref)
+
+
+# Plain English and a line of code: what every judge and base of the harness is asked to read (``check_reads_text``).
+SAMPLE_TEXT = (
+    "The quick brown fox jumps over the lazy dog, and then it runs into the forest to look for something to eat.\n"
+    "def mean(values):\n    return sum(values) / len(values)\n"
+)
+
+
+def check_reads_text(resolved: str, ref: str) -> None:
+    """One line for a model whose tokenizer cannot read plain text into ids its own embeddings hold (another model's
+    tokenizer in its folder: an index error after the texts were generated), or reads most of it as its unknown token
+    (every text would score alike, a perplexity that judges nothing)."""
+    tokenizer = load_tokenizer(resolved)
+    ids = tokenizer(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+    rows = getattr(config(resolved), "vocab_size", None)
+    if rows is not None and ids and max(ids) >= rows:
+        raise HarnessError(
+            f"model '{ref}': its tokenizer gives ids up to {max(ids):,} for plain text and its embeddings hold "
+            f"{rows:,}: the tokenizer is another model's"
+        )
+    unknown = tokenizer.unk_token_id
+    share = sum(i == unknown for i in ids) / max(len(ids), 1) if unknown is not None else 0.0
+    if share >= 0.5:
+        raise HarnessError(
+            f"model '{ref}': its tokenizer reads {share:.0%} of plain English as its unknown token "
+            f"({tokenizer.unk_token!r}): every text would read alike"
+        )
 
 
 def check_causal_lm(resolved: str, ref: str) -> None:

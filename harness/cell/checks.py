@@ -41,7 +41,7 @@ def check_inputs(preset: Preset, plugins, build: bool = True) -> None:
     for ref in dict.fromkeys((preset.base_model, preset.oracle_model, *refs)):
         models.check(ref)
     for role, ref in (("base_model", preset.base_model), ("oracle_model", preset.oracle_model)):
-        if models.built(ref):  # (the base generates and the judge scores next tokens: each a causal LM, e.g. no T5)
+        if models.built(ref):  # (the base generates and the judge scores next tokens: causal LMs that read text)
             try:
                 models.check_causal_lm_once(ref)
             except HarnessError as err:

@@ -88,6 +88,34 @@ def test_a_base_or_judge_that_is_no_causal_lm_is_one_line_before_any_work(random
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
+def unreadable_judges(folder):
+    """Two causal LMs that cannot read text: one holding another model's tokenizer (its ids run past its 40
+    embeddings), one whose tokenizer reads every word as its unknown token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from harness.assets.tiny import build_tokenizer
+    from tests.conftest import SENTENCES, make_random_llama
+
+    other = make_random_llama(folder / "other", 4, build_tokenizer(SENTENCES), vocab_size=40)
+    words = Tokenizer(models.WordLevel({"<unk>": 0, **{f"zz{i}": i for i in range(1, 64)}}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    unknown = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>", eos_token="<unk>", pad_token="<unk>")
+    return {"ids up to": other, "as its unknown token": make_random_llama(folder / "unknown", 5, unknown)}
+
+
+@pytest.mark.parametrize("role", ["--oracle-model", "--base-model"])
+def test_a_judge_or_base_that_cannot_read_text_is_one_line_before_any_work(role, tmp_path, capsys):
+    """A judge whose tokenizer is another model's crashed after generation (an index past its embeddings); one that
+    reads every word as unknown stored a perplexity of 4096 for every row, all "ok"."""
+    for words, folder in unreadable_judges(tmp_path).items():
+        for dry in (["--dry-run"], []):
+            code = main(["run", "--method", "gu-kgw", role, str(folder), "--results", str(tmp_path / "runs"), *dry])
+            err = capsys.readouterr().err.strip()
+            assert code == 2 and len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
 def test_the_default_gate_moves_no_hash_and_another_is_recorded():
     assert "quality_gate" not in TINY.hashed()  # every stored run keeps its hash
     custom = apply_overrides(TINY, {"quality_gate.ppl_ratio": "[0.5, 2]"})
