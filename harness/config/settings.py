@@ -413,4 +413,8 @@ def apply_overrides(preset: Preset, overrides: dict[str, str]) -> Preset:
         return Preset(**data)
     except ValidationError as err:
         e = err.errors()[0]
-        raise HarnessError(f"bad setting {'.'.join(str(p) for p in e['loc'])}: {e['msg']}") from None
+        where = ".".join(str(p) for p in e["loc"])
+        form = ""
+        if e["type"] in ("tuple_type", "list_type") and isinstance(e.get("input"), str):  # (--set x=0.5,1.5)
+            form = f" (write a list in JSON: --set {where}='[{e['input']}]')"
+        raise HarnessError(f"bad setting {where}: {e['msg']}{form}") from None

@@ -76,6 +76,12 @@ def test_a_gate_that_cannot_judge_is_one_line_before_any_work(setting, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "quality_gate" in err, err
 
 
+def test_bounds_given_without_json_are_refused_with_the_form_that_works(capsys):
+    assert main(["run", "--method", "gu-kgw", "--set", "quality_gate.ppl_ratio=0.5,1.5", "--dry-run"]) == 2
+    assert "(write a list in JSON: --set quality_gate.ppl_ratio='[0.5,1.5]')" in capsys.readouterr().err
+    assert main(["run", "--method", "gu-kgw", "--set", "quality_gate.ppl_ratio=[0.5,1.5]", "--dry-run"]) == 0
+
+
 @pytest.mark.parametrize("role", ["--oracle-model", "--base-model"])
 def test_a_base_or_judge_that_is_no_causal_lm_is_one_line_before_any_work(random_t5, role, tmp_path, capsys):
     """The judge scores next tokens and the base writes: a sequence-to-sequence model (here a T5 paraphraser) is
