@@ -116,6 +116,11 @@ def _row(cell: Cell, setting: str, base, unaltered, base_scores: list, scores: l
 
     m, b = (json.loads((r.run.path / "metrics.json").read_text()) for r in (unaltered, base))
     ratio = ppl_ratio(m.get("median_ppl"), b.get("median_ppl"))
+    ppl = [{s["i"]: s.get("ppl") for s in rows if s["label"] == 1 and "i" in s} for rows in (scores, base_scores)]
+    try:
+        bounds = metrics.ratio_interval(*ppl)
+    except (TypeError, ValueError):  # (a text without a perplexity)
+        bounds = None
     auc_base, tpr_base = metrics.versus([s["score"] for s in scores if s["label"] == 1],
                                         [s["score"] for s in base_scores if s["label"] == 1])  # fmt: skip
     return {
@@ -130,6 +135,7 @@ def _row(cell: Cell, setting: str, base, unaltered, base_scores: list, scores: l
         "TPR@1%_vs_base": tpr_base,
         "PPL": m.get("median_ppl"),
         "PPL_ratio": ratio,
+        "PPL_ratio_ci95": None if bounds is None else list(bounds),
         "rep3": m.get("rep3"),
         "quality": gate.verdict(ratio, m.get("rep3"), b.get("rep3")),
     }
@@ -192,11 +198,13 @@ def describe(rule, gate) -> str:
 def summary(method: str, stage: Stage) -> str:
     """A method's sweep and choice as ``harness grid`` prints them."""
     found = json.loads((stage.path / FILE).read_text())
-    lines = [f"  {method}: {found['setting']:>8}  seed    AUC  vs base AUC  PPL/base  text"]
+    lines = [f"  {method}: {found['setting']:>8}  seed    AUC  vs base AUC  PPL/base  (95% CI)      text"]
     for r in found["sweep"]:
         ratio = "missing" if r["PPL_ratio"] is None else f"{r['PPL_ratio']:.2f}"
+        bounds = r.get("PPL_ratio_ci95")  # (a calibration stored before the interval has none)
+        ci = f"[{bounds[0]:.2f}, {bounds[1]:.2f}]" if bounds else ""
         lines.append(f"  {'':{len(method)}}  {r['value']!s:>8}  {r['seed']:>4}  {r['AUC']:.3f}  "
-                     f"{r['AUC_vs_base']:11.3f}  {ratio:>8}  {r['quality'].split(':')[0]}")  # fmt: skip
+                     f"{r['AUC_vs_base']:11.3f}  {ratio:>8}  {ci:12}  {r['quality'].split(':')[0]}")  # fmt: skip
     lines.append(f"  {method}: chose {found['setting']}={found['chosen']['value']}{outside(found['chosen'])}")
     return "\n".join(lines)
 

@@ -147,7 +147,8 @@ def base_rows(df: pd.DataFrame) -> pd.Series:
 
 def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     """Each run beside the unwatermarked base's texts of its setup, prompts and decoding (the same prompts, sampled
-    the same way, judged by the same model): ``PPL_ratio`` (its median PPL over the base's, on one footing),
+    the same way, judged by the same model): ``PPL_ratio`` (its median PPL over the base's, on one footing) and
+    ``PPL_ratio_lo``, ``PPL_ratio_hi`` (its 95% interval, a bootstrap over the prompts: ``metrics.ratio_interval``),
     ``rep3_base``, the ``quality`` verdict of its setup's gate (``harness.config.gate``), and the model-versus-model
     columns ``AUC_vs_base`` and ``TPR@1%_vs_base``: its detector's scores of its texts against the same detector's
     scores of the base's texts (that method's and configuration's base row, of the same training seed where
@@ -163,7 +164,12 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
     def generated(run: str) -> tuple[float, ...]:
         return tuple(s["score"] for s in scores(store, run) if s["label"] == 1)
 
-    cols: dict[str, list] = {c: [] for c in ("PPL_ratio", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base")}
+    @cache
+    def perplexities(run: str, field: str) -> dict:  # prompt index -> the perplexity of the text written from it
+        return {s["i"]: s.get(field) for s in scores(store, run) if s["label"] == 1 and "i" in s}
+
+    names = ("PPL_ratio", "PPL_ratio_lo", "PPL_ratio_hi", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base")
+    cols: dict[str, list] = {c: [] for c in names}
     controls = {(r.setup, r.method, r.params, r.seed, r.attack_name, r.attack_params, r.attack_config): r.run
                 for r in df[df["control"]].itertuples()}  # fmt: skip
     versus_control = []
@@ -172,11 +178,17 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
         for column, value in (("method", r.method), ("params", r.params), ("seed", r.seed)):
             if (same[column] == value).any():  # the base texts under this method's detector, settings and seed
                 same = same[same[column] == value]
-        ratio = rep3_base = auc = tpr = None
+        ratio = bounds = rep3_base = auc = tpr = None
         if len(same):
             b = same.iloc[0]
             footing = r.PPL_on == b["PPL_on"]
             ratio = ppl_ratio(*((r.PPL, b["PPL"]) if footing else (r.PPL_retokenized, b["PPL_retokenized"])))
+            if ratio is not None:
+                field = "ppl" if footing else "ppl_retokenized"
+                try:
+                    bounds = metrics.ratio_interval(perplexities(r.run, field), perplexities(b["run"], field))
+                except (OSError, TypeError, ValueError) as err:
+                    log.warning("run %s: no interval of its PPL ratio (%s)", r.run, err)
             rep3_base = b["rep3"]
             if b["method"] == r.method and b["params"] == r.params:
                 try:
@@ -184,7 +196,8 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
                 except (OSError, ValueError, KeyError) as err:
                     log.warning("run %s: no model-versus-model AUC (%s)", r.run, err)
         verdict = QualityGate(**json.loads(r.quality_gate)).verdict(ratio, r.rep3, rep3_base)
-        for c, v in zip(cols, (ratio, rep3_base, verdict, auc, tpr), strict=True):
+        lo, hi = bounds or (None, None)
+        for c, v in zip(cols, (ratio, lo, hi, rep3_base, verdict, auc, tpr), strict=True):
             cols[c].append(v)
         control = None if r.control else controls.get((r.setup, r.method, r.params, r.seed, r.attack_name,
                                                          r.attack_params, r.attack_config))  # fmt: skip

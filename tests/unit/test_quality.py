@@ -166,7 +166,11 @@ def test_degenerate_rows_are_named_in_every_table_and_never_ranked(gated_store, 
 
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(runs["quality"].str.split(":").str[0]) == ["degenerate"] * 2 + ["ok"] * 4
-    assert list(runs.columns[-6:-1]) == ["PPL_ratio", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base"]
+    assert list(runs.columns[-8:-1]) == ["PPL_ratio", "PPL_ratio_lo", "PPL_ratio_hi", "rep3_base", "quality",
+                                         "AUC_vs_base", "TPR@1%_vs_base"]  # fmt: skip
+    for r in runs.itertuples():  # every row's ratio inside its interval; a base row's is exactly 1
+        assert r.PPL_ratio_lo <= r.PPL_ratio <= r.PPL_ratio_hi
+        assert (r.PPL_ratio_lo == r.PPL_ratio_hi == 1) == (r.attack == "No watermark")
     assert "& degenerate" in (out / "tiny" / "robustness.tex").read_text()
     assert "not ranked: PRO" in (out / "tiny" / "comparison.tex").read_text()
     assert "PPL judged by builtin:tiny-lm" in (out / "tiny" / "robustness.tex").read_text()
@@ -219,3 +223,17 @@ def test_a_method_calibrated_outside_the_budget_is_shown_at_matched_quality_and_
     assert "; PRO: outside the budget (the closest: 1.45x" in caption
     fixed = pd.read_csv(out / "tiny" / "comparison.csv")
     assert len(fixed) == 2 and fixed["dAUC"].astype(float).notna().all()
+
+
+def test_the_ppl_ratio_interval_resamples_prompts_on_both_sides_at_once():
+    """Each draw takes the same prompts for the row and its base: a row that reads every prompt exactly twice its
+    base's perplexity has the interval [2, 2] however much the prompts differ, where resampling each side alone
+    would spread it; prompts only one side continued are left out, and too few shared ones give none."""
+    from harness.cell import metrics
+
+    base = {i: float(5 + 40 * (i % 7)) for i in range(50)}
+    assert metrics.ratio_interval({i: 2 * v for i, v in base.items()} | {99: 1e6}, base) == pytest.approx((2, 2))
+    lo, hi = metrics.ratio_interval({i: v * (1.5 if i % 2 else 0.9) for i, v in base.items()}, base)
+    assert lo < hi and lo >= 0.9 and hi <= 1.5
+    assert metrics.ratio_interval({0: 1.0}, {0: 1.0, 1: 2.0}) is None
+    assert metrics.ratio_interval({0: 1.0, 1: 2.0}, {0: 0.0, 1: 2.0}) is None
