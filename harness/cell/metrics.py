@@ -84,6 +84,11 @@ def versus(pos, neg) -> tuple[float | None, float | None]:
     return float(roc_auc_score(np.r_[np.ones(len(p)), np.zeros(len(n))], np.r_[p, n])), tpr_at_fpr(p, n, 0.01)
 
 
+def per_prompt(rows: list[dict], field: str) -> dict:
+    """Prompt index -> ``field`` (a perplexity) of the generated text written from it, from a run's score rows."""
+    return {s["i"]: s.get(field) for s in rows if s["label"] == 1 and "i" in s}
+
+
 def ratio_interval(ppl: dict, base_ppl: dict, bootstrap: int = 1000, seed: int = 0) -> tuple[float, float] | None:
     """A 95% percentile interval of a row's median PPL over its base's (the quality gate's ratio) from a bootstrap
     over the prompts both continued (``ppl``, ``base_ppl``: prompt index -> the perplexity of the text written from

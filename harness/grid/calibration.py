@@ -116,9 +116,8 @@ def _row(cell: Cell, setting: str, base, unaltered, base_scores: list, scores: l
 
     m, b = (json.loads((r.run.path / "metrics.json").read_text()) for r in (unaltered, base))
     ratio = ppl_ratio(m.get("median_ppl"), b.get("median_ppl"))
-    ppl = [{s["i"]: s.get("ppl") for s in rows if s["label"] == 1 and "i" in s} for rows in (scores, base_scores)]
     try:
-        bounds = metrics.ratio_interval(*ppl)
+        bounds = metrics.ratio_interval(metrics.per_prompt(scores, "ppl"), metrics.per_prompt(base_scores, "ppl"))
     except (TypeError, ValueError):  # (a text without a perplexity)
         bounds = None
     auc_base, tpr_base = metrics.versus([s["score"] for s in scores if s["label"] == 1],
@@ -218,17 +217,18 @@ def outside(chosen: dict) -> str:
     return f", outside the budget (the closest: {ratio}; never ranked at matched quality)"
 
 
+def choices(found: dict[str, Stage]) -> dict[str, dict]:
+    """Method -> its calibration's choice (``settings``, ``value``, ``within_budget``...)."""
+    return {method: json.loads((stage.path / FILE).read_text())["chosen"] for method, stage in found.items()}
+
+
 def chosen_settings(found: dict[str, Stage]) -> dict[str, dict]:
     """Method -> the settings its calibration chose (what the groups' ``calibrated`` entries run)."""
-    return {
-        method: json.loads((stage.path / FILE).read_text())["chosen"]["settings"] for method, stage in found.items()
-    }
+    return {method: chosen["settings"] for method, chosen in choices(found).items()}
 
 
 def stored_choice(grid: Grid, results: Path) -> dict[str, dict] | None:
     """Method -> its calibration's choice (``settings``, ``value``, ``within_budget``...) where every one of its runs
     and stages is stored, else None; builds nothing."""
     found = stages(grid, results, build=False)
-    if found is None:
-        return None
-    return {method: json.loads((stage.path / FILE).read_text())["chosen"] for method, stage in found.items()}
+    return None if found is None else choices(found)

@@ -166,7 +166,7 @@ def against_base(df: pd.DataFrame, store: Store) -> pd.DataFrame:
 
     @cache
     def perplexities(run: str, field: str) -> dict:  # prompt index -> the perplexity of the text written from it
-        return {s["i"]: s.get(field) for s in scores(store, run) if s["label"] == 1 and "i" in s}
+        return metrics.per_prompt(scores(store, run), field)
 
     names = ("PPL_ratio", "PPL_ratio_lo", "PPL_ratio_hi", "rep3_base", "quality", "AUC_vs_base", "TPR@1%_vs_base")
     cols: dict[str, list] = {c: [] for c in names}

@@ -244,12 +244,7 @@ def comparison(df: pd.DataFrame, store: Store, unranked: dict[str, str] | None =
         for i, a in enumerate(methods):
             for b in methods[i + 1 :]:
                 out = {**dict(zip(["category", "attack", "setting"], row, strict=True)), "A": a, "B": b}
-                why = [f"{m} {(unranked or {})[m]}" for m in (a, b) if (unranked or {}).get(m)]
-                if why:  # (the pair keeps its row, with no numbers)
-                    seeds = set(cell[cell["method"] == a]["seed"]) & set(cell[cell["method"] == b]["seed"])
-                    rows.append(out | {"seeds": len(seeds), "paired_on": "", "note": "not ranked: " + "; ".join(why)})
-                    continue
-                rows.append(out | _compared(store, cell, bases, a, b, several, df["seed"].nunique()))
+                rows.append(out | _compared(store, cell, bases, a, b, several, df["seed"].nunique(), unranked or {}))
     if not rows:
         return pd.DataFrame()
     order = sorted(range(len(rows)), key=lambda k: (category_rank(rows[k]["category"]), natural_key(rows[k]["attack"]),
@@ -267,15 +262,25 @@ def comparison(df: pd.DataFrame, store: Store, unranked: dict[str, str] | None =
 COMPARED = ("AUC", "TPR@1%", "AUC_vs_base")  # tab:comparison's differences (``comparison``)
 
 
-def _compared(store: Store, cell: pd.DataFrame, bases: dict, a: str, b: str, several: bool, stored_seeds: int) -> dict:
+def _compared(
+    store: Store,
+    cell: pd.DataFrame,
+    bases: dict,
+    a: str,
+    b: str,
+    several: bool,
+    stored_seeds: int,
+    unranked: dict[str, str],
+) -> dict:
     """One row of ``comparison``: methods ``a`` and ``b`` in ``cell`` (one row of tab:robustness, its runs);
-    ``bases``: the base rows' runs by (method, settings, seed)."""
+    ``bases``: the base rows' runs by (method, settings, seed); ``unranked``: as ``comparison``'s."""
     runs = {(r.method, r.seed): r for r in cell.itertuples()}
     seeds = sorted({s for m, s in runs if m == a} & {s for m, s in runs if m == b})
     out: dict = {"seeds": len(seeds), "paired_on": "", "note": ""}
     failed = [f"{r.method} (seed {r.seed}) {r.quality}" for (m, s), r in sorted(runs.items())
               if m in (a, b) and s in seeds and str(r.quality).startswith(DEGENERATE)]  # fmt: skip
-    if failed:  # texts that no longer count as writing are named, never ordered
+    failed = [f"{m} {unranked[m]}" for m in (a, b) if unranked.get(m)] or failed  # (a budget's reason first and alone)
+    if failed:  # texts that no longer count as writing, or a method outside its budget: named, never ordered
         out["note"] = "not ranked: " + "; ".join(failed)
         return out
     try:
