@@ -180,8 +180,9 @@ FIRST_ROWS = {  # what a ``SettingTable``'s first row may be
 # The runs.csv columns a SettingTable may show (harness/report/collect.py writes them; a unit test checks that each is
 # one), beside a method's own ``<method>.<field>``: a name that is neither is refused when the class is defined.
 RUN_METRICS = ("AUC", "AUC_lo", "AUC_hi", "TPR@0.1%", "TPR@1%", "TPR@5%", "TPR@10%", "PPL", "PPL_retokenized",
-               "PPL_ratio", "rep3", "distinct1", "distinct2", "overlap", "cosine", "edit_rate", "tokens_to_detect",
-               "detected_by_end", "AUC_vs_base", "TPR@1%_vs_base", "AUC_vs_control", "n_pos", "n_neg")  # fmt: skip
+               "PPL_ratio", "PPL_ratio_lo", "PPL_ratio_hi", "rep3", "distinct1", "distinct2", "overlap", "cosine",
+               "edit_rate", "tokens_to_detect", "detected_by_end", "AUC_vs_base", "TPR@1%_vs_base", "AUC_vs_control",
+               "n_pos", "n_neg")  # fmt: skip
 
 
 @dataclass(frozen=True)
