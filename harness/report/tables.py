@@ -219,6 +219,15 @@ def _flagged_caption(setup: Setup, attack: str) -> str:
     )
 
 
+def _flagged_matched_caption(setup: Setup, attack: str) -> str:
+    """The spoofing table's caption, of the configurations a calibration chose: named where it names the setup."""
+    caption = _flagged_caption(setup, attack).removesuffix(").")
+    return (
+        "At matched quality (the configuration each method's calibration chose before any attack): "
+        f"{caption[0].lower()}{caption[1:]}; {_configs(setup.matched)}{_outside(setup)})."
+    )
+
+
 def _curve_caption(setup: Setup, attack: str) -> str:
     cls = plugin_class("attack", attack)
     sweep = getattr(cls, "sweep", None)
@@ -452,6 +461,19 @@ TABLES: tuple[Table, ...] = (
         joined_by="Attack.tables",
         section=Section(
             "Texts that should not be flagged (the spoofing table)", lambda table, _: html.frame(table), "tail"
+        ),  # fmt: skip
+    ),
+    Table(
+        "flagged_matched",
+        "the spoofing table at matched quality (not in the paper)",
+        "the spoofing table of the configurations a calibration chose, named <attack>_flagged_matched, where the setup "
+        "stores a calibration",
+        build=lambda setup, attack: pd.DataFrame() if setup.matched.empty else frames.flagged(setup.matched, attack),
+        latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Setting"]),
+        caption=lambda setup, attack: _flagged_matched_caption(setup, attack),
+        each=_attacks_joining("flagged", "_flagged_matched"),
+        section=Section(
+            "Texts that should not be flagged, at matched quality", lambda table, _: html.frame(table), "tail"
         ),  # fmt: skip
     ),
     Table(

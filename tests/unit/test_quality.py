@@ -225,6 +225,42 @@ def test_a_method_calibrated_outside_the_budget_is_shown_at_matched_quality_and_
     assert len(fixed) == 2 and fixed["dAUC"].astype(float).notna().all()
 
 
+def test_the_spoofing_table_at_matched_quality_reads_the_chosen_configuration(tmp_path, fake_run):
+    """Spoofing's table of its own (``<attack>_flagged``) shows each method's main configuration, the preset's; where a
+    calibration chose another, ``<attack>_flagged_matched`` shows that one's rows, and its caption names it."""
+    from harness.config.registry import methods
+    from harness.store import kinds
+
+    store = Store(tmp_path / "runs")
+    runs = {}
+    for delta, auc in ((None, 0.6), (1.5, 0.9)):
+        settings = {} if delta is None else {"delta": delta}
+        runs[delta] = [fake_run(store, "gu-kgw", settings, "base", {}, 0.5),
+                       fake_run(store, "gu-kgw", settings, "none", {}, 0.95)]  # fmt: skip
+        fake_run(store, "gu-kgw", settings, "steal-spoof", {"texts": 100}, auc)
+    stage = store.stage(kinds.CALIBRATION, {"stage": kinds.CALIBRATION, "method": "gu-kgw", "setting": "delta",
+                                            "runs": [[r.name for r in runs[1.5]]]})  # fmt: skip
+    chosen = methods.build("gu-kgw", {"delta": "1.5"}, TINY).params.model_dump()
+
+    def make(folder):
+        (folder / "calibration.json").write_text(json.dumps({"chosen": {"settings": chosen, "value": 1.5},
+                                                             "sweep": []}))  # fmt: skip
+        return {}
+
+    store.build_or_reuse(stage, "calibration of gu-kgw", make)
+    out = tmp_path / "tables"
+    assert main(["tables", "--results", str(store.root), "--out", str(out), "--no-figures"]) == 0
+    import pandas as pd
+
+    fixed = pd.read_csv(out / "tiny" / "steal-spoof_flagged.csv", index_col=0)
+    matched = pd.read_csv(out / "tiny" / "steal-spoof_flagged_matched.csv", index_col=0)
+    assert list(matched.index) == list(fixed.index) == ["the base's own texts", "N=100, strength=4"]
+    assert fixed.loc["N=100, strength=4", "Gu-KGW AUC"] == pytest.approx(0.6, abs=0.1)
+    assert matched.loc["N=100, strength=4", "Gu-KGW AUC"] == pytest.approx(0.9, abs=0.1)
+    caption = " ".join((out / "tiny" / "steal-spoof_flagged_matched.tex").read_text().split())
+    assert "At matched quality" in caption and "Gu-KGW: k=1, delta=1.5)." in caption
+
+
 def test_the_ppl_ratio_interval_resamples_prompts_on_both_sides_at_once():
     """Each draw takes the same prompts for the row and its base: a row that reads every prompt exactly twice its
     base's perplexity has the interval [2, 2] however much the prompts differ, where resampling each side alone
