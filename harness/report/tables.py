@@ -468,10 +468,11 @@ TABLES: tuple[Table, ...] = (
         "the spoofing table at matched quality (not in the paper)",
         "the spoofing table of the configurations a calibration chose, named <attack>_flagged_matched, where the setup "
         "stores a calibration",
-        build=lambda setup, attack: pd.DataFrame() if setup.matched.empty else frames.flagged(setup.matched, attack),
+        build=lambda setup, attack: frames.flagged(setup.matched, attack),
         latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Setting"]),
         caption=lambda setup, attack: _flagged_matched_caption(setup, attack),
-        each=_attacks_joining("flagged", "_flagged_matched"),
+        # (none in a setup without a stored calibration: no section saying so on the page)
+        each=lambda setup: [] if setup.matched.empty else _attacks_joining("flagged", "_flagged_matched")(setup),
         section=Section(
             "Texts that should not be flagged, at matched quality", lambda table, _: html.frame(table), "tail"
         ),  # fmt: skip
