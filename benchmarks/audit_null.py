@@ -32,6 +32,7 @@ p-value is exact for any number, fewer keys only coarsen it), 100 key evaluation
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -177,8 +178,8 @@ def main() -> None:
     parser.add_argument("--alphas", default="0.01,0.05", help="comma-separated levels")
     parser.add_argument("--kth-null-keys", type=int, default=99)
     parser.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated, of " + ", ".join(SCHEMES))
-    parser.add_argument("--sources", help="comma-separated names of the sources to test (default: all; 'human' is "
-                        "the human continuations)")  # fmt: skip
+    parser.add_argument("--sources", help="comma-separated names of the sources to test, as the table names them "
+                        "(default: all; 'human' is the human continuations)")  # fmt: skip
     parser.add_argument("--results", type=Path, default=Path("results/runs"))
     parser.add_argument("--pro-key", type=Path, help="a trained PRO train stage folder (its row)")
     args = parser.parse_args()
@@ -194,7 +195,8 @@ def main() -> None:
     preset = apply_overrides(presets.get_preset(args.preset), parse_assignments(args.set, "setting"))
     alphas = [float(a) for a in args.alphas.split(",")]
     pipe = Pipeline(preset, Store(args.results))
-    wanted = None if args.sources is None else set(args.sources.split(","))
+    # (a name's own commas are followed by a space, "base -> merge w=0.5, 2 donors x 0.5, ...": split at the others)
+    wanted = None if args.sources is None else set(re.split(r",(?! )", args.sources))
     texts, gens = {}, {}
     for name, path, model_id in derivatives(pipe):
         if wanted is not None and name not in wanted:
