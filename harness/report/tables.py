@@ -470,7 +470,7 @@ TABLES: tuple[Table, ...] = (
         "stores a calibration",
         build=lambda setup, attack: frames.flagged(setup.matched, attack),
         latex=lambda table, caption, _: latex.simple_tex(table, caption, ["Setting"]),
-        caption=lambda setup, attack: _flagged_matched_caption(setup, attack),
+        caption=_flagged_matched_caption,
         # (none in a setup without a stored calibration: no section saying so on the page)
         each=lambda setup: [] if setup.matched.empty else _attacks_joining("flagged", "_flagged_matched")(setup),
         section=Section(
