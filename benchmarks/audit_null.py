@@ -186,6 +186,8 @@ def main() -> None:
 
     from harness.cell import detection
     from harness.cell.pipeline import Pipeline
+    from harness.cli.main import configure_logging
+    from harness.compute.progress import Progress
     from harness.config import presets
     from harness.config.errors import HarnessError
     from harness.config.params import parse_assignments
@@ -194,6 +196,7 @@ def main() -> None:
     from harness.store import files
     from harness.store.stages import Store
 
+    configure_logging(False)  # (the stages' and the keys' progress, on stderr)
     preset = apply_overrides(presets.get_preset(args.preset), parse_assignments(args.set, "setting"))
     alphas = [float(a) for a in args.alphas.split(",")]
     pipe = Pipeline(preset, Store(args.results))
@@ -233,9 +236,11 @@ def main() -> None:
             if scheme == "gaussmark":
                 summed_gradients(texts, pipe, Path(tmp))
             found = {d: [] for d in texts}  # source -> [(pooled p, per-text ps)], the preset key's first
-            for seed in [None, *range(1, args.keys + 1)]:
-                for d, result in pooled_p_values(scheme, seed, texts, pipe, args.kth_null_keys, Path(tmp)).items():
-                    found[d].append(result)
+            with Progress(args.keys + 1, f"{scheme}: keys", unit="key") as bar:  # (Gu-KTH's at 1%: an hour a source)
+                for seed in [None, *range(1, args.keys + 1)]:
+                    for d, result in pooled_p_values(scheme, seed, texts, pipe, args.kth_null_keys, Path(tmp)).items():
+                        found[d].append(result)
+                    bar.update(1)
             for d, ((preset_p, _), *rest) in found.items():
                 pooled, per_text = [p for p, _ in rest], [t for _, t in rest if t is not None]
                 for alpha in alphas:
