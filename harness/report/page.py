@@ -23,13 +23,19 @@ from harness.store.stages import Store
 
 def table_sections(setup: Setup, place: str) -> list[str]:
     """The sections of the declared tables whose ``Section.place`` is ``place``, in declaration order (headings are
-    the declarations' own text, not the store's)."""
+    the declarations' own text, not the store's). A declaration that makes a table per subject (an attack's curve,
+    spoofing or declared table) names each under its heading, by its file and its caption (escaped: a plugin's and
+    the store's text), as several would otherwise stand under one heading with nothing to tell them apart."""
     out = []
     for table in TABLES:
         if table.section is not None and table.section.place == place:
-            for _, subject in table.subjects(setup):
+            for file, subject in table.subjects(setup):
                 rendered = table.section.render(table.build(setup, subject), setup.every_run)
-                out += [f"<h3>{table.section.heading}</h3>", rendered]
+                if table.each is None:
+                    out += [f"<h3>{table.section.heading}</h3>", rendered]
+                else:
+                    named = f"<h3>{table.section.heading}: <code>{esc(file)}</code></h3>"
+                    out += [named, f"<p>{esc(table.caption(setup, subject))}</p>", rendered]
     return out
 
 

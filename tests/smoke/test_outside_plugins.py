@@ -139,7 +139,9 @@ def test_outside_plugins_run_and_fill_the_tables(outside):
     page = root / "report.html"
     run("report", "--results", str(store), "--out", str(page))
     assert "Untrained KGW" in page.read_text() and "Perturbation sweeps" in page.read_text()
-    assert "Tables the attacks declare" in page.read_text()
+    # (each declared table under its heading by its file and caption: several would otherwise look alike)
+    assert "Tables the attacks declare: <code>noise-sweep_by_scale</code>" in page.read_text()
+    assert "at each noise scale" in page.read_text()
     specs = [json.loads(p.read_text()) for p in store.glob("*/spec.json")]
     key = next(s["detector"]["key_from"] for s in specs if s["detector"]["method"] == "untrained-kgw")
     out = run("detect", "--results", str(store), "--key", key, "--model", settings["base_model"], "--json")
