@@ -84,6 +84,12 @@ def source(p: StealParams):
     return DATASETS[p.dataset].source if p.dataset in DATASETS else DataSource(path=p.dataset, text_field="text")
 
 
+def keys_fit(vocab: int, width: int) -> bool:
+    """Whether a context of ``width`` tokens and the token after it, of a ``vocab``-token vocabulary, key in 64 bits
+    (signed, as numpy's int64): vocab^(width + 1) below 2^63."""
+    return vocab ** (width + 1) < 2**63
+
+
 def estimate_boosts(watermarked: list[list[int]], reference: list[list[int]], vocab: int, min_count: int,
                     width: int = 1) -> dict:  # fmt: skip
     """The boosts ``s(c, t)`` (module docstring) from token-id texts, each context ``c`` the ``width`` tokens before
@@ -91,7 +97,7 @@ def estimate_boosts(watermarked: list[list[int]], reference: list[list[int]], vo
     a context as one key (``context_keys``); with ``width`` and ``vocab`` where the width is above 1."""
     import numpy as np
 
-    if vocab ** (width + 1) >= 2**63:
+    if not keys_fit(vocab, width):
         raise HarnessError(
             f"steal: a context of {width} tokens of a {vocab:,}-token vocabulary does not fit 64-bit keys"
         )
@@ -255,8 +261,8 @@ class Stealing(Attack):
         counter = self.counted_in() or base_model
         if width > 1 and counter is not None and (models.built(counter) or models.planned(counter)):
             vocab = models.config(counter).vocab_size
-            if vocab ** (width + 1) >= 2**63:
-                widest = max(w for w in (1, 2, 3) if vocab ** (w + 1) < 2**63)
+            if not keys_fit(vocab, width):
+                widest = max(w for w in (1, 2, 3) if keys_fit(vocab, w))
                 raise HarnessError(f"attack {self.name}: context={width} with a {vocab:,}-token vocabulary does not "
                                    f"fit 64-bit keys; at most context={widest}")  # fmt: skip
         if base_model is None or ref is None:
