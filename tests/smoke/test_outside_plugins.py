@@ -1,8 +1,8 @@
-"""Two methods (one that trains nothing) and two attacks from a package outside the harness
-(tests/smoke/outside/outside_plugins.py), installed in a folder of their own and registered only through entry points,
-run through `harness run` and `harness grid` and appear in every table they belong in, the report and `harness
-detect`, with no edit to harness/: a new attack category becomes a row group of tab:robustness, a new text attack gets
-a table of its own, and a new method becomes a column."""
+"""Three methods (one that trains nothing, one on the training loop of the built-in ones) and four attacks from a
+package outside the harness (tests/smoke/outside/outside_plugins.py), installed in a folder of their own and registered
+only through entry points, run through `harness run` and `harness grid` and appear in every table they belong in, the
+report and `harness detect`, with no edit to harness/: a new attack category becomes a row group of tab:robustness, a
+new text attack gets a table of its own, and a new method becomes a column."""
 
 import csv
 import json
@@ -29,6 +29,7 @@ ENTRY_POINTS = """\
 [harness.methods]
 unigram = outside_plugins:Unigram
 untrained-kgw = outside_plugins:Untrained
+green-tune = outside_plugins:GreenTune
 
 [harness.attacks]
 noise = outside_plugins:Noise
@@ -70,12 +71,25 @@ def outside(tmp_path_factory, random_llamas, script):
 def test_outside_plugins_run_and_fill_the_tables(outside):
     run, root, settings = outside
     listed = {line.split()[0] for line in run("list").stdout.splitlines()[1:] if line.strip()}
-    assert {"unigram", "untrained-kgw", "noise", "truncate", "noise-sweep", "best-of-n"} <= listed
+    assert {"unigram", "untrained-kgw", "green-tune", "noise", "truncate", "noise-sweep", "best-of-n"} <= listed
     store = root / "runs"
     sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
     out = run("run", "--method", "unigram", "--attack", "truncate", "--attack-arg", "keep=0.5", *sets,
               "--results", str(store))  # fmt: skip
     assert "Truncation keep=0.5" in out.stdout
+    # The method that trains, on the loop every built-in method uses: its steps in its train stage's log, a student
+    # that is no longer the base, and its rows under an outside attack.
+    tuned = root / "tuned"  # (a store of its own: the grid's tables below hold the grid's methods)
+    out = run("run", "--method", "green-tune", "--attack", "noise", *sets, "--results", str(tuned))
+    assert "Gaussian noise sigma=0.05" in out.stdout, out.stdout
+    (trained,) = [p.parent for p in tuned.glob("stages/train/*/spec.json")]
+    log = json.loads((trained / "manifest.json").read_text())["report"]
+    assert log["steps"] == 3 and len(log["losses"]) == 3, log
+    from safetensors.torch import load_file
+
+    folders = (trained / "model", Path(settings["base_model"]))
+    student, base = (load_file(next(folder.glob("*.safetensors"))) for folder in folders)
+    assert any((student[name] != base[name]).any() for name in base), "green-tune's student is the base unchanged"
     # An outside attack refuses a method before any training (``Attack.refuses``), in one line.
     out = run("run", "--method", "kth-decoding", "--attack", "best-of-n", *sets, "--results", str(store), code=2)
     assert "every draw is the same text" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

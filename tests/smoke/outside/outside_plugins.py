@@ -15,6 +15,8 @@ from pathlib import Path
 from pydantic import Field
 
 from harness.assets import models
+from harness.assets.data import token_stream, training_batches
+from harness.compute.training import loss_step, train
 from harness.config.params import Params
 from harness.contract.attack import (
     MODEL,
@@ -107,9 +109,53 @@ class Untrained(WatermarkMethod):
 
     def detector(self, key_dir: Path, tokenizer, ctx: DetectContext | None = None) -> Detector:
         key = read_key(key_dir)
-        vocab = list(range(key["vocab"]))
-        green = set(random.Random(key["seed"]).sample(vocab, round(key["gamma"] * len(vocab))))
-        return GreenShare(green, key["gamma"])
+        return GreenShare(green_list(key["seed"], key["gamma"], key["vocab"]), key["gamma"])
+
+
+def green_list(seed: int, gamma: float, vocab: int) -> set[int]:
+    """The key's green tokens: a share ``gamma`` of the ``vocab`` ids, drawn from ``seed``."""
+    return set(random.Random(seed).sample(range(vocab), round(gamma * vocab)))
+
+
+class GreenTuneParams(UntrainedParams):
+    delta: float = Field(4.0, gt=0)  # the logit bias on green tokens that the student learns
+
+
+class GreenTune(Untrained):
+    """A method that trains: the student learns the base's next-token distribution with ``delta`` added to the
+    logits of the key's green tokens (Gu et al.'s logit distillation, with a key that ignores the context), on the
+    training loop every built-in method uses. Its key and detector are ``Untrained``'s."""
+
+    name = "green-tune"
+    label = "Green tune"
+    Params = GreenTuneParams
+
+    def config_label(self) -> str:
+        return f"gamma={self.params.gamma:g}, delta={self.params.delta:g}, seed={self.params.seed}"
+
+    def train(self, ctx: TrainContext, out: Path) -> dict:
+        import torch
+        import torch.nn.functional as F
+
+        tokenizer = models.load_tokenizer(ctx.base_model)
+        vocab = len(tokenizer)  # (the key's ids; a model may have more logits than its tokenizer has ids)
+        bias = torch.zeros(vocab)
+        bias[sorted(green_list(self.params.seed, self.params.gamma, vocab))] = self.params.delta
+        teacher = models.load_causal_lm(ctx.base_model, ctx.device, dtype=ctx.settings.teacher_dtype)
+        student = models.load_trainable(ctx.base_model, ctx.device)
+
+        def loss(model, batch):  # KL(the teacher with the bias || the student), per token
+            with torch.no_grad():
+                target = F.log_softmax(teacher(batch).logits[..., :vocab] + bias.to(batch.device), dim=-1)
+            logits = F.log_softmax(model(batch).logits[..., :vocab], dim=-1)
+            return F.kl_div(logits.flatten(0, 1), target.flatten(0, 1), log_target=True, reduction="batchmean")
+
+        stream = token_stream(tokenizer, ctx.train_texts, max_tokens=ctx.settings.tokens)
+        batches = training_batches(tokenizer, stream, ctx.settings)  # (endless (batch_size, seq_len) id tensors)
+        log = train(student, loss_step(loss), batches, ctx.settings, desc="green-tune", device=ctx.device)
+        key = {"method": self.name, "gamma": self.params.gamma, "seed": self.params.seed, "vocab": vocab}
+        save_trained(out, student, tokenizer, key)
+        return log
 
 
 class NoiseParams(Params):
