@@ -87,7 +87,7 @@ class Tags(HTMLParser):
 
 
 PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "thead", "tbody", "tr",
-             "th", "td", "a", "span", "figure", "img", "figcaption", "details", "summary", "pre"}  # fmt: skip
+             "th", "td", "a", "span", "figure", "img", "figcaption", "details", "summary", "pre", "code"}  # fmt: skip
 
 
 def test_a_hostile_store_makes_a_report_with_no_markup_of_its_own(hostile, cli, tmp_path):
