@@ -116,7 +116,8 @@ class Registry:
         base = self.base()
         if not (isinstance(found, type) and issubclass(found, base)):  # (an attack registered as a method too)
             raise PluginLoadError(
-                f"{self.kind} '{name}' ({target}) is not a {self.kind} class (a subclass of {base.__name__}): "
+                f"{self.kind} '{name}' ({target}) is not {'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind} class "
+                f"(a subclass of {base.__name__}): "
                 f"{found!r}"[:300]
             )
         return found
