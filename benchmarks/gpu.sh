@@ -4,13 +4,15 @@
 #     OUT=results/reference/gpu/raw GPU_BUDGET_S=570 bash benchmarks/gpu.sh
 #
 # Parts, in priority order (each stops at the budget's deadline; a part already done, marked in .gpu/state, is skipped,
-# so a second call on the same warm machine goes on where the first stopped):
-#   pytest_gpu  pytest -m gpu: the Llama-3.2-1B-shape KGW distillation step (bf16, with and without gradient
-#               checkpointing: step time and peak memory) and the accelerate FSDP2 launch of Gu-KGW, PRO and
-#               Gloaguen-KGW against one process
+# so a second call on the same warm machine goes on where the first stopped); issue 70's first minutes come first:
 #   train_step  benchmarks/train_step.py at the SmolLM2-135M (16 x 512, with a profile of PRO's step and pool
 #               regeneration) and 1B shapes: each method's step against plain fine-tuning, its pass-count and FLOP
 #               predictions, peak memory
+#   pro_memory  benchmarks/pro_memory.py at SmolLM2-135M's shape (30 layers, 16 x 512, PRO with FPL, bf16 autocast) on
+#               the GPU at V = 49,152 and 262,144, chunked and unchunked: the chunked path's memory flat in V on CUDA
+#   pytest_gpu  pytest -m gpu: the Llama-3.2-1B-shape KGW distillation step (bf16, with and without gradient
+#               checkpointing: step time and peak memory) and the accelerate FSDP2 launch of Gu-KGW, PRO and
+#               Gloaguen-KGW against one process
 #   generate    benchmarks/generate.py at the 1B shape: the harness's sampler against HF generate at batch 128
 #   detect      benchmarks/kgw_detect.py (V = 128,256, packed table on the GPU; KTH's detector is CPU only)
 #   small       the small LM's build on the GPU and its held-out perplexity (tests/unit/test_small.py, gpu)
@@ -66,6 +68,10 @@ train_step() {  # SmolLM2's shape first, at grids/smol-gpu.yaml's batch: where P
         python3 benchmarks/train_step.py --random-shape llama-1b --batch-size 8 --seq-len 512 --steps 5 \
             --detect-texts 256 --detect-tokens 200
 }
+pro_memory() {
+    python3 benchmarks/pro_memory.py --device cuda --fpl --unchunked --layers 30 --batch-size 16 --seq-len 512 \
+        --vocabs 49152,262144
+}
 generate() {
     python3 benchmarks/generate.py --random-shape llama-1b --dtype bfloat16 --prompts 2048 --prompt-tokens 50 \
         --new-tokens 200 --reference-prompts 256
@@ -80,9 +86,10 @@ small() {
     return $rc
 }
 
-export -f pytest_gpu train_step generate detect small
-part pytest_gpu 260
+export -f pytest_gpu train_step pro_memory generate detect small
 part train_step 170
+part pro_memory 150
+part pytest_gpu 260
 part generate 60
 part detect 70
 part small 180

