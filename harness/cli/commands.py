@@ -329,7 +329,7 @@ def cmd_grid(args) -> int:
         print(f"{args.spec}: calibration, {len(sweep)} cells of each swept configuration, unaltered")
         for k, entry in enumerate(jobs.dry_run(sweep, args.results, args.device), 1):
             print(f"  {k:3d}  {entry.cell.name(spec.several_seeds):60s} {entry.state}")
-        chosen = calibration.stored_choice(spec, args.results)
+        chosen = calibration.stored_choice(spec, args.results, partial=True)
         if chosen is None:
             print(f"the calibration's choice is not stored: {', '.join(spec.waiting)} wait for it")
         else:
@@ -337,6 +337,8 @@ def cmd_grid(args) -> int:
             labels = _chosen_labels(spec, settings)
             print("the calibration chose " + "; ".join(f"{m}: {s}{calibration.outside(chosen[m])}" for m, s in labels))
             spec = grid.with_choice(spec, settings)
+            if spec.waiting:  # (a grid run group by group: the other methods' choices are not stored yet)
+                print(f"not chosen yet: {', '.join(spec.waiting)} wait for it")
     cells = list(spec.cells) if shard is None else grid.shard(spec.cells, *shard)
     part = f" (shard {shard[0]}/{shard[1]}: {len(cells)} of {len(spec.cells)} cells)" if shard else ""
     if args.group:

@@ -33,21 +33,25 @@ def stages(grid: Grid, results: Path, device: str | None = None, build: bool = T
 
 
 def stored(grid: Grid, results: Path) -> tuple[dict[str, Stage] | None, set[str]]:
-    """What ``harness export --grid`` copies of the calibration, building nothing: its stages as
-    ``stages(build=False)`` finds them (None unless all are stored), and the hashes of every run its sweep cells
-    make, each cell planned once (the stages' own planning, then the cells it did not reach)."""
+    """What ``harness export --grid`` copies of the calibration, building nothing: the stages of the methods whose
+    sweep and choice are stored (None where none is; a grid run group by group, as on a GPU lease, has some), and the
+    hashes of every run its sweep cells make, each cell planned once (the stages' own planning, then the cells it did
+    not reach)."""
     from harness.cell.pipeline import Pipeline
 
     store, planned = Store(results), {}
-    found = _stages(grid, store, None, False, planned)
+    found = _stages(grid, store, None, False, planned, partial=True) or None
     for cell in grid.sweep:
         if cell not in planned:
             planned[cell] = Pipeline(cell.preset, store, plan=True).run(*cell.build())
     return found, {c.run.key for done in planned.values() for c in done}
 
 
-def _stages(grid: Grid, store: Store, device: str | None, build: bool, planned: dict) -> dict[str, Stage] | None:
-    """``stages``, with each sweep cell's planned runs also kept in ``planned`` (cell -> its runs)."""
+def _stages(
+    grid: Grid, store: Store, device: str | None, build: bool, planned: dict, partial: bool = False
+) -> dict[str, Stage] | None:
+    """``stages``, with each sweep cell's planned runs also kept in ``planned`` (cell -> its runs). ``partial`` (with
+    ``build=False``): the methods whose runs and stage are stored, leaving out the others instead of returning None."""
     from harness.cell.pipeline import Pipeline
     from harness.store.files import read_jsonl
 
@@ -61,11 +65,15 @@ def _stages(grid: Grid, store: Store, device: str | None, build: bool, planned: 
             done = planned[cell] = Pipeline(cell.preset, store, device, plan=True).run(*cell.build())
             if not all(c.reused for c in done):
                 if not build:
-                    return None
+                    break
                 raise HarnessError(
                     f"{cell.where}: the calibration's cell {cell.name(True)} is not stored: run it first"
                 )
             measured.append((cell, done[0], done[-1]))
+        if len(measured) < len(cells):  # (a dry run's view: a sweep cell is not stored)
+            if partial:
+                continue
+            return None
         gate = cells[0].preset.quality_gate
         stage = store.stage(kinds.CALIBRATION, {
             "stage": kinds.CALIBRATION,
@@ -78,6 +86,8 @@ def _stages(grid: Grid, store: Store, device: str | None, build: bool, planned: 
         })  # fmt: skip
         if not build:
             if not stage.done:
+                if partial:
+                    continue
                 return None
             out[method] = stage
             continue
@@ -227,8 +237,9 @@ def chosen_settings(found: dict[str, Stage]) -> dict[str, dict]:
     return {method: chosen["settings"] for method, chosen in choices(found).items()}
 
 
-def stored_choice(grid: Grid, results: Path) -> dict[str, dict] | None:
+def stored_choice(grid: Grid, results: Path, partial: bool = False) -> dict[str, dict] | None:
     """Method -> its calibration's choice (``settings``, ``value``, ``within_budget``...) where every one of its runs
-    and stages is stored, else None; builds nothing."""
-    found = stages(grid, results, build=False)
-    return None if found is None else choices(found)
+    and stages is stored, else None; builds nothing. ``partial``: the methods whose choice is stored (None where none
+    is)."""
+    found = _stages(grid, Store(results), None, False, {}, partial)
+    return choices(found) if found else None

@@ -72,3 +72,23 @@ def test_a_budget_no_swept_value_meets_is_one_line_naming_the_closest(tmp_path, 
     out = cli("grid", str(path), "--results", str(tmp_path / "runs"))
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 2 and "no swept delta of kgw-decoding meets" in last and "the closest, delta=" in last
+
+
+def test_a_grid_run_group_by_group_exports_and_dry_runs_the_groups_it_finished(tmp_path, random_llamas, cli):
+    """As on a GPU lease that finishes some groups: the finished method's choice and attacked cells count as the
+    grid's (``export --grid`` copies them, a dry run lists them) while the other method still waits for its sweep."""
+    path, root = write(tmp_path, random_llamas, 50), tmp_path / "runs"
+    swept = "    kgw-decoding: {delta: [1, 4, 8]}\n"
+    text = path.read_text().replace(swept, swept + "    aar-decoding: {k: [1, 2]}\n")
+    path.write_text(text + "  later:\n    methods: {aar-decoding: [calibrated]}\n    attacks: {none: [{}]}\n")
+    first = cli("grid", str(path), "--group", "matched", "--results", str(root))
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    dry = cli("grid", str(path), "--results", str(root), "--dry-run")
+    assert dry.returncode == 0 and "the calibration chose kgw-decoding: " in dry.stdout
+    assert "not chosen yet: later: aar-decoding" in dry.stdout
+    everything = cli("export", "--results", str(root), str(tmp_path / "all"))
+    of_grid = cli("export", "--grid", str(path), "--results", str(root), str(tmp_path / "grid"))
+    copied = [int(out.stdout.split("exported ")[1].split()[0]) for out in (everything, of_grid)]
+    assert copied[0] == copied[1] > 7  # the sweep's runs, the choice, and the attacked cell's run
+    assert "of the grid's" in of_grid.stdout  # the other method's sweep, named as not stored
