@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
-# The real-model reference grid (grids/smol-gpu.yaml, SmolLM2-135M at a paper-like shape) on a lent GPU machine, run
-# in the background so that it outlives the call that starts it (issue 42):
+# A real-model reference grid (by default grids/smol-gpu-matched.yaml, SmolLM2-135M at a paper-like shape and matched
+# quality, which needs the pack of `GEMMA=1 bash benchmarks/gpu_prepare.sh`) on a lent GPU machine, run in the
+# background so that it outlives the call that starts it (issues 42 and 70):
 #
 #     OUT=<folder> WAIT_S=480 bash benchmarks/gpu_smol.sh
 #
 # Each call first gathers the part of benchmarks/gpu_prepare.sh's pack that it carries (benchmarks/gpu_env.sh); a call
 # before the last part has arrived does nothing more. Once everything is in place, the first call starts the grid's
 # groups one after another (GRID_GROUPS, most valuable first, each `harness grid --group`) under setsid, so the grid
-# goes on between calls while the machine stays warm; every call then waits up to WAIT_S seconds (or until the grid
+# goes on between calls while the machine stays warm. With SHARDS=N (default 3) each group first runs as N shards side
+# by side (`--shard I/N`: whole trainings each, so a calibration's swept trainings share the GPU), then once more
+# whole, which makes the calibration's choice and runs the attacks on it. Every call then waits up to WAIT_S seconds
+# (or until the grid
 # ends) and writes to $OUT what the store holds so far, without model weights (store.tar.xz.*, split to the size a
 # call brings back), with the grid's log and the device's name. Run it again on the same machine to wait for more;
 # `harness tables` and `harness report` then run here, on the unpacked store. RESTART=1 stops the grid running there
 # (its whole process group; finished stages stay in the store) and starts GRID_GROUPS afresh, e.g. to give up on a
-# training that cannot finish in the lease: RESTART=1 GRID_GROUPS=attacks WAIT_S=170 bash benchmarks/gpu_smol.sh
+# training that cannot finish in the lease: RESTART=1 GRID_GROUPS=gu-kgw WAIT_S=170 bash benchmarks/gpu_smol.sh
+# The first lease's grid: GRID=grids/smol-gpu.yaml GRID_GROUPS="core cawp attacks baselines" SHARDS=1.
 set -u
 OUT=${OUT:-/tmp/smol-out}
-GRID=${GRID:-grids/smol-gpu.yaml}
-GRID_GROUPS=${GRID_GROUPS:-core cawp attacks baselines}
+GRID=${GRID:-grids/smol-gpu-matched.yaml}
+GRID_GROUPS=${GRID_GROUPS:-pro cawp gu-kth gloaguen-kgw gu-kgw later}  # issue 70's order
+SHARDS=${SHARDS:-3}
 WORK=${SMOL_WORK:-/tmp/smol-gpu}  # store, cache and logs: kept while the machine stays warm
 mkdir -p "$OUT" "$WORK"
-export HARNESS_CACHE=$WORK/cache GRID GRID_GROUPS WORK
+export HARNESS_CACHE=$WORK/cache GRID GRID_GROUPS SHARDS WORK
 source benchmarks/gpu_env.sh
 [ "$GPU_READY" = 1 ] || exit 0  # a call that only carries a part
 
@@ -43,6 +49,13 @@ torch.version.cuda, 'transformers', transformers.__version__, torch.cuda.get_dev
     setsid nohup bash -c '
         for group in $GRID_GROUPS; do
             echo "### group $group: start $(date -u +%T)"
+            if [ "$SHARDS" -gt 1 ]; then
+                for i in $(seq "$SHARDS"); do
+                    harness grid "$GRID" --group "$group" --shard "$i/$SHARDS" --results "$WORK/store" &
+                done
+                wait
+                echo "### group $group: $SHARDS shards done at $(date -u +%T)"
+            fi
             harness grid "$GRID" --group "$group" --results "$WORK/store"
             echo "### group $group: rc $? at $(date -u +%T)"
         done
