@@ -11,10 +11,10 @@
 # goes on between calls while the machine stays warm. With SHARDS=N (default 3) each group first runs as N shards side
 # by side (`--shard I/N`: whole trainings each, so a calibration's swept trainings share the GPU), then once more
 # whole, which makes the calibration's choice and runs the attacks on it. Every call then waits up to WAIT_S seconds
-# (or until the grid
-# ends) and writes to $OUT what the store holds so far, without model weights (store.tar.xz.*, split to the size a
-# call brings back), with the grid's log and the device's name. Run it again on the same machine to wait for more;
-# `harness tables` and `harness report` then run here, on the unpacked store. RESTART=1 stops the grid running there
+# (or until the grid ends) and writes to $OUT what the store holds so far, without model weights (store.tar.xz.*,
+# split to the size a call brings back), with the grid's log and the device's name. Run it again on the same machine
+# to wait for more; `harness export --grid`, `harness tables` and `harness report` then run here, on the unpacked
+# store. RESTART=1 stops the grid running there
 # (its whole process group; finished stages stay in the store) and starts GRID_GROUPS afresh, e.g. to give up on a
 # training that cannot finish in the lease: RESTART=1 GRID_GROUPS=gu-kgw WAIT_S=170 bash benchmarks/gpu_smol.sh
 # The first lease's grid: GRID=grids/smol-gpu.yaml GRID_GROUPS="core cawp attacks baselines" SHARDS=1.
