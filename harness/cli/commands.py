@@ -325,7 +325,7 @@ def cmd_grid(args) -> int:
         from harness.grid import calibration
 
         sweep = list(spec.sweep) if shard is None else grid.shard(spec.sweep, *shard)
-        jobs.check_cells(sweep, build=False, results=args.results)
+        jobs.check_cells(sweep + list(spec.provisional), build=False, results=args.results)
         print(f"{args.spec}: calibration, {len(sweep)} cells of each swept configuration, unaltered")
         for k, entry in enumerate(jobs.dry_run(sweep, args.results, args.device), 1):
             print(f"  {k:3d}  {entry.cell.name(spec.several_seeds):60s} {entry.state}")
@@ -381,6 +381,9 @@ def _calibrated(spec, args, shard, resources):
     from harness.grid import calibration, executors, jobs
     from harness.grid import spec as grid
 
+    # The cells the choice will make, checked before the sweep's trainings (an attack the method cannot take would
+    # otherwise stop the grid only once they are done)
+    jobs.check_cells(list(spec.provisional), build=False, results=args.results)
     sweep = replace(spec, cells=spec.sweep, attribution=())
     summary = executors.run(sweep, args.results, args.device, args.executor, shard, args.jobs_dir, resources)
     if summary["failures"]:

@@ -149,6 +149,9 @@ class Grid:
     sweep: tuple[Cell, ...] = ()  # the calibration's cells: each swept configuration, unaltered
     # ``group: method`` entries that name the calibrated configuration, left out of ``cells`` until it is chosen
     waiting: tuple[str, ...] = ()
+    # Those entries' cells at the first swept value: what the choice's cells will be but for the swept setting, so
+    # that their inputs (an attack the method cannot take, a missing package) are checked before the sweep runs
+    provisional: tuple[Cell, ...] = ()
     lines: dict = field(default_factory=dict, compare=False)  # the spec's line of each key (for errors)
 
     @property
@@ -355,6 +358,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
         )
     sweep = _sweep(spec, base, seeds, at)
     cells: dict[Cell, None] = {}
+    provisional: dict[Cell, None] = {}
     by_group: dict[str, list[Cell]] = {}
     waiting: list[str] = []
     for group_name, group in spec.groups.items():
@@ -383,6 +387,7 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
                 if not method_list:
                     raise HarnessError(f"{at('groups', group_name, 'methods', method)}: no settings (use [{{}}])")
                 for i, ms in enumerate(method_list):
+                    waits = False
                     if ms == CALIBRATED:
                         swept = spec.calibration.sweep if spec.calibration is not None else {}
                         if method not in swept:
@@ -390,10 +395,13 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
                                 f"{at('groups', group_name, 'methods', method, i)}: '{CALIBRATED}' needs a "
                                 f"calibration section that sweeps {method}"
                             )
-                        if chosen is None or method not in chosen:
+                        waits = chosen is None or method not in chosen
+                        if waits:
                             waiting.append(f"{group_name}: {method}")
-                            continue
-                        ms = chosen[method]
+                            ((name, values),) = swept[method].items()
+                            ms = {name: values[0]}
+                        else:
+                            ms = chosen[method]
                     m = _plugin("method", seeded, method, ms, at("groups", group_name, "methods", method, i))
                     for attack, attack_list in group.attacks.items():
                         if not attack_list:
@@ -407,6 +415,9 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
                             cell = Cell.make(seeded, seed, method, _frozen(m.params.model_dump()), attack,
                                              _frozen(a.params.model_dump()))  # fmt: skip
                             cell = replace(cell, where=at("groups", group_name, "methods", method, i))
+                            if waits:
+                                provisional.setdefault(cell)
+                                continue
                             cells.setdefault(cell)
                             by_group.setdefault(group_name, []).append(cell)
     _check_sweep_used(spec, at)
@@ -420,7 +431,8 @@ def expand(spec: GridSpec, source: str = "<grid>", lines: dict | None = None, ch
             unaltered = Cell.make(cell.preset, cell.seed, cell.method, cell.method_settings, "none", ())
             if unaltered not in attribution:
                 attribution.append(unaltered)
-    return Grid(spec, source, tuple(ordered), tuple(attribution), sweep, tuple(dict.fromkeys(waiting)), lines)
+    return Grid(spec, source, tuple(ordered), tuple(attribution), sweep, tuple(dict.fromkeys(waiting)),
+                provisional=tuple(provisional), lines=lines)  # fmt: skip
 
 
 def with_choice(g: Grid, chosen: dict[str, dict]) -> Grid:

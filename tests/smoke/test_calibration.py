@@ -92,3 +92,17 @@ def test_a_grid_run_group_by_group_exports_and_dry_runs_the_groups_it_finished(t
     copied = [int(out.stdout.split("exported ")[1].split()[0]) for out in (everything, of_grid)]
     assert copied[0] == copied[1] > 7  # the sweep's runs, the choice, and the attacked cell's run
     assert "of the grid's" in of_grid.stdout  # the other method's sweep, named as not stored
+
+
+def test_a_calibrated_entry_an_attack_cannot_take_is_refused_before_the_sweep(tmp_path, random_llamas, cli):
+    """The choice's cells are checked at the first swept value before any sweep cell runs: a decoding-time watermark
+    under a model attack is one line (exit 2), not an error once the sweep's trainings are done."""
+    path, root = write(tmp_path, random_llamas, 50), tmp_path / "runs"
+    text = path.read_text().replace("lowercase: [{}]", "weight-noise: [{}]")
+    path.write_text(text)
+    entry = 1 + text.splitlines().index("    methods: {kgw-decoding: [calibrated]}")  # the line the error names
+    for args in (["--dry-run"], []):
+        out = cli("grid", str(path), "--results", str(root), *args)
+        last = out.stderr.strip().splitlines()[-1]
+        assert out.returncode == 2 and "model attacks (weight-noise) do not apply" in last and f":{entry} (" in last
+    assert not any((root / "stages").glob("generate/*"))  # no sweep cell ran
