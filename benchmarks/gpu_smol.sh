@@ -21,7 +21,7 @@
 set -u
 OUT=${OUT:-/tmp/smol-out}
 GRID=${GRID:-grids/smol-gpu-matched.yaml}
-GRID_GROUPS=${GRID_GROUPS:-pro cawp gu-kth gloaguen-kgw gu-kgw later}  # issue 70's order
+GRID_GROUPS=${GRID_GROUPS:-pro cawp gu-kth gloaguen-kgw gu-kgw later decoding}  # issue 70's order
 SHARDS=${SHARDS:-3}
 WORK=${SMOL_WORK:-/tmp/smol-gpu}  # store, cache and logs: kept while the machine stays warm
 mkdir -p "$OUT" "$WORK"
