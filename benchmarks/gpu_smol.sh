@@ -14,9 +14,9 @@
 # (or until the grid ends) and writes to $OUT what the store holds so far, without model weights (store.tar.xz.*,
 # split to the size a call brings back), with the grid's log and the device's name. Run it again on the same machine
 # to wait for more; `harness export --grid`, `harness tables` and `harness report` then run here, on the unpacked
-# store. RESTART=1 stops the grid running there
-# (its whole process group; finished stages stay in the store) and starts GRID_GROUPS afresh, e.g. to give up on a
-# training that cannot finish in the lease: RESTART=1 GRID_GROUPS=gu-kgw WAIT_S=170 bash benchmarks/gpu_smol.sh
+# store. RESTART=1 stops the grid running there (its whole process group; finished stages stay in the store) and
+# starts GRID_GROUPS afresh, e.g. to give up on a training that cannot finish in the lease:
+# RESTART=1 GRID_GROUPS=gu-kgw WAIT_S=170 bash benchmarks/gpu_smol.sh
 # The first lease's grid: GRID=grids/smol-gpu.yaml GRID_GROUPS="core cawp attacks baselines" SHARDS=1.
 set -u
 OUT=${OUT:-/tmp/smol-out}

@@ -31,6 +31,7 @@ def step_peak(args) -> dict:
     import torch
     from shapes import random_llama_config
     from torch.profiler import ProfilerActivity, profile
+    from train_step import autocast, synchronize
 
     from harness.assets import data
     from harness.assets.encoder import Embedder
@@ -59,7 +60,7 @@ def step_peak(args) -> dict:
     opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
 
     def one(batch):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):  # as the GPU presets train
+        with autocast(device.type == "cuda"):  # as the GPU presets train
             step(student, batch, lambda loss: loss.backward())
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -68,11 +69,11 @@ def step_peak(args) -> dict:
     one(next(batches).to(device))  # the optimisers' states and E's cache exist from here on
     batch = next(batches).to(device)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        synchronize(args.device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         one(batch)
-        torch.cuda.synchronize(device)
+        synchronize(args.device)
         peak = torch.cuda.max_memory_allocated(device) - before
     else:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

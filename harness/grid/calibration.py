@@ -25,11 +25,14 @@ VERSION = "1"
 FILE = "calibration.json"
 
 
-def stages(grid: Grid, results: Path, device: str | None = None, build: bool = True) -> dict[str, Stage] | None:
+def stages(
+    grid: Grid, results: Path, device: str | None = None, build: bool = True, partial: bool = False
+) -> dict[str, Stage] | None:
     """Method -> its calibration stage, made here from the sweep's stored runs where not stored yet: one line naming
     a sweep cell that has not run, or a method none of whose swept values meets the rule. ``build=False`` (a dry
-    run's view) builds nothing and returns None unless every run and stage is stored."""
-    return _stages(grid, Store(results), device, build, {})
+    run's view) builds nothing and returns None unless every run and stage is stored; with ``partial``, the methods
+    whose runs and stage are stored."""
+    return _stages(grid, Store(results), device, build, {}, partial)
 
 
 def stored(grid: Grid, results: Path) -> tuple[dict[str, Stage] | None, set[str]]:
@@ -241,5 +244,5 @@ def stored_choice(grid: Grid, results: Path, partial: bool = False) -> dict[str,
     """Method -> its calibration's choice (``settings``, ``value``, ``within_budget``...) where every one of its runs
     and stages is stored, else None; builds nothing. ``partial``: the methods whose choice is stored (None where none
     is)."""
-    found = _stages(grid, Store(results), None, False, {}, partial)
+    found = stages(grid, results, build=False, partial=partial)
     return choices(found) if found else None

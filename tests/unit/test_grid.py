@@ -11,6 +11,7 @@ from harness.cli.main import main
 from harness.config.errors import HarnessError
 from harness.grid import spec as grid
 
+GRIDS = Path(__file__).resolve().parents[2] / "grids"  # the grid files the project ships
 GOOD = """\
 preset: tiny
 groups:
@@ -219,11 +220,8 @@ def test_shards_split_whole_trainings_deterministically(tmp_path, n):
 
 
 def test_the_shipped_grids_are_valid():
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2] / "grids"
-    tiny = grid.load(root / "tiny.yaml")
-    paper = grid.load(root / "paper.yaml")
+    tiny = grid.load(GRIDS / "tiny.yaml")
+    paper = grid.load(GRIDS / "paper.yaml")
     for g in (tiny, paper):  # the paper's methods and attacks (a grid may hold others)
         assert {c.method for c in g.cells} >= {"gu-kgw", "gu-kth", "gloaguen-kgw", "pro"}
         assert {c.attack for c in g.cells} >= {"none", "gptq", "int8", "hqq", "wanda", "sparsegpt", "slerp", "finetune",
@@ -232,11 +230,11 @@ def test_the_shipped_grids_are_valid():
     assert len({c.preset.base_model for c in paper.cells}) == 2  # tab:embedding is on LLaMA-3.2-3B
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "grids").glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in GRIDS.glob("*.yaml")))
 def test_every_committed_grid_expands(name):
     """Each grid file in grids/ stays valid as plugins and presets change (the GPU grids are run only on a lent
     machine, where an invalid one would cost the lease): it loads, with cells to run or a calibration to sweep."""
-    g = grid.load(Path(__file__).resolve().parents[2] / "grids" / name)
+    g = grid.load(GRIDS / name)
     assert g.cells or g.sweep
 
 
